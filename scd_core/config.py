@@ -1,0 +1,66 @@
+"""Sampler settings, validated once so the engine can trust them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+COUPLERS = ("maximal", "gumbel", "independent", "faithful")
+DRAFT_INITS = ("random", "left", "above")
+MAX_WINDOW = 1024
+MAX_SEED = 2**64 - 1
+
+
+def _check(ok: bool, field: str, allowed: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{field} must be {allowed}, got {value!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How to sample.  None means "the model's recommended value".
+
+    coupler: how the next drafts are made -- "maximal" (SCD, maximal coupling),
+      "gumbel" (SCD, Gumbel coupling with position-fixed noise), "independent"
+      (SJD) or "faithful" (Gumbel-max AR solved by Jacobi iteration: the same
+      tokens as window 1 for the same seed).
+    window: positions decoded per model call; 1 is plain autoregressive sampling.
+    alpha: probability of using the coupled draft instead of an independent one
+      (maximal and gumbel only; 0 is SJD, 1 is full SCD).
+    """
+
+    coupler: str = "maximal"
+    window: int = 32
+    cfg_scale: Optional[float] = None
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: float = 1.0
+    seed: int = 0
+    draft_init: str = "above"
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.coupler in COUPLERS, "coupler", f"one of {', '.join(COUPLERS)}", self.coupler)
+        _check(_is_int(self.window) and 1 <= self.window <= MAX_WINDOW, "window",
+               f"an integer in 1..{MAX_WINDOW}", self.window)
+        _check(self.cfg_scale is None or (_is_real(self.cfg_scale) and 0 <= self.cfg_scale <= 100),
+               "cfg_scale", "None or a number in 0..100", self.cfg_scale)
+        _check(_is_real(self.temperature) and 0 < self.temperature <= 100, "temperature",
+               "a number in (0, 100]", self.temperature)
+        _check(self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k",
+               "None or an integer >= 1", self.top_k)
+        _check(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        _check(_is_int(self.seed) and 0 <= self.seed <= MAX_SEED, "seed", f"an integer in 0..{MAX_SEED}", self.seed)
+        _check(self.draft_init in DRAFT_INITS, "draft_init", f"one of {', '.join(DRAFT_INITS)}", self.draft_init)
+        _check(_is_real(self.alpha) and 0 <= self.alpha <= 1, "alpha", "a number in 0..1", self.alpha)
+        _check(self.alpha == 1 or self.coupler in ("maximal", "gumbel"), "alpha",
+               "1 unless coupler is maximal or gumbel", self.alpha)

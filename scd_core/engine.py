@@ -1,0 +1,286 @@
+"""Jacobi decoding with speculative verification: AR, SJD and SCD in one loop.
+
+Each iteration feeds a window of L tokens (the last committed token, then the
+drafts of the next L - 1 positions), gets the sampling distribution p of L
+positions from one model call, and then, all on the device:
+
+  1. verifies the drafts left to right with modified rejection sampling (MRS),
+  2. commits up to and including the first rejection (plus a bonus token when
+     every draft passes),
+  3. makes the next drafts for the rest of the window -- the coupler's job --
+     and records p as their proposal,
+  4. gives new positions entering the window an initial draft.
+
+One host synchronisation per iteration reads back the counts for the callback
+and for rewinding the cache.  See `algorithm.md` for why each step is exact.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from . import rng
+from .config import SamplerConfig
+from .model import Logits, TokenModel, model_default
+from .sampling import gumbel_argmax, modified_rejection, sample, to_probs
+
+
+class GenerationCancelled(RuntimeError):
+    """Raised when `should_cancel()` returned True; nothing of the run is kept."""
+
+
+class ModelOutputError(RuntimeError):
+    """The model returned logits the engine cannot use (wrong shape, NaN)."""
+
+
+@dataclass
+class IterationStats:
+    iteration: int
+    committed: int
+    total: int
+    num_tokens: int
+    nfe: int
+    acceptance: list[float]
+    tokens: torch.Tensor
+    forward_s: float
+    sample_s: float
+
+
+@dataclass
+class GenerationResult:
+    tokens: torch.Tensor
+    nfe: int
+    committed: list[int] = field(default_factory=list)
+    acceptance: list[float] = field(default_factory=list)
+    draft_changes: list[float] = field(default_factory=list)
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+    prefill_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.tokens.shape[1] / self.nfe
+
+
+@dataclass
+class _Window:
+    """What one model call produced and the drafts it was fed."""
+
+    probs: torch.Tensor      # (B, T, V) sampling distribution of positions c .. c+T-1
+    positions: torch.Tensor  # (B, T) absolute positions of those slots
+    drafts: torch.Tensor     # (B, T-1) drafts that were fed for positions c .. c+T-2
+    proposals: torch.Tensor  # (B, T-1, V) the distributions those drafts were drawn from
+
+
+def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window, iteration: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Verify the drafts and make every slot's next token.
+
+    Returns (accepted (B, T-1), verified (B, T), coupled (B, T)): `verified` holds
+    what each slot commits if no earlier slot was rejected; `coupled` is the next
+    draft for slots after a row's first rejection.  Both are distributed as
+    `window.probs`, which becomes the proposal of every carried draft.
+    """
+    p, pos, x = window.probs, window.positions, window.drafts
+    rows = torch.arange(p.shape[0], device=p.device).unsqueeze(1)
+    n_drafts = x.shape[1]
+    if config.coupler == "faithful":
+        y = gumbel_argmax(p, noise.gumbel(rows, pos, p.shape[-1]))
+        return x == y[:, :n_drafts], y, y
+
+    fresh = sample(p, noise.uniform(rng.FRESH, rows, pos, iteration))
+    accepted, kept = modified_rejection(
+        p[:, :n_drafts], window.proposals, x,
+        noise.uniform(rng.ACCEPT, rows, pos[:, :n_drafts], iteration),
+        noise.uniform(rng.RESIDUAL, rows, pos[:, :n_drafts], iteration))
+    verified = torch.cat([kept, fresh[:, n_drafts:]], dim=1)
+    if config.coupler == "maximal":
+        coupled = verified
+    elif config.coupler == "gumbel":
+        coupled = gumbel_argmax(p, noise.gumbel(rows, pos, p.shape[-1]))
+    else:
+        coupled = fresh
+    if config.alpha < 1.0:
+        use_coupled = noise.uniform(rng.ALPHA, rows, pos, iteration) < config.alpha
+        coupled = torch.where(use_coupled, coupled, fresh)
+    return accepted, verified, coupled
+
+
+class _Decoder:
+    """The state of one generation: token buffer, commit counts, proposals."""
+
+    def __init__(self, model: TokenModel, config: SamplerConfig, batch: int, device: torch.device,
+                 rows_per_cache: int) -> None:
+        self.config = config
+        self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
+        self.window = min(config.window, self.n)
+        self.device = device
+        self.noise = rng.KeyedRandom(config.seed, device)
+        self.rows_per_cache = rows_per_cache
+        self.sampling = (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None
+                         else config.cfg_scale, config.temperature,
+                         config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
+                         config.top_p)
+        grid = getattr(model, "grid", None)
+        self.cols = grid[1] if grid is not None and config.draft_init == "above" else None
+        # room for drafts running past the last position keeps every index in range
+        span = self.n + self.window
+        self.seq = torch.zeros(batch, span, dtype=torch.long, device=device)
+        self.committed = torch.zeros(batch, dtype=torch.long, device=device)
+        self.proposals = torch.zeros(batch, self.window, self.vocab, device=device)
+        self.forced = torch.zeros(span, dtype=torch.bool, device=device)
+        self.forced_ids = torch.zeros(span, dtype=torch.long, device=device)
+        for position, token in (getattr(model, "forced_tokens", None) or {}).items():
+            self.forced[position], self.forced_ids[position] = True, token
+        self.rows = torch.arange(batch, device=device).unsqueeze(1)
+        self.slots = torch.arange(self.window, device=device)
+
+    def probs(self, logits: Logits, width: int, iteration: int) -> torch.Tensor:
+        cond, uncond = logits
+        expected = (self.batch, width, self.vocab)
+        for name, value in (("cond", cond), ("uncond", uncond)):
+            if value is not None and tuple(value.shape) != expected:
+                raise ModelOutputError(f"model returned {name} logits of shape {tuple(value.shape)}, "
+                                       f"expected {expected}")
+        p = to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), *self.sampling)
+        return p
+
+    def window_inputs(self, width: int) -> torch.Tensor:
+        """The last committed token and the drafts after it, (B, width)."""
+        index = (self.committed - 1).unsqueeze(1) + self.slots[:width]
+        return self.seq.gather(1, index)
+
+    def step(self, p: torch.Tensor, iteration: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Verify, commit and re-draft; returns (commit counts, accepted, draft-change counts)."""
+        width = p.shape[1]
+        positions = self.committed.unsqueeze(1) + self.slots[:width]
+        drafts = self.seq.gather(1, positions[:, :width - 1])
+        window = _Window(p, positions, drafts, self.proposals[:, :width - 1])
+        accepted, verified, coupled = propose_next(self.config, self.noise, window, iteration)
+
+        forced = self.forced[positions]
+        accepted = accepted | forced[:, :width - 1]
+        verified = torch.where(forced, self.forced_ids[positions], verified)
+        coupled = torch.where(forced, self.forced_ids[positions], coupled)
+
+        # commits per row: up to and including the first rejection, at most what is left
+        rejected = torch.cat([~accepted, torch.ones(self.batch, 1, dtype=torch.bool, device=self.device)], dim=1)
+        per_row = torch.minimum(rejected.int().argmax(1) + 1, self.n - self.committed)
+        # rows that share a cache advance together, by the smallest count among them
+        shared = per_row.view(-1, self.rows_per_cache).amin(1).repeat_interleave(self.rows_per_cache)
+
+        slot = self.slots[:width].unsqueeze(0)
+        nxt = torch.where(slot < per_row.unsqueeze(1), verified, coupled)
+        carried = (slot >= shared.unsqueeze(1)) & (slot < width - 1)
+        changes = torch.stack([((nxt[:, :width - 1] != drafts) & carried[:, :width - 1]).sum(),
+                               carried.sum()])
+        self.seq.scatter_(1, positions, nxt)
+        self.committed += shared
+        self._next_proposals(p, shared)
+        self._init_new_drafts(width - shared, iteration)
+        return shared, accepted, changes
+
+    def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor) -> None:
+        """Carried drafts keep p as their proposal; new slots get a one-hot (set in _init_new_drafts)."""
+        if self.config.coupler == "faithful":
+            return  # faithful verifies by equality: proposals are never read
+        source = (shift.unsqueeze(1) + self.slots).clamp(max=p.shape[1] - 1)
+        self.proposals = p.gather(1, source.unsqueeze(-1).expand(-1, -1, self.vocab))
+
+    def _init_new_drafts(self, carried: torch.Tensor, iteration: int) -> None:
+        """Initial drafts for window slots >= `carried` (per row); proposal one-hot on the draft."""
+        positions = self.committed.unsqueeze(1) + self.slots
+        first_new = (self.committed + carried).unsqueeze(1)
+        is_new = positions >= first_new
+        left = self.seq.gather(1, first_new - 1).expand_as(positions)
+        init = self.config.draft_init
+        if init == "random":
+            u = self.noise.uniform(rng.INIT, self.rows, positions, iteration)
+            tokens = (u * self.vocab).long().clamp(max=self.vocab - 1)
+        elif self.cols is not None:
+            # the nearest earlier position in the same column that is already set
+            hops = (positions - first_new) // self.cols + 1
+            source = positions - hops * self.cols
+            above = self.seq.gather(1, source.clamp(0, self.seq.shape[1] - 1))
+            tokens = torch.where(source >= 0, above, left)
+        else:
+            tokens = left
+        tokens = torch.where(self.forced[positions], self.forced_ids[positions], tokens)
+        self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
+        if self.config.coupler != "faithful":
+            one_hot = torch.nn.functional.one_hot(tokens, self.vocab).to(self.proposals.dtype)
+            self.proposals = torch.where(is_new.unsqueeze(-1), one_hot, self.proposals)
+
+
+def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size: int = 1,
+             callback: Optional[Callable[[IterationStats], None]] = None,
+             should_cancel: Optional[Callable[[], bool]] = None, sync_timing: bool = False) -> GenerationResult:
+    """Sample `batch_size` token sequences from `model` given `cond`.
+
+    The output law equals plain AR sampling from the same p for every coupler and
+    window.  `sync_timing` synchronises the device after each forward so that the
+    forward/sampling split is exact (slower; for benchmarks).
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    started = time.perf_counter()
+    session = model.start(cond, batch_size)
+    rows_per_cache = getattr(session, "rows_per_cache", batch_size)
+    if batch_size % rows_per_cache:
+        raise ValueError(f"session.rows_per_cache={rows_per_cache} must divide batch_size={batch_size}")
+
+    result = GenerationResult(tokens=torch.empty(0), nfe=0)
+    decoder: Optional[_Decoder] = None
+    done, iteration = 0, 0
+    n = model.num_tokens
+    while done < n:
+        if should_cancel is not None and should_cancel():
+            raise GenerationCancelled(f"generation cancelled after {done} of {n} tokens")
+        t0 = time.perf_counter()
+        if decoder is None:
+            logits, width = session.prefill(), 1
+            decoder = _Decoder(model, config, batch_size, logits[0].device, rows_per_cache)
+        else:
+            width = min(decoder.window, n - done)
+            logits = session.forward(decoder.window_inputs(width))
+        if sync_timing and decoder.device.type == "cuda":
+            torch.cuda.synchronize(decoder.device)
+        t1 = time.perf_counter()
+
+        p = decoder.probs(logits, width, iteration)
+        shared, accepted, changes = decoder.step(p, iteration)
+        # the one host synchronisation of the iteration
+        summary = torch.cat([torch.stack([shared.min(), decoder.committed.min(), torch.isnan(p).any().long()]),
+                             changes]).tolist()
+        acceptance = accepted.float().mean(0).tolist()
+        committed, done, has_nan, changed, carried = summary
+        if has_nan:
+            raise ModelOutputError(f"model returned NaN logits at iteration {iteration}; "
+                                   "float16 overflow is a common cause: try bfloat16 or float32")
+        if iteration > 0:
+            rewind = width - shared
+            session.rewind(rewind if rows_per_cache < batch_size else width - committed)
+        t2 = time.perf_counter()
+
+        result.nfe += 1
+        result.committed.append(committed)
+        result.acceptance.append(sum(acceptance) / len(acceptance) if acceptance else 1.0)
+        result.draft_changes.append(changed / carried if carried else 0.0)
+        if iteration == 0:
+            result.prefill_s = t1 - t0
+        else:
+            result.forward_s += t1 - t0
+        result.sample_s += t2 - t1
+        if callback is not None:
+            callback(IterationStats(iteration, committed, done, n, result.nfe, acceptance,
+                                    decoder.seq[:, :done], t1 - t0, t2 - t1))
+        iteration += 1
+
+    result.tokens = decoder.seq[:, :n].cpu()
+    result.total_s = time.perf_counter() - started
+    return result

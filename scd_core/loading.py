@@ -1,0 +1,61 @@
+"""`load_model`: a model folder on disk (or "demo") to a ready TokenModel.
+
+Each family module offers `detect(folder) -> bool` and
+`load(folder, device, dtype)`; the first family that recognises the folder loads it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from .checkpoints import ModelLoadError
+
+# Family modules, asked in order.  Imported lazily: transformers is slow to import.
+FAMILIES = ("scd_core.janus", "scd_core.llamagen")
+DEMO_DIR = Path(__file__).parent / "demo"
+
+
+def pick_device(device: Union[str, torch.device, None]) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float64": torch.float64}
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of {', '.join(names)}, got {dtype!r}")
+    return names[dtype]
+
+
+def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = None,
+               dtype: Union[str, torch.dtype, None] = None) -> Any:
+    """Load the model in `path` ("demo" for the embedded demo model)."""
+    folder = DEMO_DIR if str(path) == "demo" else Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelLoadError(f"model folder {folder} not found")
+    device = pick_device(device)
+    dtype = pick_dtype(dtype, device)
+    for name in FAMILIES:
+        family = importlib.import_module(name)
+        if family.detect(folder):
+            return family.load(folder, device, dtype)
+    found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
+    raise ModelLoadError(
+        f"{folder} is not a model folder this pack can load (found: {found}). Expected a Janus-Pro folder in "
+        "the transformers format (config.json with model_type 'janus', *.safetensors, tokenizer.json) or a "
+        "LlamaGen folder (GPT and VQ checkpoints); see the README's 'Model folders' section")

@@ -1,0 +1,67 @@
+"""The adapter protocol between the decoding engine and a token model.
+
+A model family implements `TokenModel` (what the model is) and `Session`
+(one generation's KV cache).  The engine only ever calls the methods below;
+everything family-specific (prompt templates, CFG rows, embeddings for image
+ids, cache classes) stays inside the adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol, runtime_checkable
+
+import torch
+
+# (cond, uncond) logits, each (batch, T, vocab); uncond is None without a CFG branch.
+Logits = tuple[torch.Tensor, Optional[torch.Tensor]]
+
+
+@runtime_checkable
+class Session(Protocol):
+    """One generation: the conditioning prefix plus the image tokens fed so far.
+
+    Optional attribute `rows_per_cache` (int): how many consecutive batch rows
+    share one cache and must therefore advance together.  Omitted, all rows
+    share it and `rewind` always receives an int.  A smaller value (a stateless
+    toy model, per-row caches) lets rows advance independently; `rewind` then
+    receives a (batch,) LongTensor.
+    """
+
+    def prefill(self) -> Logits:
+        """Run the conditioning prefix; logits for image position 0, (batch, 1, V)."""
+        ...
+
+    def forward(self, tokens: torch.Tensor) -> Logits:
+        """Feed (batch, T) image ids after the cached ones; logits for the T next positions."""
+        ...
+
+    def rewind(self, n: int | torch.Tensor) -> None:
+        """Drop the last n fed tokens from the cache."""
+        ...
+
+
+@runtime_checkable
+class TokenModel(Protocol):
+    """What the engine needs to know about a model.
+
+    Optional attributes the engine reads when present:
+      grid: (rows, cols) of the image token grid, for `above` draft initialisation.
+      forced_tokens: dict position -> token id (row-end tokens), never sampled.
+      default_cfg_scale, default_top_k, default_temperature: the model's recommended values.
+      device: torch.device the logits come back on.
+    Loaded families (see `scd_core.load_model`) also offer
+      encode(prompt, negative_prompt=None) -> conditioning for `start`, and
+      decode(tokens (batch, N)) -> images (batch, H, W, 3) float in 0..1.
+    """
+
+    vocab_size: int
+    num_tokens: int
+
+    def start(self, cond: Any, batch_size: int) -> Session:
+        ...
+
+
+def model_default(model: Any, name: str, fallback: Any) -> Any:
+    """A model's recommended sampling value, or the generic fallback."""
+    value = getattr(model, name, None)
+    return fallback if value is None else value

@@ -1,0 +1,87 @@
+"""A toy token model small enough to enumerate every sequence.
+
+The logits of position j are an arbitrary random function of the whole prefix
+x_0..x_{j-1} (a table row picked by a hash of j and the prefix), so the exact
+AR law is a product of table lookups.  Sessions keep no cache beyond the fed tokens, so
+rows may advance independently (`rows_per_cache` can be any divisor).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import torch
+
+from scd_core.sampling import to_probs
+
+
+class TablePrefixModel:
+    """Logits of position j = table[hash(j, x_0..x_{j-1})]: any prefix dependence, exactly reproducible."""
+
+    HASH_BASE, HASH_PRIME = 1_000_003, 2_147_483_647
+
+    def __init__(self, vocab_size: int = 3, num_tokens: int = 5, cfg: bool = False, seed: int = 0,
+                 scale: float = 1.0, dtype: torch.dtype = torch.float32, grid: Optional[tuple[int, int]] = None,
+                 forced_tokens: Optional[dict[int, int]] = None, rows_per_cache: Optional[int] = None,
+                 table_rows: int = 1024) -> None:
+        self.vocab_size, self.num_tokens = vocab_size, num_tokens
+        self.grid, self.forced_tokens, self.rows_per_cache = grid, forced_tokens, rows_per_cache
+        powers = [1]
+        for _ in range(num_tokens - 1):
+            powers.append(powers[-1] * self.HASH_BASE % self.HASH_PRIME)
+        self.powers = torch.tensor(powers, dtype=torch.int64)
+        gen = torch.Generator().manual_seed(seed)
+        self.table = (torch.randn(table_rows, vocab_size, generator=gen, dtype=torch.float64) * scale).to(dtype)
+        self.uncond_table = ((torch.randn(table_rows, vocab_size, generator=gen, dtype=torch.float64) * scale)
+                             .to(dtype) if cfg else None)
+        self.calls = 0
+
+    def logits_for(self, tokens: torch.Tensor, positions: torch.Tensor):
+        """Logits of `positions` (B, T) given the prefixes in tokens (B, N)."""
+        positions = positions.clamp(max=self.num_tokens - 1)
+        used = torch.arange(self.num_tokens).view(1, 1, -1) < positions.unsqueeze(-1)
+        prefix = ((tokens[:, None, :self.num_tokens] + 1) * self.powers * used).sum(-1) % self.HASH_PRIME
+        index = (prefix * 7919 + positions) % self.table.shape[0]
+        uncond = None if self.uncond_table is None else self.uncond_table[index]
+        return self.table[index], uncond
+
+    def start(self, cond, batch_size: int) -> "TableSession":
+        return TableSession(self, batch_size)
+
+    def exact_law(self, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: Optional[int] = None,
+                  top_p: float = 1.0) -> dict[tuple[int, ...], float]:
+        """Probability of every full sequence under AR sampling from to_probs(...)."""
+        seqs = torch.tensor(list(itertools.product(range(self.vocab_size), repeat=self.num_tokens)))
+        cond, uncond = self.logits_for(seqs, torch.arange(self.num_tokens).expand(len(seqs), -1))
+        p = to_probs(cond, uncond, cfg_scale, temperature, top_k, top_p).double()
+        per_position = p.gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
+        for position, token in (self.forced_tokens or {}).items():
+            per_position[:, position] = (seqs[:, position] == token).double()
+        probs = per_position.prod(-1)
+        return {tuple(seq): float(prob) for seq, prob in zip(seqs.tolist(), probs)}
+
+
+class TableSession:
+    def __init__(self, model: TablePrefixModel, batch: int) -> None:
+        self.model = model
+        self.tokens = torch.zeros(batch, model.num_tokens, dtype=torch.long)
+        self.length = torch.zeros(batch, dtype=torch.long)
+        if model.rows_per_cache is not None:
+            self.rows_per_cache = model.rows_per_cache
+
+    def prefill(self):
+        self.model.calls += 1
+        return self.model.logits_for(self.tokens, torch.zeros_like(self.length).unsqueeze(1))
+
+    def forward(self, new: torch.Tensor):
+        self.model.calls += 1
+        index = self.length.unsqueeze(1) + torch.arange(new.shape[1])
+        # tokens past the last position are never part of a prefix: park them in the last column
+        self.tokens.scatter_(1, index.clamp(max=self.model.num_tokens - 1), new)
+        self.length += new.shape[1]
+        return self.model.logits_for(self.tokens, index + 1)
+
+    def rewind(self, n) -> None:
+        self.length -= n
+        assert (self.length >= 0).all(), "rewound past the start"
