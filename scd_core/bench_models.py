@@ -1,0 +1,188 @@
+"""Benchmarks on real model folders and on Janus-Pro-shaped random networks.
+
+`model_benchmark` runs AR, SJD and SCD on anything `load_model` accepts and
+reports NFE and where the time went.  `shape_benchmark` needs no weights: it
+builds the Llama backbone and image head of Janus-Pro-1B or -7B with random
+weights and measures what one L-token window costs after a cached prompt,
+relative to one token -- the number that turns an NFE saving into a speed-up.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import sys
+import time
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+from .config import SamplerConfig
+from .engine import generate
+from .loading import load_model, pick_device, pick_dtype
+
+DEFAULT_PROMPT = "A portrait of young girl. masterpiece, film grained, best quality."
+
+# Language backbones of the published checkpoints (DeepSeek-LLM 1.5B / 7B; full multi-head attention).
+JANUS_SHAPES = {
+    "1B": dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=16, intermediate_size=5632),
+    "7B": dict(hidden_size=4096, num_hidden_layers=30, num_attention_heads=32, intermediate_size=11008),
+}
+IMAGE_CODES = 16384
+MEMORY_SHARE = 0.5  # a shape benchmark may use at most this share of the free memory
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak allocated accelerator memory since the last reset, or the process's peak RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_row(model: Any, cond: Any, label: str, config: SamplerConfig, batch_size: int) -> dict[str, Any]:
+    device = model.device
+    _reset_peak(device)
+    result = generate(model, cond, config, batch_size=batch_size, sync_timing=True)
+    started = time.perf_counter()
+    model.decode(result.tokens)
+    _sync(device)
+    decode_s = time.perf_counter() - started
+    return dict(method=label, coupler=config.coupler, window=config.window, seed=config.seed, nfe=result.nfe,
+                tokens_per_call=result.tokens.shape[1] / result.nfe, prefill_s=result.prefill_s,
+                forward_s=result.forward_s, sample_s=result.sample_s, decode_s=decode_s,
+                total_s=result.total_s + decode_s, peak_mem_mb=peak_memory_mb(device))
+
+
+def model_benchmark(path: str, couplers: Iterable[str] = ("independent", "maximal", "gumbel"),
+                    windows: Iterable[int] = (16, 32), seeds: Iterable[int] = (0,), *,
+                    prompt: str = DEFAULT_PROMPT, cfg_scale: Optional[float] = None, top_k: Optional[int] = None,
+                    batch_size: int = 1, device: Union[str, torch.device, None] = None,
+                    dtype: Union[str, torch.dtype, None] = None) -> list[dict[str, Any]]:
+    """One row per (method, window, seed): AR (window 1) first, then each coupler at each window."""
+    model = load_model(path, device=device, dtype=dtype)
+    cond = model.encode(prompt)
+    rows = []
+    for seed in seeds:
+        runs = [("AR", "independent", 1)] + [("SJD" if c == "independent" else f"SCD-{c}", c, w)
+                                             for c in couplers for w in windows]
+        for label, coupler, window in runs:
+            config = SamplerConfig(coupler=coupler, window=window, seed=seed, cfg_scale=cfg_scale, top_k=top_k)
+            rows.append(_run_row(model, cond, label, config, batch_size))
+    return rows
+
+
+def _free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _layer_bytes(shape: dict[str, int], dtype: torch.dtype) -> int:
+    hidden, inner = shape["hidden_size"], shape["intermediate_size"]
+    return (4 * hidden * hidden + 3 * hidden * inner) * torch.finfo(dtype).bits // 8
+
+
+def _build_backbone(shape: dict[str, int], layers: int, device: torch.device, dtype: torch.dtype):
+    """A random Llama backbone plus Janus's image head, with the published layer sizes."""
+    from transformers import LlamaConfig, LlamaModel
+    from transformers.models.janus.modeling_janus import JanusVQVAEConfig, JanusVQVAEHead
+
+    from .janus import dtype_keyword
+
+    config = LlamaConfig(**dict(shape, num_hidden_layers=layers), vocab_size=16, max_position_embeddings=16384)
+    with torch.device(device):
+        backbone = LlamaModel._from_config(config, **{dtype_keyword(): dtype}).eval()
+        head_config = JanusVQVAEConfig(image_token_embed_dim=shape["hidden_size"],
+                                       projection_dim=shape["hidden_size"], num_embeddings=IMAGE_CODES)
+        head = JanusVQVAEHead(head_config).to(dtype).eval()
+    return backbone, head
+
+
+def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 32, 64),
+                    device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None, *,
+                    layers: Optional[int] = None, prefix: int = 600, batch_size: int = 1,
+                    repeats: int = 5) -> list[dict[str, Any]]:
+    """cost(L) / cost(1) of one L-token window forward (cond + uncond rows) after `prefix` cached tokens.
+
+    `layers` defaults to the full depth, reduced to what fits in half the free
+    memory (a 7B in float32 needs ~24 GB); time per window scales linearly with
+    depth, so rows also give the per-layer time and the full-depth estimate.
+    """
+    if size not in JANUS_SHAPES:
+        raise ValueError(f"size must be one of {', '.join(JANUS_SHAPES)}, got {size!r}")
+    windows = sorted(set(windows))
+    if not windows or windows[0] < 1:
+        raise ValueError(f"windows must be positive integers, got {windows}")
+    shape = JANUS_SHAPES[size]
+    device = pick_device(device)
+    dtype = pick_dtype(dtype, device)
+    full_depth = shape["num_hidden_layers"]
+    fitting = int(_free_memory_bytes(device) * MEMORY_SHARE // _layer_bytes(shape, dtype))
+    depth = min(layers or full_depth, full_depth, fitting)
+    if depth < 1:
+        raise ValueError(f"not even one {size} layer fits in the free memory of {device}")
+    backbone, head = _build_backbone(shape, depth, device, dtype)
+    from .janus import cache_keyword, new_cache  # the adapter's own cache handling
+
+    rows_in_batch = 2 * batch_size  # the CFG double batch
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    embeds = torch.randn(rows_in_batch, prefix + max(windows), shape["hidden_size"], generator=generator)
+    embeds = (embeds * 0.02).to(device, dtype)
+    cache = new_cache()
+    keyword = cache_keyword()
+    timings: dict[int, float] = {}
+    with torch.no_grad():
+        backbone(inputs_embeds=embeds[:, :prefix], use_cache=True, **{keyword: cache})
+        for window in windows:
+            samples = []
+            for attempt in range(repeats + 1):  # the first call warms up kernels and allocator
+                _sync(device)
+                started = time.perf_counter()
+                out = backbone(inputs_embeds=embeds[:, prefix:prefix + window], use_cache=True,
+                               **{keyword: cache})
+                head(out.last_hidden_state)
+                _sync(device)
+                if attempt:
+                    samples.append(time.perf_counter() - started)
+                cache.crop(-window)
+            timings[window] = statistics.median(samples)
+    base = timings[windows[0]] if windows[0] == 1 else None
+    return [dict(size=size, window=window, seconds=seconds, ratio=None if base is None else seconds / base,
+                 per_layer_ms=1000 * seconds / depth, full_depth_s=seconds * full_depth / depth,
+                 layers=depth, full_layers=full_depth, prefix=prefix, batch_rows=rows_in_batch,
+                 device=str(device), dtype=str(dtype).replace("torch.", ""))
+            for window, seconds in timings.items()]
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    """A plain text table of benchmark rows."""
+    if not rows:
+        return "(no rows)"
+    columns = list(rows[0])
+
+    def cell(value: Any) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    table = [columns] + [[cell(row[c]) for c in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
+    return "\n".join("  ".join(text.rjust(width) for text, width in zip(line, widths)) for line in table)

@@ -1,0 +1,271 @@
+"""Janus-Pro (1B, 7B) in the Hugging Face format, through transformers' JanusForConditionalGeneration.
+
+Image tokens come from `generation_head`, not `lm_head`, and re-enter the
+Llama backbone as embeddings from `prepare_embeddings_for_image_generation`.
+Classifier-free guidance is batched as transformers does it: the cond rows
+first, then the uncond rows, whose prompt tokens (all but BOS and
+begin-of-image) are replaced by Janus's pad token -- or, when a negative prompt
+is given, its own tokens.  The two row groups may then differ in length; the
+shorter one is left-padded and masked, with position ids that skip the padding.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from .tokenizer_files import TextTokenizer, read_json
+
+MODEL_TYPE = "janus"
+# The deepseek-ai repositories hold the original code's layout (config model_type "multi_modality").
+ORIGINAL_MODEL_TYPE = "multi_modality"
+HF_FORMAT_HINT = ("download the transformers-format checkpoint deepseek-community/Janus-Pro-1B or "
+                  "deepseek-community/Janus-Pro-7B instead (the deepseek-ai/* repositories use the original layout)")
+BOS_TOKEN = "<｜begin▁of▁sentence｜>"
+CFG_PAD_TOKEN = "<｜▁pad▁｜>"  # Janus's pad for uncond rows; not the tokenizer's own pad token
+BEGIN_OF_IMAGE = "<begin_of_image>"
+PROMPT_TEMPLATE = "<|User|>: {text}\n\n<|Assistant|>:"
+
+
+@dataclass(frozen=True)
+class JanusPrompt:
+    """Token ids of the cond and uncond prefixes, each starting with BOS and ending with begin-of-image."""
+
+    cond: tuple[int, ...]
+    uncond: tuple[int, ...]
+
+
+def cache_keyword() -> str:
+    # transformers 5.24 renamed `past_key_values` to `cache`; the old name still works there with a warning.
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+def new_cache() -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+class JanusSession:
+    """One generation: 2 x batch rows (cond, then uncond) sharing one DynamicCache."""
+
+    def __init__(self, model: "JanusModel", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
+        self._model = model
+        self._prefix = prefix
+        self._prefix_mask = prefix_mask
+        self._pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
+        self._batch = prefix.shape[0] // 2
+        self._cache = new_cache()
+        self._cache_keyword = cache_keyword()
+        self._fed = 0  # positions in the cache, prefix included
+
+    @torch.no_grad()
+    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._fed:
+            raise RuntimeError("prefill() was already called for this session")
+        net = self._model.module
+        return self._run(net.get_input_embeddings()(self._prefix), last_only=True)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self._fed:
+            raise RuntimeError("call prefill() before forward()")
+        if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
+            raise ValueError(f"tokens must be (batch={self._batch}, T>=1) image ids, got shape {tuple(tokens.shape)}")
+        net = self._model.module
+        ids = tokens.to(self._prefix.device).repeat(2, 1)  # the same drafts for both branches
+        return self._run(net.prepare_embeddings_for_image_generation(ids))
+
+    def rewind(self, n: Union[int, torch.Tensor]) -> None:
+        n = int(n)
+        fed_images = self._fed - self._prefix.shape[1]
+        if not 0 <= n <= fed_images:
+            raise ValueError(f"can rewind 0..{fed_images} image tokens, got {n}")
+        if n > 0:  # crop(-n) drops n tokens in every transformers release we support; crop(0) once emptied it
+            self._cache.crop(-n)
+            self._fed -= n
+
+    def _run(self, embeds: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        net = self._model.module
+        length = embeds.shape[1]
+        device = embeds.device
+        new_positions = torch.arange(self._fed, self._fed + length, device=device)
+        positions = (new_positions.unsqueeze(0) - self._pads).clamp(min=0)
+        tail = torch.ones(self._prefix_mask.shape[0], self._fed + length - self._prefix.shape[1],
+                          dtype=self._prefix_mask.dtype, device=device)
+        mask = torch.cat([self._prefix_mask, tail], dim=1)
+        out = net.model.language_model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                                       use_cache=True, **{self._cache_keyword: self._cache})
+        self._fed += length
+        hidden = out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
+        logits = net.model.generation_head(hidden)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return logits[: self._batch], logits[self._batch:]
+
+
+class JanusModel:
+    """A loaded Janus-Pro: TokenModel for the engine, plus encode/decode for prompts and pixels."""
+
+    family = "janus"
+    default_cfg_scale = 5.0  # transformers' and DeepSeek's default
+    default_temperature = 1.0
+    default_top_k = None  # the reference sampler draws from the full distribution
+
+    def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer) -> None:
+        self.module = module
+        self._tokenizer = tokenizer
+        self._bos = tokenizer.special_id("bos_token", BOS_TOKEN)
+        self._pad = tokenizer.token_id(CFG_PAD_TOKEN)
+        self._boi = tokenizer.token_id(BEGIN_OF_IMAGE)
+        vq_config = module.config.vq_config
+        side = module.config.vision_config.image_size // module.config.vision_config.patch_size
+        self.grid = (side, side)
+        self.num_tokens = side * side
+        self.vocab_size = vq_config.num_embeddings
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> JanusPrompt:
+        """Prefix ids; a None or blank negative prompt gives Janus's own pad-token uncond rows."""
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+        if negative_prompt is not None and not isinstance(negative_prompt, str):
+            raise ValueError(f"negative_prompt must be a string or None, got {type(negative_prompt).__name__}")
+        cond = self._prefix_ids(prompt)
+        if negative_prompt is None or not negative_prompt.strip():
+            uncond = (cond[0],) + (self._pad,) * (len(cond) - 2) + (cond[-1],)
+        else:
+            uncond = self._prefix_ids(negative_prompt)
+        return JanusPrompt(cond=cond, uncond=uncond)
+
+    def _prefix_ids(self, text: str) -> tuple[int, ...]:
+        body = self._tokenizer.encode(PROMPT_TEMPLATE.format(text=text.strip()))
+        return (self._bos, *body, self._boi)
+
+    def start(self, cond: JanusPrompt, batch_size: int) -> JanusSession:
+        if not isinstance(cond, JanusPrompt):
+            raise ValueError(f"cond must come from JanusModel.encode(), got {type(cond).__name__}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        width = max(len(cond.cond), len(cond.uncond))
+        rows, masks = [], []
+        for ids in (cond.cond, cond.uncond):
+            padding = width - len(ids)  # left padding, masked out
+            rows.append([self._pad] * padding + list(ids))
+            masks.append([0] * padding + [1] * len(ids))
+        device = self.device
+        prefix = torch.tensor(rows, device=device).repeat_interleave(batch_size, dim=0)
+        mask = torch.tensor(masks, device=device).repeat_interleave(batch_size, dim=0)
+        return JanusSession(self, prefix, mask)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1."""
+        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
+            raise ValueError(f"tokens must be (batch, {self.num_tokens}), got shape {tuple(tokens.shape)}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(f"image token ids must lie in 0..{self.vocab_size - 1}")
+        images = self.module.decode_image_tokens(tokens.to(self.device, torch.long))
+        return ((images.float() + 1) / 2).clamp(0, 1).cpu()
+
+
+def detect(folder: Path) -> bool:
+    """A Janus folder: config.json of model_type "janus" (or the original layout, to explain it)."""
+    path = Path(folder) / "config.json"
+    try:
+        return read_json(path).get("model_type") in (MODEL_TYPE, ORIGINAL_MODEL_TYPE)
+    except ModelLoadError:
+        return False
+
+
+def _check_config(folder: Path) -> None:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{folder} has no config.json; expected a Janus-Pro folder in the transformers "
+                             f"format (config.json, *.safetensors, tokenizer.json): {HF_FORMAT_HINT}")
+    model_type = read_json(path).get("model_type")
+    if model_type == ORIGINAL_MODEL_TYPE:
+        raise ModelLoadError(f"{folder} holds the original deepseek-ai Janus layout, which needs a conversion; "
+                             f"{HF_FORMAT_HINT}")
+    if model_type != MODEL_TYPE:
+        raise ModelLoadError(f"{path} has model_type {model_type!r}, not {MODEL_TYPE!r}: not a Janus-Pro folder")
+
+
+def _check_weight_files(folder: Path) -> None:
+    """Every safetensors file must be complete; pickled weights are refused, never opened."""
+    from safetensors import safe_open
+
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        found = f"only pickled weights ({', '.join(pickles)}), which are not loaded for safety" if pickles \
+            else "no *.safetensors weights"
+        raise ModelLoadError(f"{folder} has {found}; {HF_FORMAT_HINT}")
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = set(read_json(index).get("weight_map", {}).values())
+        missing = sorted(name for name in shards if not (folder / name).is_file())
+        if missing:
+            raise ModelLoadError(f"{folder} lacks weight shards {', '.join(missing)}; download them again")
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except Exception as err:  # SafetensorError for truncated or corrupt headers
+            raise ModelLoadError(f"{path} is not a readable safetensors file ({err}); it may be truncated: "
+                                 "download it again") from err
+
+
+def dtype_keyword() -> str:
+    # from_pretrained takes `dtype` since transformers 4.56; older releases silently ignore it.
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+def _read_network(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import JanusForConditionalGeneration
+
+    net, info = JanusForConditionalGeneration.from_pretrained(
+        str(folder), use_safetensors=True, output_loading_info=True, **{dtype_keyword(): dtype})
+    # Missing or resized weights would silently stay random; unused extra tensors are harmless.
+    problems = {name: sorted(map(str, info.get(name) or ()))[:5] for name in ("missing_keys", "mismatched_keys")}
+    problems = {name: keys for name, keys in problems.items() if keys}
+    if problems:
+        raise ModelLoadError(f"{folder}: the weights do not match config.json (first of {problems}); "
+                             f"the folder may mix files of different models: {HF_FORMAT_HINT}")
+    return net.eval().requires_grad_(False)
+
+
+def load(folder: Path, device: torch.device, dtype: torch.dtype) -> JanusModel:
+    """Load a transformers-format Janus-Pro folder onto `device` in `dtype`."""
+    folder = Path(folder)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
+    _check_config(folder)
+    tokenizer = TextTokenizer(folder)
+    _check_weight_files(folder)
+    failure: Optional[str] = None
+    try:
+        model = JanusModel(_read_network(folder, dtype).to(device), tokenizer)
+    except Exception as err:  # transformers raises many types for bad configs or weights
+        failure = str(err) if isinstance(err, ModelLoadError) else \
+            f"{folder} could not be loaded as Janus-Pro ({type(err).__name__}: {err}); {HF_FORMAT_HINT}"
+    if failure is not None:
+        # Raised outside the except block, so no traceback keeps the half-built model alive.
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise ModelLoadError(failure)
+    return model

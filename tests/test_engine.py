@@ -1,0 +1,118 @@
+"""Engine behaviour beyond the output law: determinism, statistics, bad input, cancel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scd_core import GenerationCancelled, ModelOutputError, SamplerConfig, generate
+from scd_core.synthetic import GridModel
+from toy_models import TablePrefixModel
+
+
+def grid_model(**kwargs) -> GridModel:
+    return GridModel(rows=6, cols=8, vocab_size=64, **kwargs)
+
+
+@pytest.mark.parametrize("draft_init", ["random", "left", "above"])
+def test_faithful_gives_the_window_1_tokens_for_every_window(draft_init):
+    model = TablePrefixModel(vocab_size=16, num_tokens=40, dtype=torch.float64, grid=(5, 8), table_rows=4096,
+                             scale=1.0)
+    ar = generate(model, None, SamplerConfig(coupler="faithful", window=1, seed=3), batch_size=4)
+    for window in range(2, 17):
+        jacobi = generate(model, None, SamplerConfig(coupler="faithful", window=window, seed=3,
+                                                     draft_init=draft_init), batch_size=4)
+        assert torch.equal(jacobi.tokens, ar.tokens), f"window {window}"
+        assert jacobi.nfe < ar.nfe
+
+
+def test_rows_do_not_depend_on_batch_size_or_neighbours():
+    model = grid_model()
+    alone = generate(model, None, SamplerConfig(window=1, seed=11), batch_size=1)
+    batched = generate(model, None, SamplerConfig(window=1, seed=11), batch_size=3)
+    assert torch.equal(batched.tokens[:1], alone.tokens)
+    assert not torch.equal(batched.tokens[1], batched.tokens[0])
+
+
+def test_statistics_add_up_and_callback_sees_every_iteration():
+    model = grid_model(sharpness=0.5)
+    seen = []
+    result = generate(model, None, SamplerConfig(window=16, seed=0), batch_size=2, callback=seen.append)
+    assert sum(result.committed) == model.num_tokens
+    assert len(result.committed) == len(seen) == result.nfe < model.num_tokens
+    assert [s.iteration for s in seen] == list(range(result.nfe))
+    assert [s.total for s in seen][-1] == model.num_tokens
+    assert all(s.tokens.shape == (2, s.total) for s in seen)
+    assert all(len(s.acceptance) <= 15 and all(0 <= a <= 1 for a in s.acceptance) for s in seen)
+    assert seen[-1].tokens.cpu().equal(result.tokens)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("coupler", "greedy"), ("window", 0), ("window", 2000), ("window", 2.5), ("cfg_scale", -1.0),
+    ("cfg_scale", float("nan")), ("temperature", 0.0), ("temperature", -1.0), ("top_k", 0), ("top_k", 1.5),
+    ("top_p", 0.0), ("top_p", 1.5), ("seed", -1), ("seed", 2**64), ("draft_init", "diagonal"),
+    ("alpha", 1.5), ("alpha", -0.1),
+])
+def test_invalid_settings_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplerConfig(**{field: value})
+
+
+def test_alpha_needs_a_coupling_coupler():
+    with pytest.raises(ValueError, match="alpha"):
+        SamplerConfig(coupler="independent", alpha=0.5)
+
+
+def test_invalid_batch_size():
+    with pytest.raises(ValueError, match="batch_size"):
+        generate(grid_model(), None, SamplerConfig(), batch_size=0)
+
+
+class BrokenSession:
+    def __init__(self, logits):
+        self.logits = logits
+
+    def prefill(self):
+        return self.logits, None
+
+    def forward(self, tokens):
+        return self.logits, None
+
+    def rewind(self, n):
+        pass
+
+
+class BrokenModel:
+    vocab_size, num_tokens = 8, 10
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def start(self, cond, batch_size):
+        return BrokenSession(self.logits)
+
+
+def test_wrong_logits_shape_is_reported():
+    with pytest.raises(ModelOutputError, match=r"shape \(1, 1, 7\).*expected \(1, 1, 8\)"):
+        generate(BrokenModel(torch.zeros(1, 1, 7)), None, SamplerConfig())
+
+
+def test_nan_logits_are_reported():
+    with pytest.raises(ModelOutputError, match="NaN"):
+        generate(BrokenModel(torch.full((1, 1, 8), float("nan"))), None, SamplerConfig())
+
+
+def test_cancel_stops_promptly_and_the_next_run_is_unaffected():
+    model = grid_model(sharpness=0.5)
+    reference = generate(model, None, SamplerConfig(window=4, seed=5))
+    calls = []
+
+    def cancel_after_three():
+        calls.append(1)
+        return len(calls) > 3
+
+    with pytest.raises(GenerationCancelled, match="cancelled after"):
+        generate(model, None, SamplerConfig(window=4, seed=5), should_cancel=cancel_after_three)
+    assert len(calls) == 4  # polled once per iteration, stopped at the first True
+    again = generate(model, None, SamplerConfig(window=4, seed=5))
+    assert torch.equal(again.tokens, reference.tokens)
