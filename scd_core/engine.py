@@ -93,21 +93,24 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
         y = gumbel_argmax(p, noise.gumbel(rows, pos, p.shape[-1]))
         return x == y[:, :n_drafts], y, y
 
-    fresh = sample(p, noise.uniform(rng.FRESH, rows, pos, iteration))
+    def fresh(first: int = 0) -> torch.Tensor:
+        """Independent draws from p for the slots from `first` on."""
+        return sample(p[:, first:], noise.uniform(rng.FRESH, rows, pos[:, first:], iteration))
+
     accepted, kept = modified_rejection(
         p[:, :n_drafts], window.proposals, x,
         noise.uniform(rng.ACCEPT, rows, pos[:, :n_drafts], iteration),
         noise.uniform(rng.RESIDUAL, rows, pos[:, :n_drafts], iteration))
-    verified = torch.cat([kept, fresh[:, n_drafts:]], dim=1)
+    verified = torch.cat([kept, fresh(n_drafts)], dim=1)  # the last slot has no draft: a bonus draw
     if config.coupler == "maximal":
         coupled = verified
     elif config.coupler == "gumbel":
         coupled = gumbel_argmax(p, noise.gumbel(rows, pos, p.shape[-1]))
     else:
-        coupled = fresh
+        coupled = fresh()
     if config.alpha < 1.0:
         use_coupled = noise.uniform(rng.ALPHA, rows, pos, iteration) < config.alpha
-        coupled = torch.where(use_coupled, coupled, fresh)
+        coupled = torch.where(use_coupled, coupled, fresh())
     return accepted, verified, coupled
 
 
@@ -213,8 +216,8 @@ class _Decoder:
         tokens = torch.where(self.forced[positions], self.forced_ids[positions], tokens)
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
         if self.config.coupler != "faithful":
-            one_hot = torch.nn.functional.one_hot(tokens, self.vocab).to(self.proposals.dtype)
-            self.proposals = torch.where(is_new.unsqueeze(-1), one_hot, self.proposals)
+            self.proposals.masked_fill_(is_new.unsqueeze(-1), 0.0)
+            self.proposals.scatter_add_(-1, tokens.unsqueeze(-1), is_new.unsqueeze(-1).to(self.proposals.dtype))
 
 
 def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size: int = 1,

@@ -34,13 +34,15 @@ def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], cfg_scale: floa
 
 
 def sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw from non-negative (unnormalised) weights (..., V) with uniforms u (...)."""
+    """Inverse-CDF draw from non-negative (unnormalised) weights (..., V) with uniforms u (...) in (0, 1).
+
+    The first index whose CDF reaches u * total always has positive weight, and
+    u < 1 keeps the target at or below the total even after rounding.
+    """
     cdf = torch.cumsum(weights, dim=-1)
     target = (u * cdf[..., -1]).unsqueeze(-1)
-    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    # float rounding can put the target at the very top: take the last token with weight instead
-    last = (weights > 0).cumsum(-1).argmax(-1)
-    return torch.minimum(index, last)
+    index = torch.searchsorted(cdf, target).squeeze(-1)
+    return index.clamp(max=weights.shape[-1] - 1)
 
 
 def gumbel_argmax(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

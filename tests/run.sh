@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command: builds everything the tests need on a fresh machine, then runs them.
+#   1. .venv-test: torch + torchvision (ComfyUI needs both), the project's requirements, test extras,
+#      a real ComfyUI from the package registry, Debian's chromium; the whole suite runs there
+#      with the newest supported transformers.
+#   2. .venv-test-oldest: the oldest supported transformers, for the tests that touch transformers.
+# Extra arguments go to both pytest runs (e.g. `bash tests/run.sh -k janus`).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-python3}
+OLDEST_TRANSFORMERS=4.52.1  # keep in step with requirements.txt
+
+pip_install() { "$1/bin/pip" install --quiet --disable-pip-version-check "${@:2}"; }
+
+if [[ ! -x .venv-test/bin/python ]]; then "$PYTHON" -m venv .venv-test; fi
+pip_install .venv-test torch==2.14.1 torchvision==0.29.1
+pip_install .venv-test -r requirements.txt -r tests/requirements.txt
+.venv-test/bin/python -c "import torch, transformers; print('torch', torch.__version__, '- transformers', transformers.__version__)"
+bash tests/install_comfyui.sh .venv-test .cache/comfyui
+bash tests/install_browser.sh
+.venv-test/bin/python -m pytest tests "$@"
+
+if [[ ! -x .venv-test-oldest/bin/python ]]; then "$PYTHON" -m venv .venv-test-oldest; fi
+pip_install .venv-test-oldest torch==2.13.0 "transformers==$OLDEST_TRANSFORMERS" -r requirements.txt -r tests/requirements.txt
+.venv-test-oldest/bin/python -c "import torch, transformers; print('torch', torch.__version__, '- transformers', transformers.__version__)"
+.venv-test-oldest/bin/python -m pytest tests/test_janus.py tests/test_engine.py "$@"
