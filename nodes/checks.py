@@ -1,0 +1,31 @@
+"""Checks shared by several nodes; each failure names the input and what to do."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .sockets import LoadedModel
+
+
+def choice_error(name: str, value: Optional[str], options: tuple[str, ...]) -> Optional[str]:
+    """Why `value` is not a valid combo choice, or None.  (ComfyUI 0.3.75 does not check V3 combos.)"""
+    if value is not None and value not in options:
+        return f"{name} must be one of {', '.join(options)}, got '{value}'"
+    return None
+
+
+def check_same_model(model: LoadedModel, encoded_by: str, what: str) -> None:
+    if encoded_by != model.name:
+        raise ValueError(f"the {what} came from model '{encoded_by}' but this node got model '{model.name}'; "
+                         "connect the same SCD Model Loader to both nodes")
+
+
+def check_tokens(model: LoadedModel, tokens: Any) -> torch.Tensor:
+    expected = model.model.num_tokens
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] != expected:
+        shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens of shape {shape} do not fit model '{model.name}', which decodes "
+                         f"(batch, {expected}); connect the tokens of an SCD Sampler that used this model")
+    return tokens

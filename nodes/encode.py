@@ -1,0 +1,36 @@
+"""SCD Prompt Encode: a text prompt (or class index) -> SCD_COND."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from comfy_api.latest import io
+
+from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
+
+
+class SCDPromptEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SCDPromptEncode",
+            display_name="SCD Prompt Encode",
+            category="SCD",
+            description="Turns a prompt into conditioning for the SCD Sampler. Class-conditional models "
+                         "(demo, LlamaGen c2i) take a class index such as 7.",
+            inputs=[
+                SCDModel.Input("model"),
+                io.String.Input("prompt", multiline=True, default="7",
+                                tooltip="Text prompt, or a class index for class-conditional models."),
+                io.String.Input("negative_prompt", multiline=True, default="", optional=True,
+                                tooltip="Used as the unconditional branch of CFG where the model supports it."),
+            ],
+            outputs=[SCDCond.Output(display_name="conditioning")],
+        )
+
+    @classmethod
+    def execute(cls, model: LoadedModel, prompt: str, negative_prompt: Optional[str] = None) -> io.NodeOutput:
+        if not prompt.strip():
+            raise ValueError("prompt is empty; type a prompt (or a class index such as 7 for class models)")
+        cond = model.model.encode(prompt, negative_prompt if negative_prompt and negative_prompt.strip() else None)
+        return io.NodeOutput(EncodedPrompt(model_name=model.name, cond=cond))

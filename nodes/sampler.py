@@ -1,0 +1,95 @@
+"""SCD Sampler: SCD_MODEL + SCD_COND -> SCD_TOKENS + SCD_STATS."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import comfy.model_management as mm
+from comfy_api.latest import io
+from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate
+from scd_core.config import MAX_SEED, MAX_WINDOW
+
+from .checks import check_same_model, choice_error
+from .progress import ProgressReporter
+from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDModel, SCDStats, SCDTokens
+
+RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scale"
+RECOMMENDED_TOP_K = 0
+MAX_TOP_K = 1_000_000
+MAX_BATCH = 16
+
+
+def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, temperature: float, top_k: int,
+                   top_p: float, draft_init: str) -> SamplerConfig:
+    """Widget values -> SamplerConfig; the widgets' "recommended" sentinels become None."""
+    if cfg_scale != RECOMMENDED_CFG and cfg_scale < 0:
+        raise ValueError(f"cfg_scale must be -1 (the model's recommended value) or a number in 0..100, "
+                         f"got {cfg_scale}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be 0 (the model's recommended value) or a positive integer, got {top_k}")
+    return SamplerConfig(coupler=coupler, window=window,
+                         cfg_scale=None if cfg_scale == RECOMMENDED_CFG else cfg_scale,
+                         temperature=temperature, top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
+                         top_p=top_p, seed=seed, draft_init=draft_init)
+
+
+class SCDSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SCDSampler",
+            display_name="SCD Sampler",
+            category="SCD",
+            description="Samples image tokens with speculative Jacobi decoding: the same output distribution "
+                        "as autoregressive sampling in fewer model calls.",
+            inputs=[
+                SCDModel.Input("model"),
+                SCDCond.Input("conditioning"),
+                io.Combo.Input("coupler", options=list(COUPLERS), default="maximal",
+                               tooltip="maximal / gumbel: coupled drafts (SCD); independent: SJD; faithful: "
+                                       "exactly the autoregressive output for the same seed."),
+                io.Int.Input("window", default=32, min=1, max=MAX_WINDOW,
+                             tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling."),
+                io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
+                               tooltip="Classifier-free guidance scale; -1 uses the model's recommended value."),
+                io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True),
+                io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01),
+                io.Int.Input("top_k", default=RECOMMENDED_TOP_K, min=0, max=MAX_TOP_K,
+                             tooltip="0 uses the model's recommended value."),
+                io.Float.Input("top_p", default=1.0, min=0.0, max=1.0, step=0.01),
+                io.Combo.Input("draft_init", options=list(DRAFT_INITS), default="above",
+                               tooltip="First guess for tokens entering the window: random, the token to "
+                                       "the left, or the token above in the image grid."),
+                io.Int.Input("batch_size", default=1, min=1, max=MAX_BATCH),
+            ],
+            outputs=[SCDTokens.Output(display_name="tokens"), SCDStats.Output(display_name="stats")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def validate_inputs(cls, coupler: Optional[str] = None, draft_init: Optional[str] = None) -> bool | str:
+        # Only the combos are named here: naming a number input would switch off its built-in min/max check.
+        problem = choice_error("coupler", coupler, COUPLERS) or choice_error("draft_init", draft_init, DRAFT_INITS)
+        return problem or True
+
+    @classmethod
+    def execute(cls, model: LoadedModel, conditioning: EncodedPrompt, coupler: str, window: int, cfg_scale: float,
+                seed: int, temperature: float, top_k: int, top_p: float, draft_init: str,
+                batch_size: int) -> io.NodeOutput:
+        check_same_model(model, conditioning.model_name, "conditioning")
+        config = sampler_config(coupler, window, cfg_scale, seed, temperature, top_k, top_p, draft_init)
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size must be in 1..{MAX_BATCH}, got {batch_size}")
+        model.to_compute_device()
+        reporter = ProgressReporter(str(cls.hidden.unique_id), model.model)
+        interrupted = False
+        try:
+            result = generate(model.model, conditioning.cond, config, batch_size=batch_size, callback=reporter)
+        except mm.InterruptProcessingException:
+            interrupted = True
+        if interrupted:
+            # Raised again outside the handler: ComfyUI keeps the exception, and the original's traceback
+            # would pin the run's KV cache in memory until the next prompt.
+            mm.soft_empty_cache()
+            raise mm.InterruptProcessingException()
+        return io.NodeOutput(result.tokens, SamplingStats(result, config, batch_size, model.name))

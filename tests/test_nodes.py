@@ -1,0 +1,316 @@
+"""The node pack inside ComfyUI's Python API, in process: registration, schemas, and each node's execute.
+
+ComfyUI comes from the cache that tests/install_comfyui.sh fills; models are the tiny
+random Janus checkpoint of janus_fixture.py (real loader, adapter and VQ decoder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import importlib.util
+import inspect
+import sys
+import weakref
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+import torch
+from scd_core.checkpoints import ModelLoadError
+
+from comfy_server import REPO_ROOT, comfyui_main
+
+CONTRACT_NODES = {
+    "SCDModelLoader": ("SCD Model Loader", ["SCD_MODEL"]),
+    "SCDPromptEncode": ("SCD Prompt Encode", ["SCD_COND"]),
+    "SCDSampler": ("SCD Sampler", ["SCD_TOKENS", "SCD_STATS"]),
+    "SCDVQDecode": ("SCD VQ Decode", ["IMAGE"]),
+    "SCDStats": ("SCD Stats", ["IMAGE", "STRING"]),
+}
+
+
+@pytest.fixture(scope="module")
+def comfy() -> Iterator[SimpleNamespace]:
+    """ComfyUI's modules, imported the way main.py sets them up for --cpu."""
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(comfyui_main().parent))  # before the repository root: ComfyUI's `nodes`, not ours
+    from comfy.cli_args import args
+
+    args.cpu = True
+    import comfy.model_management as mm
+    import comfy.utils
+    import folder_paths
+    # first, as main.py does: ComfyUI's nodes.py puts comfy/ (which has a utils.py) in front of sys.path
+    import utils.install_util  # noqa: F401
+    import server
+
+    yield SimpleNamespace(mm=mm, utils=comfy.utils, folder_paths=folder_paths, server=server)
+    sys.path[:] = saved_path  # ComfyUI also added its comfy/ folder (with a utils.py) in front
+
+
+@pytest.fixture(scope="module")
+def pack(comfy: SimpleNamespace) -> ModuleType:
+    """The repository loaded as a custom node package, as ComfyUI's load_custom_node does."""
+    spec = importlib.util.spec_from_file_location("comfyui_scd_under_test", REPO_ROOT / "__init__.py",
+                                                  submodule_search_locations=[str(REPO_ROOT)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def node_classes(pack: ModuleType) -> dict[str, Any]:
+    extension = asyncio.run(pack.comfy_entrypoint())
+    nodes = asyncio.run(extension.get_node_list())
+    return {node.GET_SCHEMA().node_id: node for node in nodes}
+
+
+class FakeServer:
+    """Stands in for PromptServer.instance: records what the nodes send."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self.texts: list[tuple[str, str]] = []
+        self.on_event = None
+
+    def send_sync(self, event: str, data: Any, sid: Any = None) -> None:
+        self.events.append((event, data))
+        if self.on_event is not None:
+            self.on_event(event, data)
+
+    def send_progress_text(self, text: str, node_id: str, sid: Any = None) -> None:
+        self.texts.append((node_id, text))
+
+
+@pytest.fixture
+def fake_server(comfy: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> FakeServer:
+    fake = FakeServer()
+    monkeypatch.setattr(comfy.server.PromptServer, "instance", fake, raising=False)
+    previews: list[Any] = []
+    monkeypatch.setattr(comfy.utils, "PROGRESS_BAR_HOOK",
+                        lambda value, total, preview, node_id=None: previews.append(preview))
+    fake.previews = previews
+    return fake
+
+
+@pytest.fixture(scope="module")
+def janus(node_classes: dict[str, Any], comfy: SimpleNamespace, tiny_janus_dir: Path) -> Any:
+    """The tiny Janus loaded through the loader node (models/scd/tiny-janus)."""
+    models = Path(tiny_janus_dir).parent / "models_scd"
+    models.mkdir(exist_ok=True)
+    link = models / "tiny-janus"
+    if not link.exists():
+        link.symlink_to(tiny_janus_dir, target_is_directory=True)
+    comfy.folder_paths.add_model_folder_path("scd", str(models))
+    return node_classes["SCDModelLoader"].execute("tiny-janus", "auto", "auto").result[0]
+
+
+def run_node(node: Any, **inputs: Any) -> tuple:
+    clone = node.PREPARE_CLASS_CLONE({"UNIQUE_ID": "7"})
+    with torch.inference_mode():  # as ComfyUI's executor does
+        return clone.execute(**inputs).result
+
+
+def sampler_inputs(model: Any, cond: Any, **overrides: Any) -> dict[str, Any]:
+    inputs = dict(model=model, conditioning=cond, coupler="maximal", window=4, cfg_scale=-1.0, seed=3,
+                  temperature=1.0, top_k=0, top_p=1.0, draft_init="above", batch_size=1)
+    return inputs | overrides
+
+
+# -- registration and schemas --------------------------------------------------------------------
+def test_extension_registers_the_contract_nodes(pack: ModuleType, node_classes: dict[str, Any]) -> None:
+    assert pack.WEB_DIRECTORY == "./web"
+    assert not hasattr(pack, "NODE_CLASS_MAPPINGS")  # would make ComfyUI register the pack the V1 way
+    assert set(node_classes) == set(CONTRACT_NODES)
+    for node_id, (display_name, outputs) in CONTRACT_NODES.items():
+        info = node_classes[node_id].GET_NODE_INFO_V1()
+        assert info["display_name"] == display_name
+        assert info["output"] == outputs
+        assert info["category"] == "SCD"
+
+
+def inputs_of(node: Any) -> dict[str, tuple[str, dict[str, Any]]]:
+    info = node.GET_NODE_INFO_V1()["input"]
+    return {**info["required"], **info.get("optional", {})}
+
+
+def test_loader_schema(node_classes: dict[str, Any]) -> None:
+    inputs = inputs_of(node_classes["SCDModelLoader"])
+    assert list(inputs) == ["model", "device", "dtype"]
+    assert inputs["model"][0] == "COMBO" and inputs["model"][1]["options"][0] == "demo"
+    assert inputs["device"][1]["options"] == ["auto", "cpu", "cuda", "mps"]
+    assert inputs["dtype"][1]["options"] == ["auto", "float32", "bfloat16", "float16"]
+    assert inputs["device"][1]["default"] == inputs["dtype"][1]["default"] == "auto"
+
+
+def test_encode_schema(node_classes: dict[str, Any]) -> None:
+    info = node_classes["SCDPromptEncode"].GET_NODE_INFO_V1()["input"]
+    assert info["required"]["model"][0] == "SCD_MODEL"
+    assert info["required"]["prompt"][0] == "STRING" and info["required"]["prompt"][1]["multiline"]
+    assert info["optional"]["negative_prompt"][0] == "STRING"
+
+
+def test_sampler_schema(node_classes: dict[str, Any]) -> None:
+    node = node_classes["SCDSampler"]
+    inputs = inputs_of(node)
+    assert list(inputs) == ["model", "conditioning", "coupler", "window", "cfg_scale", "seed", "temperature",
+                            "top_k", "top_p", "draft_init", "batch_size"]
+    expect = {"conditioning": ("SCD_COND", {}),
+              "coupler": ("COMBO", {"options": ["maximal", "gumbel", "independent", "faithful"],
+                                    "default": "maximal"}),
+              "window": ("INT", {"min": 1, "max": 1024, "default": 32}),
+              "cfg_scale": ("FLOAT", {"min": -1.0, "max": 100.0, "default": -1.0}),
+              "seed": ("INT", {"min": 0, "control_after_generate": True}),
+              "temperature": ("FLOAT", {"default": 1.0}),
+              "top_k": ("INT", {"min": 0, "default": 0}),
+              "top_p": ("FLOAT", {"min": 0.0, "max": 1.0, "default": 1.0}),
+              "draft_init": ("COMBO", {"options": ["random", "left", "above"]}),
+              "batch_size": ("INT", {"min": 1, "max": 16, "default": 1})}
+    for name, (io_type, options) in expect.items():
+        assert inputs[name][0] == io_type, name
+        assert {k: inputs[name][1].get(k) for k in options} == options, name
+    assert node.GET_NODE_INFO_V1()["output_name"] == ["tokens", "stats"]
+    # The trap: validate_inputs naming a number input (or taking **kwargs) disables its min/max check.
+    spec = inspect.getfullargspec(node.validate_inputs)
+    assert spec.varkw is None
+    assert not {"window", "cfg_scale", "seed", "temperature", "top_k", "top_p", "batch_size"} & set(spec.args)
+
+
+def test_decode_and_stats_schema(node_classes: dict[str, Any]) -> None:
+    assert inputs_of(node_classes["SCDVQDecode"]) == {"model": ("SCD_MODEL", {}), "tokens": ("SCD_TOKENS", {})}
+    assert inputs_of(node_classes["SCDStats"]) == {"stats": ("SCD_STATS", {})}
+
+
+# -- the loader's model list and validation ----------------------------------------------------------
+def test_model_list_holds_demo_and_model_folders(node_classes: dict[str, Any], comfy: SimpleNamespace,
+                                                 tmp_path: Path) -> None:
+    for folder in ("scd/my-model", "scd/.hidden", "Janus-Pro/Janus-Pro-1B", "LlamaGen/c2i-B"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "scd" / "stray.txt").write_text("not a model")
+    for root in ("scd", "Janus-Pro", "LlamaGen"):
+        comfy.folder_paths.add_model_folder_path(root, str(tmp_path / root))
+    options = inputs_of(node_classes["SCDModelLoader"])["model"][1]["options"]
+    assert options[0] == "demo"
+    assert {"my-model", "Janus-Pro/Janus-Pro-1B", "LlamaGen/c2i-B"} <= set(options)
+    assert not {".hidden", "stray.txt"} & set(options)
+
+
+def test_loader_rejects_unknown_choices(node_classes: dict[str, Any], pack: ModuleType) -> None:
+    loader = node_classes["SCDModelLoader"]
+    message = loader.validate_inputs(model="no-such-model", device="auto", dtype="auto")
+    assert "no-such-model" in message and "models/scd/" in message
+    assert "device" in loader.validate_inputs(model="demo", device="tpu", dtype="auto")
+    assert loader.validate_inputs(model="demo", device="cpu", dtype="float32") is True
+    with pytest.raises(ModelLoadError, match="no-such-model"):
+        loader.execute("no-such-model", "auto", "auto")
+
+
+def test_explicit_device_must_exist(pack: ModuleType) -> None:
+    compute_device = sys.modules[f"{pack.__name__}.nodes.loader"].compute_device
+    assert compute_device("cpu") == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert compute_device("cuda").type == "cuda"
+    else:
+        with pytest.raises(ValueError, match="cuda"):
+            compute_device("cuda")
+    assert compute_device("auto") == torch.device("cpu")  # --cpu is respected
+
+
+def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> None:
+    sampler = node_classes["SCDSampler"]
+    assert "coupler must be one of" in sampler.validate_inputs(coupler="greedy", draft_init="above")
+    assert "draft_init" in sampler.validate_inputs(coupler="maximal", draft_init="below")
+    assert sampler.validate_inputs(coupler="gumbel", draft_init="random") is True
+    sampler_config = sys.modules[f"{pack.__name__}.nodes.sampler"].sampler_config
+    config = sampler_config("maximal", 8, -1.0, 1, 1.0, 0, 1.0, "left")
+    assert config.cfg_scale is None and config.top_k is None  # the widgets' "recommended" sentinels
+    assert sampler_config("maximal", 8, 2.5, 1, 1.0, 50, 1.0, "left").top_k == 50
+    with pytest.raises(ValueError, match="cfg_scale must be -1"):
+        sampler_config("maximal", 8, -0.5, 1, 1.0, 0, 1.0, "left")
+    with pytest.raises(ValueError, match="window"):
+        sampler_config("maximal", 0, -1.0, 1, 1.0, 0, 1.0, "left")
+
+
+# -- executing the nodes on the tiny Janus --------------------------------------------------------
+def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any], janus: Any,
+                                                   fake_server: FakeServer) -> None:
+    assert janus.patcher.load_device == torch.device("cpu")
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a red square", negative_prompt="")
+    tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond))
+    n = janus.model.num_tokens
+    assert tokens.shape == (1, n) and tokens.dtype == torch.long and tokens.device.type == "cpu"
+
+    events = [data for name, data in fake_server.events if name == "scd.progress"]
+    assert len(events) == stats.result.nfe == len(fake_server.texts) == len(fake_server.previews)
+    assert [e["iteration"] for e in events] == list(range(stats.result.nfe))
+    assert sum(e["committed"] for e in events) == n == events[-1]["total"]
+    assert all(e["node"] == "7" and e["num_tokens"] == n and e["calls_saved"] == e["total"] - e["nfe"]
+               for e in events)
+    assert fake_server.texts[-1] == ("7", f"iter {stats.result.nfe} - {n / stats.result.nfe:.1f} tokens/call - "
+                                          f"NFE {stats.result.nfe}/{n}")
+    # the last iteration always carries the finished preview
+    kind, preview, _ = fake_server.previews[-1]
+    assert kind == "JPEG" and preview.size == (64, 64)
+
+    (image,) = run_node(node_classes["SCDVQDecode"], model=janus, tokens=tokens)
+    assert image.shape == (1, 64, 64, 3) and image.dtype == torch.float32
+    assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0
+
+    chart, summary = run_node(node_classes["SCDStats"], stats=stats)
+    assert chart.shape == (1, 384, 768, 3) and 0.0 <= float(chart.min()) <= float(chart.max()) <= 1.0
+    assert f"in {stats.result.nfe} model calls" in summary and "fewer calls" in summary
+
+
+def test_sampler_is_thin_over_generate(node_classes: dict[str, Any], janus: Any, fake_server: FakeServer,
+                                       pack: ModuleType) -> None:
+    import scd_core
+
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a blue circle")
+    tokens, _ = run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, coupler="faithful", seed=11,
+                                                                      batch_size=2))
+    config = scd_core.SamplerConfig(coupler="faithful", window=4, seed=11, draft_init="above")
+    with torch.inference_mode():
+        direct = scd_core.generate(janus.model, cond.cond, config, batch_size=2)
+    assert torch.equal(tokens, direct.tokens)
+
+
+def test_interrupt_stops_promptly_and_frees_the_run(node_classes: dict[str, Any], janus: Any, comfy: SimpleNamespace,
+                                                    fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    sessions: list[weakref.ref] = []
+    original_start = janus.model.start
+
+    def tracked_start(cond: Any, batch_size: int) -> Any:
+        session = original_start(cond, batch_size)
+        sessions.append(weakref.ref(session))
+        return session
+
+    monkeypatch.setattr(janus.model, "start", tracked_start)
+    # the user presses Cancel while iteration 1 is reported
+    fake_server.on_event = lambda name, data: (name == "scd.progress" and data["iteration"] == 1
+                                               and comfy.mm.interrupt_current_processing(True))
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="stop me")
+    with pytest.raises(comfy.mm.InterruptProcessingException) as caught:
+        run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, window=2, seed=5))
+    assert len([e for e in fake_server.events if e[0] == "scd.progress"]) == 2  # stopped at the next call
+    # ComfyUI keeps the exception after the run; it must not pin the engine's frames and KV cache
+    error = caught.value
+    gc.collect()
+    assert len(sessions) == 1 and sessions[0]() is None
+    assert error.__traceback__ is not None
+    assert not comfy.mm.processing_interrupted()
+
+
+def test_bad_inputs_give_actionable_errors(node_classes: dict[str, Any], janus: Any,
+                                           fake_server: FakeServer) -> None:
+    with pytest.raises(ValueError, match="prompt is empty"):
+        run_node(node_classes["SCDPromptEncode"], model=janus, prompt="   ")
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="x")
+    other = dataclasses.replace(janus, name="another-model")
+    with pytest.raises(ValueError, match="same SCD Model Loader"):
+        run_node(node_classes["SCDSampler"], **sampler_inputs(other, cond))
+    with pytest.raises(ValueError, match=r"do not fit model 'tiny-janus'"):
+        run_node(node_classes["SCDVQDecode"], model=janus, tokens=torch.zeros(1, 3, dtype=torch.long))
