@@ -1,0 +1,189 @@
+// Live chart on every SCDSampler node: one bar per decoding iteration (tokens committed by that model call)
+// and the running count of model calls saved against plain autoregressive decoding.
+//
+// Data arrives as the server's "scd.progress" websocket event, one per model call (nodes/progress.py):
+//   {node, iteration, committed, total, num_tokens, nfe, acceptance, calls_saved}
+// The chart is a DOM widget (not canvas-drawn), so it also renders in the frontend's Vue node mode.
+// Tests read the chart's state from the canvas's data attributes (data-iterations, data-calls-saved, ...).
+import { app } from "../../../scripts/app.js";
+import { api } from "../../../scripts/api.js";
+
+const NODE_TYPE = "SCDSampler";
+const EVENT = "scd.progress";
+const CHART_HEIGHT = 150;
+const MIN_NODE_WIDTH = 320; // room for the summary line
+
+const COLORS = {
+    background: "#1b1b1b",
+    frame: "#3a3a3a",
+    arBar: "#7a7a7a", // a call that committed one token: no better than plain AR
+    scdBar: "#4caf50", // a call that committed several tokens
+    baseline: "#d0a040",
+    text: "#e0e0e0",
+    muted: "#9a9a9a",
+};
+
+// The run a chart shows; kept after the run ends and replaced when the next run's iteration 0 arrives.
+function emptyRun() {
+    return { committed: [], total: 0, numTokens: 0, nfe: 0, callsSaved: 0 };
+}
+
+class AcceptanceChart {
+    constructor() {
+        this.run = emptyRun();
+        this.element = document.createElement("div");
+        this.element.className = "scd-acceptance-chart";
+        Object.assign(this.element.style, { width: "100%", height: "100%", minHeight: `${CHART_HEIGHT}px` });
+        this.canvas = document.createElement("canvas");
+        Object.assign(this.canvas.style, { width: "100%", height: "100%", display: "block" });
+        this.element.appendChild(this.canvas);
+        this.drawPending = false;
+        this.publishState();
+        new ResizeObserver(() => this.requestDraw()).observe(this.canvas);
+    }
+
+    update(event) {
+        if (event.iteration === 0) this.run = emptyRun();
+        this.run.committed[event.iteration] = event.committed;
+        this.run.total = event.total;
+        this.run.numTokens = event.num_tokens;
+        this.run.nfe = event.nfe;
+        this.run.callsSaved = event.calls_saved;
+        this.publishState();
+        this.requestDraw();
+    }
+
+    // State for tests and for anyone inspecting the page.
+    publishState() {
+        const data = this.canvas.dataset;
+        data.iterations = String(this.run.committed.length);
+        data.callsSaved = String(this.run.callsSaved);
+        data.total = String(this.run.total);
+        data.numTokens = String(this.run.numTokens);
+        data.nfe = String(this.run.nfe);
+        data.done = String(this.run.numTokens > 0 && this.run.total >= this.run.numTokens);
+    }
+
+    // Events can arrive faster than frames; draw at most once per frame.
+    requestDraw() {
+        if (this.drawPending) return;
+        this.drawPending = true;
+        requestAnimationFrame(() => {
+            this.drawPending = false;
+            this.draw();
+        });
+    }
+
+    draw() {
+        const ratio = window.devicePixelRatio || 1;
+        const width = Math.max(1, Math.round(this.canvas.clientWidth * ratio));
+        const height = Math.max(1, Math.round(this.canvas.clientHeight * ratio));
+        if (this.canvas.width !== width || this.canvas.height !== height) {
+            this.canvas.width = width;
+            this.canvas.height = height;
+        }
+        const ctx = this.canvas.getContext("2d");
+        ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+        const w = width / ratio;
+        const h = height / ratio;
+        ctx.fillStyle = COLORS.background;
+        ctx.fillRect(0, 0, w, h);
+
+        const textHeight = 32; // two summary lines above the plot
+        const plot = { x: 4, y: textHeight + 4, w: w - 8, h: h - textHeight - 8 };
+        ctx.strokeStyle = COLORS.frame;
+        ctx.strokeRect(plot.x + 0.5, plot.y + 0.5, plot.w - 1, plot.h - 1);
+        this.drawBars(ctx, plot);
+        this.drawSummary(ctx);
+    }
+
+    drawBars(ctx, plot) {
+        const committed = this.run.committed;
+        if (committed.length === 0 || plot.w <= 0 || plot.h <= 0) return;
+        const tallest = Math.max(2, ...committed.map((n) => n ?? 0));
+        // Bars span the whole run's expected width once the run is long; until then keep them readable.
+        const slots = Math.max(committed.length, 32);
+        const step = plot.w / slots;
+        const gap = step > 3 ? 1 : 0;
+        committed.forEach((count, i) => {
+            if (!count) return;
+            const barHeight = (count / tallest) * (plot.h - 2);
+            ctx.fillStyle = count > 1 ? COLORS.scdBar : COLORS.arBar;
+            ctx.fillRect(plot.x + i * step, plot.y + plot.h - 1 - barHeight, Math.max(step - gap, 0.5), barHeight);
+        });
+        // Plain AR commits exactly one token per call: everything above this line is a saved call.
+        const baselineY = plot.y + plot.h - 1 - (plot.h - 2) / tallest;
+        ctx.strokeStyle = COLORS.baseline;
+        ctx.setLineDash([4, 3]);
+        ctx.beginPath();
+        ctx.moveTo(plot.x, baselineY);
+        ctx.lineTo(plot.x + plot.w, baselineY);
+        ctx.stroke();
+        ctx.setLineDash([]);
+        // Scale label on a backing box so tall bars do not hide it.
+        const label = `max ${tallest}/call`;
+        ctx.font = "10px sans-serif";
+        ctx.textBaseline = "top";
+        ctx.fillStyle = COLORS.background;
+        ctx.fillRect(plot.x + 1, plot.y + 1, ctx.measureText(label).width + 6, 13);
+        ctx.fillStyle = COLORS.muted;
+        ctx.fillText(label, plot.x + 4, plot.y + 2);
+    }
+
+    drawSummary(ctx) {
+        const run = this.run;
+        ctx.textBaseline = "top";
+        ctx.textAlign = "left";
+        if (run.committed.length === 0) {
+            ctx.font = "12px sans-serif";
+            ctx.fillStyle = COLORS.muted;
+            ctx.fillText("tokens per model call appear here", 6, 4);
+            ctx.fillText("while the sampler runs", 6, 18);
+            return;
+        }
+        const perCall = run.nfe > 0 ? (run.total / run.nfe).toFixed(2) : "-";
+        ctx.font = "bold 12px sans-serif";
+        ctx.fillStyle = COLORS.text;
+        ctx.fillText(`${run.callsSaved} calls saved · ${perCall} tokens/call`, 6, 4);
+        ctx.font = "11px sans-serif";
+        ctx.fillStyle = COLORS.muted;
+        ctx.fillText(`NFE ${run.nfe} · ${run.total}/${run.numTokens} tokens`, 6, 19);
+    }
+}
+
+// The event's node id is the execution id: a path "outer:inner" for nodes inside subgraphs.
+function findNode(executionId) {
+    const [rootId, ...innerIds] = String(executionId).split(":");
+    let node = app.graph?.getNodeById(rootId);
+    for (const id of innerIds) node = node?.subgraph?.getNodeById(id);
+    return node;
+}
+
+app.registerExtension({
+    name: "comfyui-scd.AcceptanceChart",
+
+    async setup() {
+        api.addEventListener(EVENT, ({ detail }) => {
+            if (!detail || detail.node === undefined) return;
+            const node = findNode(detail.node);
+            node?.scdChart?.update(detail);
+        });
+    },
+
+    async beforeRegisterNodeDef(nodeType, nodeData) {
+        if (nodeData.name !== NODE_TYPE) return;
+        const onNodeCreated = nodeType.prototype.onNodeCreated;
+        nodeType.prototype.onNodeCreated = function () {
+            const result = onNodeCreated?.apply(this, arguments);
+            this.scdChart = new AcceptanceChart();
+            // options.serialize keeps the chart out of the prompt, widget.serialize out of the saved workflow.
+            const widget = this.addDOMWidget("scd_acceptance", "scd_chart", this.scdChart.element, {
+                serialize: false,
+                getMinHeight: () => CHART_HEIGHT,
+            });
+            widget.serialize = false;
+            this.setSize([Math.max(this.size[0], MIN_NODE_WIDTH), this.size[1]]);
+            return result;
+        };
+    },
+});
