@@ -143,15 +143,14 @@ class _Decoder:
         self.rows = torch.arange(batch, device=device).unsqueeze(1)
         self.slots = torch.arange(self.window, device=device)
 
-    def probs(self, logits: Logits, width: int, iteration: int) -> torch.Tensor:
+    def probs(self, logits: Logits, width: int) -> torch.Tensor:
         cond, uncond = logits
         expected = (self.batch, width, self.vocab)
         for name, value in (("cond", cond), ("uncond", uncond)):
             if value is not None and tuple(value.shape) != expected:
                 raise ModelOutputError(f"model returned {name} logits of shape {tuple(value.shape)}, "
                                        f"expected {expected}")
-        p = to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), *self.sampling)
-        return p
+        return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), *self.sampling)
 
     def window_inputs(self, width: int) -> torch.Tensor:
         """The last committed token and the drafts after it, (B, width)."""
@@ -179,9 +178,8 @@ class _Decoder:
 
         slot = self.slots[:width].unsqueeze(0)
         nxt = torch.where(slot < per_row.unsqueeze(1), verified, coupled)
-        carried = (slot >= shared.unsqueeze(1)) & (slot < width - 1)
-        changes = torch.stack([((nxt[:, :width - 1] != drafts) & carried[:, :width - 1]).sum(),
-                               carried.sum()])
+        redrafted = slot[:, :width - 1] >= shared.unsqueeze(1)  # drafted before and still a draft
+        changes = torch.stack([((nxt[:, :width - 1] != drafts) & redrafted).sum(), redrafted.sum()])
         self.seq.scatter_(1, positions, nxt)
         self.committed += shared
         self._next_proposals(p, shared)
@@ -255,7 +253,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
             torch.cuda.synchronize(decoder.device)
         t1 = time.perf_counter()
 
-        p = decoder.probs(logits, width, iteration)
+        p = decoder.probs(logits, width)
         shared, accepted, changes = decoder.step(p, iteration)
         # the one host synchronisation of the iteration
         summary = torch.cat([torch.stack([shared.min(), decoder.committed.min(), torch.isnan(p).any().long()]),
