@@ -1,0 +1,201 @@
+"""LlamaGen adapter on tiny checkpoints written in the original on-disk formats."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from llamagen_fixture import (IMAGE_SIZE, TINY_GPT, original_gpt_keys, write_original_c2i, write_safetensors_c2i,
+                              write_t2i)
+from scd_core import ModelLoadError, SamplerConfig, generate, load_model
+from scd_core.checkpoints import read_weights
+from scd_core.llamagen import Caption, ClassLabel, GPTConfig, detect, rope_table_2d
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("llamagen")
+    return {"pt": write_original_c2i(root / "original"), "safetensors": write_safetensors_c2i(root / "st"),
+            "t2i": write_t2i(root / "t2i", with_t5=True)}
+
+
+def _prompt(model) -> str:
+    return "a red cat on the mat" if model.config.task == "t2i" else "3"
+
+
+def _window_and_sequential(model, tokens: torch.Tensor) -> tuple[tuple, tuple]:
+    cond = model.encode(_prompt(model))
+    window = model.start(cond, tokens.shape[0])
+    window.prefill()
+    at_once = window.forward(tokens)
+    single = model.start(cond, tokens.shape[0])
+    single.prefill()
+    steps = [single.forward(tokens[:, i:i + 1]) for i in range(tokens.shape[1])]
+    return at_once, tuple(torch.cat([s[b] for s in steps], dim=1) for b in range(2))
+
+
+@pytest.mark.parametrize("kind", ["pt", "safetensors", "t2i"])
+def test_window_logits_equal_sequential(folders, kind):
+    tokens = torch.randint(0, TINY_GPT["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(0))
+    at_once, one_by_one = _window_and_sequential(load_model(folders[kind], "cpu", torch.float64), tokens)
+    for a, b in zip(at_once, one_by_one):
+        assert a.shape == (2, 7, TINY_GPT["vocab_size"])
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    at_once, one_by_one = _window_and_sequential(load_model(folders[kind], "cpu", torch.float32), tokens)
+    for a, b in zip(at_once, one_by_one):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["pt", "t2i"])
+def test_rewind_then_refeed_matches_fresh_session(folders, kind):
+    model = load_model(folders[kind], "cpu", torch.float64)
+    cond = model.encode(_prompt(model))
+    first, second = torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[5, 6, 1, 2, 3]])
+    session = model.start(cond, 1)
+    session.prefill()
+    session.forward(first)
+    session.rewind(3)
+    rewound = session.forward(second[:, 2:])
+    fresh = model.start(cond, 1)
+    fresh.prefill()
+    expected = fresh.forward(second)
+    for a, b in zip(rewound, expected):
+        torch.testing.assert_close(a, b[:, 2:], rtol=0, atol=1e-10)
+    with pytest.raises(ValueError):
+        session.rewind(99)
+
+
+@pytest.mark.parametrize("kind", ["pt", "t2i"])
+def test_cond_and_uncond_branches_differ(folders, kind):
+    model = load_model(folders[kind], "cpu", torch.float32)
+    cond, uncond = model.start(model.encode(_prompt(model)), 1).prefill()
+    assert cond.shape == uncond.shape == (1, 1, TINY_GPT["vocab_size"])
+    assert (cond - uncond).abs().max() > 1e-2
+
+
+def test_faithful_window_reproduces_autoregressive_tokens(folders):
+    model = load_model(folders["pt"], "cpu", torch.float64)
+    cond = model.encode("7")
+    ar = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=11), batch_size=2)
+    assert ar.nfe == model.num_tokens
+    for window in (4, 16):
+        fast = generate(model, cond, SamplerConfig(coupler="faithful", window=window, seed=11), batch_size=2)
+        assert torch.equal(fast.tokens, ar.tokens)
+        assert fast.nfe <= ar.nfe
+    other_seed = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=12), batch_size=2)
+    assert not torch.equal(other_seed.tokens, ar.tokens)
+
+
+def test_generate_and_decode(folders):
+    model = load_model(folders["safetensors"], "cpu", torch.float32)
+    assert (model.family, model.grid, model.num_tokens) == ("llamagen", (4, 4), 16)
+    assert (model.default_cfg_scale, model.default_top_k) == (2.5, 20)
+    result = generate(model, model.encode("2"), SamplerConfig(coupler="maximal", window=8), batch_size=3)
+    assert result.tokens.shape == (3, 16) and sum(result.committed) == 16
+    images = model.decode(result.tokens)
+    assert images.shape == (3, IMAGE_SIZE, IMAGE_SIZE, 3) and images.dtype == torch.float32
+    assert images.device.type == "cpu" and 0 <= images.min() and images.max() <= 1 and images.std() > 0
+    with pytest.raises(ValueError):
+        model.decode(result.tokens[:, :5])
+
+
+def test_original_names_and_defaults(folders):
+    state = read_weights(folders["pt"] / "c2i_B_16.pt")
+    assert set(state) == original_gpt_keys(TINY_GPT["n_layer"], "c2i")
+    t2i_state = read_weights(folders["t2i"] / "t2i_B_stage1_16.pt")
+    assert set(t2i_state) == original_gpt_keys(TINY_GPT["n_layer"], "t2i")
+    model = load_model(folders["pt"], "cpu", torch.float32)
+    assert (model.default_cfg_scale, model.config.n_head, model.config.num_classes) == (4.0, 12, 10)
+    assert set(model.module.state_dict()) >= {f"gpt.{k}" for k in state}
+    t2i = load_model(folders["t2i"], "cpu", torch.float32)
+    assert (t2i.default_cfg_scale, t2i.config.cls_token_num, t2i.config.caption_dim) == (7.5, 8, 16)
+    assert "t5" in dict(t2i.module.named_children())
+
+
+def test_rope_table_matches_published_layout():
+    table = rope_table_2d(GPTConfig(dim=32, n_layer=1, n_head=2, n_kv_head=2, ffn_hidden=8, vocab_size=4,
+                                    grid_size=3, cls_token_num=2))
+    assert table.shape == (2 + 9, 8, 2)
+    assert table[:2].abs().max() == 0  # conditioning rows: cos = sin = 0 as in the original
+    row, col = 1, 2  # image position 5 in the 3 x 3 grid
+    freqs = 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8)
+    angles = torch.cat([row * freqs, col * freqs])
+    torch.testing.assert_close(table[2 + 5], torch.stack([angles.cos(), angles.sin()], -1))
+
+
+def test_encode_class_prompts(folders):
+    model = load_model(folders["pt"], "cpu", torch.float32)
+    assert model.encode(" 7 ") == ClassLabel(7)
+    for bad in ("seven", "10", "-1", "3.5"):
+        with pytest.raises(ValueError):
+            model.encode(bad)
+    with pytest.raises(ValueError):
+        model.encode("3", negative_prompt="4")
+    t2i = load_model(folders["t2i"], "cpu", torch.float32)
+    caption = t2i.encode("a blue dog")
+    assert isinstance(caption, Caption) and caption.features.shape == (8, 16)
+    assert caption.mask.tolist() == [False] * 5 + [True] * 3  # left padding, as LlamaGen samples
+    assert caption.features[:5].abs().max() == 0
+    with pytest.raises(ValueError):
+        t2i.start(ClassLabel(1), 1)
+
+
+def test_detect(folders, tmp_path):
+    assert all(detect(folder) for folder in folders.values())
+    (tmp_path / "notes.txt").write_text("hello")
+    assert not detect(tmp_path)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_pickled_code_is_refused(tmp_path):
+    folder = write_original_c2i(tmp_path / "m")
+    with open(folder / "c2i_B_16.pt", "wb") as f:
+        pickle.dump({"model": _Exploit()}, f)
+    with pytest.raises(ModelLoadError, match="c2i_B_16.pt"):
+        load_model(folder, "cpu")
+
+
+def test_truncated_file_is_refused(tmp_path):
+    folder = write_safetensors_c2i(tmp_path / "m")
+    data = (folder / "gpt.safetensors").read_bytes()
+    (folder / "gpt.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="truncated"):
+        load_model(folder, "cpu")
+    folder = write_original_c2i(tmp_path / "o")
+    data = (folder / "vq_ds4_c2i.pt").read_bytes()
+    (folder / "vq_ds4_c2i.pt").write_bytes(data[: len(data) // 3])
+    with pytest.raises(ModelLoadError, match="vq_ds4_c2i.pt"):
+        load_model(folder, "cpu")
+
+
+def test_missing_pieces_are_named(tmp_path):
+    folder = write_original_c2i(tmp_path / "novq")
+    (folder / "vq_ds4_c2i.pt").unlink()
+    with pytest.raises(ModelLoadError, match="no VQ tokenizer"):
+        load_model(folder, "cpu")
+    folder = write_t2i(tmp_path / "not5", with_t5=False)
+    with pytest.raises(ModelLoadError, match="FLAN-T5"):
+        load_model(folder, "cpu")
+    folder = write_safetensors_c2i(tmp_path / "swapped")
+    (folder / "vq.safetensors").rename(folder / "other.safetensors")
+    with pytest.raises(ModelLoadError, match="vq.safetensors"):
+        load_model(folder, "cpu")
+
+
+def test_mismatched_weights_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = write_safetensors_c2i(tmp_path / "m")
+    state = load_file(str(folder / "gpt.safetensors"))
+    del state["layers.1.ffn_norm.weight"]
+    save_file(state, str(folder / "gpt.safetensors"))
+    with pytest.raises(ModelLoadError, match="layers.1.ffn_norm.weight"):
+        load_model(folder, "cpu")
