@@ -144,10 +144,10 @@ def shape_table(size: str, device: Optional[str], dtype: Optional[str]) -> str:
 def write_readme(readme: Path, section: str, text: str) -> None:
     """Replace the text between <!-- bench:SECTION --> and <!-- /bench:SECTION -->."""
     source = readme.read_text()
-    pattern = re.compile(rf"(<!-- bench:{section} -->\n).*?(\n<!-- /bench:{section} -->)", re.S)
+    pattern = re.compile(rf"(<!-- bench:{section} -->\n).*?(<!-- /bench:{section} -->)", re.S)
     if not pattern.search(source):
         raise SystemExit(f"{readme} has no <!-- bench:{section} --> ... <!-- /bench:{section} --> markers")
-    readme.write_text(pattern.sub(lambda m: m.group(1) + text + m.group(2), source))
+    readme.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), source))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
