@@ -13,7 +13,7 @@ import argparse
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -63,11 +63,12 @@ class ModeReport:
 
 
 def evaluate_mode(model: Any, classifier: Any, name: str, coupler: str, window: int, per_class: int,
-                  seed: int) -> ModeReport:
+                  seed: int, cfg_scale: Optional[float] = None, top_k: Optional[int] = None) -> ModeReport:
+    """Sample `per_class` images of every digit; None settings mean the model's defaults."""
     started, hits, nfes = time.time(), 0, []
     histogram = [0] * 10
     for digit in range(10):
-        config = SamplerConfig(coupler=coupler, window=window, seed=seed + digit)
+        config = SamplerConfig(coupler=coupler, window=window, seed=seed + digit, cfg_scale=cfg_scale, top_k=top_k)
         result = generate(model, model.encode(str(digit)), config, batch_size=per_class)
         predicted = classify(classifier, model.decode(result.tokens))
         hits += int((predicted == digit).sum())
@@ -82,6 +83,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-class", type=int, default=40, help="samples per digit and mode")
     parser.add_argument("--seed", type=int, default=1000)
+    parser.add_argument("--cfg-scale", type=float, default=None, help="override the model's default CFG scale")
+    parser.add_argument("--top-k", type=int, default=None, help="override the model's default top-k")
     args = parser.parse_args()
     if args.per_class < 1:
         raise ValueError("--per-class must be at least 1")
@@ -94,7 +97,7 @@ def main() -> None:
     print(f"{'mode':<12} {'accuracy':>16} {'mean NFE':>9}  histogram of predicted digits 0..9 (+- ~sqrt(n))")
     for offset, (name, coupler, window) in enumerate(MODES):
         report = evaluate_mode(model, classifier, name, coupler, window, args.per_class,
-                               args.seed + 100 * offset)
+                               args.seed + 100 * offset, cfg_scale=args.cfg_scale, top_k=args.top_k)
         print(f"{name:<12} {report.accuracy:>8.3f} +- {report.accuracy_error():.3f} {report.mean_nfe:>9.1f}  "
               f"{report.histogram}  ({report.seconds:.0f}s)", flush=True)
 
