@@ -9,7 +9,7 @@ import torch
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.demo_quality import classify, fit_digit_classifier
 from scd_core.loading import DEMO_DIR
-from scd_core.train_demo import GPT_CONFIG, IMAGE_SIZE, VQ_CONFIG, load_digits_ink, render
+from scd_core.train_demo import CFG_SCALE, GPT_CONFIG, IMAGE_SIZE, TOP_K, VQ_CONFIG, load_digits_ink, render
 
 
 def test_demo_is_small_and_described():
@@ -23,6 +23,7 @@ def test_demo_loads_generates_and_decodes():
     model = load_model("demo", "cpu")
     assert model.family == "demo"
     assert model.config == GPT_CONFIG  # the shipped weights are what train_demo builds
+    assert (model.default_cfg_scale, model.default_top_k) == (CFG_SCALE, TOP_K)  # and so are the sampling defaults
     assert model.module["vq"].config.ch_mult == VQ_CONFIG.ch_mult
     assert model.grid == (16, 16) and model.num_tokens == 256 and model.vocab_size == VQ_CONFIG.codebook_size
     result = generate(model, model.encode("4"), SamplerConfig(coupler="maximal", window=16, seed=3))
