@@ -122,15 +122,21 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
         for block in self.conv_blocks:
-            for i, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn):
-                    h = block.attn[i](h)
+            h = _level(block, h)
             if hasattr(block, "downsample"):
                 h = block.downsample(h)
         for layer in self.mid:
             h = layer(h)
         return self.conv_out(_swish(self.norm_out(h)))
+
+
+def _level(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """One resolution level's residual blocks, each followed by its attention block where the level has them."""
+    for i, res in enumerate(block.res):
+        h = res(h)
+        if len(block.attn):
+            h = block.attn[i](h)
+    return h
 
 
 class Decoder(nn.Module):
@@ -161,10 +167,7 @@ class Decoder(nn.Module):
         for layer in self.mid:
             h = layer(h)
         for block in self.conv_blocks:
-            for i, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn):
-                    h = block.attn[i](h)
+            h = _level(block, h)
             if hasattr(block, "upsample"):
                 h = block.upsample(h)
         return self.conv_out(_swish(self.norm_out(h)))
