@@ -75,6 +75,7 @@ class _Window:
     positions: torch.Tensor  # (B, T) absolute positions of those slots
     drafts: torch.Tensor     # (B, T-1) drafts that were fed for positions c .. c+T-2
     proposals: torch.Tensor  # (B, T-1, V) the distributions those drafts were drawn from
+    gumbel: Optional[torch.Tensor]  # (B, T, V) position-fixed noise, for the gumbel and faithful couplers
 
 
 def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window, iteration: int
@@ -90,7 +91,7 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
     rows = torch.arange(p.shape[0], device=p.device).unsqueeze(1)
     n_drafts = x.shape[1]
     if config.coupler == "faithful":
-        y = gumbel_argmax(p, noise.gumbel(rows, pos, p.shape[-1]))
+        y = gumbel_argmax(p, window.gumbel)
         return x == y[:, :n_drafts], y, y
 
     def fresh(first: int = 0) -> torch.Tensor:
@@ -105,7 +106,7 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
     if config.coupler == "maximal":
         coupled = verified
     elif config.coupler == "gumbel":
-        coupled = gumbel_argmax(p, noise.gumbel(rows, pos, p.shape[-1]))
+        coupled = gumbel_argmax(p, window.gumbel)
     else:
         coupled = fresh()
     if config.alpha < 1.0:
@@ -142,6 +143,8 @@ class _Decoder:
             self.forced[position], self.forced_ids[position] = True, token
         self.rows = torch.arange(batch, device=device).unsqueeze(1)
         self.slots = torch.arange(self.window, device=device)
+        # position-fixed Gumbel noise of the window, reused while its positions stay in the window
+        self.noise_start, self.noise_window = 0, torch.zeros(batch, 0, self.vocab, device=device)
 
     def probs(self, logits: Logits, width: int) -> torch.Tensor:
         cond, uncond = logits
@@ -157,12 +160,30 @@ class _Decoder:
         index = (self.committed - 1).unsqueeze(1) + self.slots[:width]
         return self.seq.gather(1, index)
 
-    def step(self, p: torch.Tensor, iteration: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def gumbel(self, positions: torch.Tensor, start: Optional[int]) -> Optional[torch.Tensor]:
+        """Noise for the window's positions; only positions new to the window are hashed.
+
+        `start` is the common first position when every row is at the same one, else
+        None (rows advancing independently: no reuse).
+        """
+        if self.config.coupler not in ("gumbel", "faithful"):
+            return None
+        if start is None:
+            return self.noise.gumbel(self.rows, positions, self.vocab)
+        width = positions.shape[1]
+        kept = self.noise_window[:, start - self.noise_start:][:, :width]
+        new = torch.arange(start + kept.shape[1], start + width, device=self.device).unsqueeze(0)
+        self.noise_window = torch.cat([kept, self.noise.gumbel(self.rows, new, self.vocab)], dim=1)
+        self.noise_start = start
+        return self.noise_window
+
+    def step(self, p: torch.Tensor, iteration: int, start: Optional[int]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Verify, commit and re-draft; returns (commit counts, accepted, draft-change counts)."""
         width = p.shape[1]
         positions = self.committed.unsqueeze(1) + self.slots[:width]
         drafts = self.seq.gather(1, positions[:, :width - 1])
-        window = _Window(p, positions, drafts, self.proposals[:, :width - 1])
+        window = _Window(p, positions, drafts, self.proposals[:, :width - 1], self.gumbel(positions, start))
         accepted, verified, coupled = propose_next(self.config, self.noise, window, iteration)
 
         forced = self.forced[positions]
@@ -254,7 +275,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         t1 = time.perf_counter()
 
         p = decoder.probs(logits, width)
-        shared, accepted, changes = decoder.step(p, iteration)
+        shared, accepted, changes = decoder.step(p, iteration, done if rows_per_cache == batch_size else None)
         # the one host synchronisation of the iteration
         summary = torch.cat([torch.stack([shared.min(), decoder.committed.min(), torch.isnan(p).any().long()]),
                              changes]).tolist()

@@ -84,9 +84,9 @@ def test_plain_ar_is_lossless():
 class StoresOldProposalOnKeep(engine._Decoder):
     """The public reference's bug: a kept draft keeps the proposal it was drawn from."""
 
-    def step(self, p, iteration):
+    def step(self, p, *args):
         self._before = (self.seq.clone(), self.proposals.clone(), self.committed.clone())
-        return super().step(p, iteration)
+        return super().step(p, *args)
 
     def _next_proposals(self, p, shift):
         super()._next_proposals(p, shift)
