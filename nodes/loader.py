@@ -9,6 +9,7 @@ import comfy.model_patcher
 import torch
 from comfy_api.latest import io
 from scd_core import load_model
+from scd_core.loading import pick_device
 from scd_core.checkpoints import ModelLoadError
 
 from .checks import choice_error
@@ -31,11 +32,7 @@ def compute_device(choice: str) -> torch.device:
     """The device to sample on; "auto" is ComfyUI's choice, so --cpu and friends are respected."""
     if choice == "auto":
         return mm.get_torch_device()
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' is not available in this ComfyUI (torch sees no CUDA GPU); use auto or cpu")
-    if choice == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError("device 'mps' is not available here (no Apple GPU); use auto or cpu")
-    return torch.device(choice)
+    return pick_device(choice)
 
 
 def weight_dtype(choice: str, device: torch.device) -> torch.dtype:

@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw, ImageFont
 from .checkpoints import ModelLoadError
 from .config import COUPLERS, DRAFT_INITS, SamplerConfig
 from .engine import GenerationResult, IterationStats, ModelOutputError, generate
-from .loading import load_model
+from .loading import load_model, pick_device
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -89,16 +89,10 @@ def sampler_config(args: argparse.Namespace) -> SamplerConfig:
 
 def check_device(name: Optional[str]) -> None:
     """Reject a device this machine lacks before the weights are read."""
-    if name is None:
-        return
     try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise ValueError(f"--device {name!r} is not a torch device ({err})") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {name}: MPS is not available on this machine")
+        pick_device(name)
+    except ValueError as err:
+        raise ValueError(f"--{err}") from err
 
 
 def check_output(path: Path) -> None:

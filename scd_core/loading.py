@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import torch
 
@@ -20,8 +20,17 @@ DEMO_DIR = Path(__file__).parent / "demo"
 
 
 def pick_device(device: Union[str, torch.device, None]) -> torch.device:
+    """The requested device, refused with a clear error when this machine lacks it; None picks the best one."""
     if device is not None:
-        return torch.device(device)
+        try:
+            chosen = torch.device(device)
+        except RuntimeError as err:
+            raise ValueError(f"device {str(device)!r} is not a torch device ({err})") from err
+        if chosen.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r}: CUDA is not available on this machine")
+        if chosen.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise ValueError(f"device {str(device)!r}: MPS is not available on this machine")
+        return chosen
     if torch.cuda.is_available():
         return torch.device("cuda")
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
