@@ -172,17 +172,3 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
                  layers=depth, full_layers=full_depth, prefix=prefix, batch_rows=rows_in_batch,
                  device=str(device), dtype=str(dtype).replace("torch.", ""))
             for window, seconds in timings.items()]
-
-
-def format_rows(rows: list[dict[str, Any]]) -> str:
-    """A plain text table of benchmark rows."""
-    if not rows:
-        return "(no rows)"
-    columns = list(rows[0])
-
-    def cell(value: Any) -> str:
-        return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-    table = [columns] + [[cell(row[c]) for c in columns] for row in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
-    return "\n".join("  ".join(text.rjust(width) for text, width in zip(line, widths)) for line in table)

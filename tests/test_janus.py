@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from janus_fixture import BOI, BOS, CFG_PAD, IMAGE_CODES, IMAGE_SIZE, tiny_janus_dir  # noqa: F401
+from janus_fixture import BOI, BOS, CFG_PAD, IMAGE_CODES, IMAGE_SIZE
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core import janus
@@ -223,14 +223,15 @@ def test_mismatched_weights_leave_nothing_loaded(tiny_janus_dir: Path, tmp_path:
 # ---- benchmarks on the same checkpoint ----
 
 def test_model_benchmark_rows(tiny_janus_dir: Path) -> None:
-    from scd_core.bench_models import format_rows, model_benchmark
+    from scd_core.bench import markdown
+    from scd_core.bench_models import model_benchmark
 
     rows = model_benchmark(str(tiny_janus_dir), couplers=("maximal",), windows=(4,), seeds=(0,), device="cpu")
     assert [(row["method"], row["window"]) for row in rows] == [("AR", 1), ("SCD-maximal", 4)]
     assert rows[0]["nfe"] == 16 and rows[0]["tokens_per_call"] == 1.0
     assert 4 <= rows[1]["nfe"] <= 16
     assert all(row["decode_s"] > 0 and row["peak_mem_mb"] > 0 for row in rows)
-    assert "SCD-maximal" in format_rows(rows)
+    assert "SCD-maximal" in markdown(rows, list(rows[0]))
 
 
 def test_shape_benchmark_one_layer() -> None:
