@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from . import SamplerConfig, generate, load_model
+from .train_demo import load_digits_ink
 
 MODES = (("AR", "maximal", 1), ("maximal", "maximal", 16), ("gumbel", "gumbel", 16),
          ("independent", "independent", 16), ("faithful", "faithful", 16))
@@ -26,10 +27,8 @@ MODES = (("AR", "maximal", 1), ("maximal", "maximal", 16), ("gumbel", "gumbel", 
 
 def real_digits() -> tuple[Any, Any]:
     """The bundled scans as features (N, 64) of ink in 0..1, and their labels."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    return digits.data / 16.0, digits.target
+    ink, labels = load_digits_ink()
+    return ink.flatten(1).numpy(), labels.numpy()
 
 
 def fit_digit_classifier() -> Any:
