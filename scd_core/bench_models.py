@@ -107,7 +107,7 @@ def _build_backbone(shape: dict[str, int], layers: int, device: torch.device, dt
     from transformers import LlamaConfig, LlamaModel
     from transformers.models.janus.modeling_janus import JanusVQVAEConfig, JanusVQVAEHead
 
-    from .janus import dtype_keyword
+    from .models.janus import dtype_keyword
 
     config = LlamaConfig(**dict(shape, num_hidden_layers=layers), vocab_size=16, max_position_embeddings=16384)
     with torch.device(device):
@@ -142,7 +142,7 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
     if depth < 1:
         raise ValueError(f"not even one {size} layer fits in the free memory of {device}")
     backbone, head = _build_backbone(shape, depth, device, dtype)
-    from .janus import cache_keyword, new_cache  # the adapter's own cache handling
+    from .models.janus import cache_keyword, new_cache  # the adapter's own cache handling
 
     rows_in_batch = 2 * batch_size  # the CFG double batch
     generator = torch.Generator(device="cpu").manual_seed(0)

@@ -15,7 +15,7 @@ import torch
 from .checkpoints import ModelLoadError
 
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
-FAMILIES = ("scd_core.janus", "scd_core.llamagen")
+FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen")
 DEMO_DIR = Path(__file__).parent / "demo"
 
 

@@ -6,7 +6,7 @@ random affine augmentation, tokenised by a 4x-downsampling VQ into a 16x16 grid 
 128 codes, then a 4-layer, 96-wide GPT learns the 256-token sequences per digit
 class.  Seeded; 14 minutes measured on 2 shared CPU cores (VQ 3, tokenising 1,
 GPT 10).  Writes llamagen.json, gpt.safetensors and vq.safetensors (the layout
-`scd_core.llamagen.load` reads).
+`scd_core.models.llamagen.load` reads).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from .llamagen import GPT, GPTConfig
-from .vq import VQConfig, VQModel
+from .models.llamagen import GPT, GPTConfig
+from .models.vq16 import VQConfig, VQModel
 
 IMAGE_SIZE = 64
 VQ_CONFIG = VQConfig(codebook_size=128, codebook_embed_dim=8, z_channels=32, ch=8, ch_mult=(1, 2, 4),

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from scd_core.llamagen import GPT, GPTConfig
-from scd_core.vq import VQConfig, VQModel
+from scd_core.models.llamagen import GPT, GPTConfig
+from scd_core.models.vq16 import VQConfig, VQModel
 
 # The GPT-B preset has 12 heads; width 48 gives 4-wide heads, enough for the 2-D rotation.
 TINY_GPT = dict(dim=48, n_layer=2, n_head=12, n_kv_head=12, ffn_hidden=128, vocab_size=64, grid_size=4)

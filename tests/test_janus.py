@@ -12,7 +12,7 @@ import torch
 from janus_fixture import BOI, BOS, CFG_PAD, IMAGE_CODES, IMAGE_SIZE
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
-from scd_core import janus
+from scd_core.models import janus
 from scd_core.tokenizer_files import TextTokenizer
 
 CPU = torch.device("cpu")

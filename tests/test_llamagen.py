@@ -13,7 +13,7 @@ from llamagen_fixture import (IMAGE_SIZE, TINY_GPT, original_gpt_keys, write_ori
                               write_t2i)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
 from scd_core.checkpoints import read_weights
-from scd_core.llamagen import Caption, ClassLabel, GPTConfig, detect, rope_table_2d
+from scd_core.models.llamagen import Caption, ClassLabel, GPTConfig, detect, rope_table_2d
 
 
 @pytest.fixture(scope="module")

@@ -41,8 +41,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checkpoints import ModelLoadError, read_weights
-from .vq import VQModel, vq_from_state_dict
+from ..checkpoints import ModelLoadError, read_weights
+from .vq16 import VQModel, vq_from_state_dict
 
 # Attention heads of the published sizes, keyed by model width (all use 64-wide heads except 3B/7B).
 PRESETS = {"GPT-B": (768, 12), "GPT-L": (1024, 16), "GPT-XL": (1280, 20), "GPT-XXL": (1536, 24),

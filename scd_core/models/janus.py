@@ -19,8 +19,8 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
-from .tokenizer_files import TextTokenizer, read_json
+from ..checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from ..tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "janus"
 # The deepseek-ai repositories hold the original code's layout (config model_type "multi_modality").
