@@ -5,6 +5,10 @@ Every failure becomes a ModelLoadError that names the file and what to do.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -29,17 +33,43 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
                              "it may be truncated: download it again") from err
 
 
+# Harmless classes that original training checkpoints pickle next to the weights: LlamaGen's scripts save
+# {"model", "optimizer", "steps", "args": argparse.Namespace}.  Everything else stays refused.
+SAFE_CHECKPOINT_CLASSES = (argparse.Namespace,)
+_REFUSED_GLOBAL = re.compile(r"GLOBAL (\S+)")
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _allowing_safe_classes() -> contextlib.AbstractContextManager:
+    if hasattr(torch.serialization, "safe_globals"):  # torch >= 2.5: allowed for this load only
+        return torch.serialization.safe_globals(list(SAFE_CHECKPOINT_CLASSES))
+    torch.serialization.add_safe_globals(list(SAFE_CHECKPOINT_CLASSES))  # torch 2.4: process-wide
+    return contextlib.nullcontext()
+
+
+def _load_error(path: Path, err: Exception) -> ModelLoadError:
+    """One clean sentence instead of torch's multi-line advice on loading the file unsafely."""
+    if isinstance(err, pickle.UnpicklingError):
+        refused = _REFUSED_GLOBAL.search(str(err))
+        what = f" ({refused.group(1).rstrip('.')})" if refused else ""
+        return ModelLoadError(f"{path} was refused: it holds pickled Python objects{what} that loading could run "
+                              "as code; use a .safetensors file or a .pt checkpoint that holds only tensors")
+    detail = _TERMINAL_CODES.sub("", str(err)).strip().splitlines()
+    return ModelLoadError(f"{path} is not a readable torch checkpoint ({type(err).__name__}"
+                          f"{': ' + detail[0] if detail else ''}); it may be truncated: download it again")
+
+
 def read_torch_checkpoint(path: Path, keys: tuple[str, ...] = ("model", "module", "state_dict")) -> dict[str, torch.Tensor]:
     """A plain tensor dict from a .pt/.ckpt file without unpickling arbitrary objects.
 
-    Original checkpoints often nest the weights under one of `keys`.
+    Original checkpoints often nest the weights under one of `keys` next to optimizer state and
+    training arguments, which are ignored.
     """
     try:
-        data = torch.load(str(path), map_location="cpu", weights_only=True)
+        with _allowing_safe_classes():
+            data = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as err:  # weights_only refuses code objects with UnpicklingError, corrupt zips with RuntimeError
-        raise ModelLoadError(f"{path} could not be loaded as plain tensors ({type(err).__name__}: "
-                             f"{str(err).splitlines()[0] if str(err) else ''}); only weight files without "
-                             "pickled code are accepted") from err
+        raise _load_error(path, err) from err
     for key in keys:
         if isinstance(data, dict) and isinstance(data.get(key), dict):
             data = data[key]

@@ -2,13 +2,17 @@
 
 `write_original_c2i(folder)`: `c2i_B_16.pt` + `vq_ds4_c2i.pt`, torch dicts with the
 weights under "model" (as the LlamaGen release ships them; the preset and image size
-come from the file name).  `write_safetensors_c2i(folder)`: the same kind of model as
-safetensors with a llamagen.json.  `write_t2i(folder, with_t5)`: a text-conditional
-model plus, optionally, a tiny T5 encoder folder with a word-level tokenizer.
+come from the file name).  `write_training_c2i(folder)`: the same GPT as a training
+checkpoint (optimizer state, step count, argparse.Namespace of the run).
+`write_safetensors_c2i(folder)`: the same kind of model as safetensors with a
+llamagen.json.  `write_t2i(folder, with_t5)`: a text-conditional model plus,
+optionally, a tiny T5 encoder folder with a word-level tokenizer.
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
 from pathlib import Path
 
@@ -60,6 +64,24 @@ def write_original_c2i(folder: Path) -> Path:
     vq_state["quantize.codebook_used"] = torch.zeros(65536)  # a training buffer the originals carry
     torch.save({"model": gpt.state_dict(), "steps": 1000}, folder / "c2i_B_16.pt")
     torch.save({"model": vq_state, "optimizer": {}}, folder / "vq_ds4_c2i.pt")
+    return folder
+
+
+def write_training_c2i(folder: Path, args: object = None, extra: dict[str, torch.Tensor] | None = None) -> Path:
+    """The GPT of `write_original_c2i` as LlamaGen's training script saves it: {"model", "optimizer", "steps",
+    "args"}, the run's arguments an argparse.Namespace (or `args`), `extra` entries added to the weights."""
+    write_original_c2i(folder)
+    gpt = _random_gpt(GPTConfig(task="c2i", num_classes=10, **TINY_GPT), seed=1)
+    trained = copy.deepcopy(gpt)  # one AdamW step on a copy: real optimizer state, the saved weights unchanged
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.05)
+    for p in trained.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    if args is None:
+        args = argparse.Namespace(gpt_model="GPT-B", image_size=IMAGE_SIZE, num_classes=10, lr=1e-4,
+                                  results_dir="results", mixed_precision="bf16", ema=False, vq_ckpt=None)
+    torch.save({"model": {**gpt.state_dict(), **(extra or {})}, "optimizer": optimizer.state_dict(),
+                "steps": 5000, "args": args}, folder / "c2i_B_16.pt")
     return folder
 
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 from llamagen_fixture import (IMAGE_SIZE, TINY_GPT, original_gpt_keys, write_original_c2i, write_safetensors_c2i,
-                              write_t2i)
+                              write_t2i, write_training_c2i)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
+from scd_core.captions import clean_caption
 from scd_core.checkpoints import read_weights
 from scd_core.models.llamagen import Caption, ClassLabel, GPTConfig, detect, rope_table_2d
 
@@ -155,12 +158,83 @@ class _Exploit:
         return (os.system, ("echo pwned",))
 
 
-def test_pickled_code_is_refused(tmp_path):
+@dataclass
+class _RunArguments:  # any class but argparse.Namespace: a module the loader would have to import and trust
+    lr: float = 1e-4
+
+
+def _assert_clean_refusal(err: ModelLoadError, file_name: str) -> None:
+    message = str(err)
+    assert file_name in message and ".safetensors" in message and "was refused" in message
+    assert "\x1b" not in message and "\n" not in message and "weights_only" not in message
+
+
+def test_pickled_code_is_refused_in_one_clean_sentence(tmp_path):
     folder = write_original_c2i(tmp_path / "m")
     with open(folder / "c2i_B_16.pt", "wb") as f:
         pickle.dump({"model": _Exploit()}, f)
-    with pytest.raises(ModelLoadError, match="c2i_B_16.pt"):
+    with pytest.raises(ModelLoadError) as legacy:
         load_model(folder, "cpu")
+    _assert_clean_refusal(legacy.value, "c2i_B_16.pt")
+    torch.save({"model": {"w": torch.ones(2)}, "hook": _Exploit()}, folder / "c2i_B_16.pt")
+    with pytest.raises(ModelLoadError) as zipped:
+        load_model(folder, "cpu")
+    _assert_clean_refusal(zipped.value, "c2i_B_16.pt")
+    assert "system" in str(zipped.value)  # names what was refused
+
+
+def _prefill_logits(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    model = load_model(folder, "cpu", torch.float64)
+    return model.start(model.encode("3"), 1).prefill()
+
+
+def test_training_checkpoint_with_optimizer_and_arguments_loads(tmp_path):
+    expected = _prefill_logits(write_original_c2i(tmp_path / "plain"))
+    folder = write_training_c2i(tmp_path / "training")
+    raw = torch.load(folder / "c2i_B_16.pt", map_location="cpu", weights_only=False)  # our own file: trusted
+    assert isinstance(raw["args"], argparse.Namespace) and raw["optimizer"]["state"]
+    for got, want in zip(_prefill_logits(folder), expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_training_checkpoint_with_another_class_is_refused(tmp_path):
+    folder = write_training_c2i(tmp_path / "m", args=_RunArguments())
+    with pytest.raises(ModelLoadError) as refused:
+        load_model(folder, "cpu")
+    _assert_clean_refusal(refused.value, "c2i_B_16.pt")
+    assert "_RunArguments" in str(refused.value)
+
+
+def test_stored_rotary_table_is_ignored_other_extra_keys_are_named(tmp_path):
+    expected = _prefill_logits(write_original_c2i(tmp_path / "plain"))
+    rope = write_training_c2i(tmp_path / "rope", extra={"freqs_cis": torch.randn(17, 2, 2)})
+    for got, want in zip(_prefill_logits(rope), expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    extra = write_training_c2i(tmp_path / "extra", extra={"freqs_cis": torch.randn(17, 2, 2),
+                                                           "layers.0.attention.bias": torch.zeros(3)})
+    with pytest.raises(ModelLoadError, match=r"c2i_B_16.pt .*unexpected layers.0.attention.bias$"):
+        load_model(extra, "cpu")
+
+
+@pytest.mark.parametrize("caption, cleaned", [
+    ("A Red CAT on the Mat", "a red cat on the mat"),
+    ("A photo of a cat https://example.com/cat.jpg by @CatLover", "a photo of a cat by"),
+    ('<b>Sunset</b> over the sea &amp; sky <a href="http://x.com">link</a>', "sunset over the sea sky link"),
+    ("\u201cQuoted\u201d   text \u2014 with dashes\u2026 and\n spaces ", '"quoted" text - with dashes and spaces'),
+    ("this-is-my-cute-cat", "this is my cute cat"),
+    ('  "***A Dog*** [in] {the} park", ', "a dog in the park"),
+    ("www.shop.com/item?id=3 Blue Vase, #1", "blue vase, 1"),
+])
+def test_captions_are_cleaned_as_in_training(caption, cleaned):
+    assert clean_caption(caption) == cleaned
+    assert clean_caption(cleaned) == cleaned  # a clean caption stays as it is
+
+
+def test_t2i_prompt_is_cleaned_before_the_text_encoder(folders):
+    t2i = load_model(folders["t2i"], "cpu", torch.float32)
+    shouted, plain = t2i.encode("A RED Cat on the <i>MAT</i>"), t2i.encode("a red cat on the mat")
+    assert torch.equal(shouted.mask, plain.mask) and torch.equal(shouted.features, plain.features)
+    assert not torch.equal(t2i.encode("a blue dog").features, plain.features)
 
 
 def test_truncated_file_is_refused(tmp_path):
@@ -197,5 +271,5 @@ def test_mismatched_weights_are_refused(tmp_path):
     state = load_file(str(folder / "gpt.safetensors"))
     del state["layers.1.ffn_norm.weight"]
     save_file(state, str(folder / "gpt.safetensors"))
-    with pytest.raises(ModelLoadError, match="layers.1.ffn_norm.weight"):
+    with pytest.raises(ModelLoadError, match="missing layers.1.ffn_norm.weight$"):
         load_model(folder, "cpu")

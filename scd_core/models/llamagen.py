@@ -41,6 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..captions import clean_caption
 from ..checkpoints import ModelLoadError, read_weights
 from .vq16 import VQModel, vq_from_state_dict
 
@@ -273,12 +274,28 @@ def config_from_state_dict(state: dict[str, torch.Tensor], grid_size: int, n_hea
     raise ModelLoadError(f"{source} has neither a class embedding table nor a caption embedder")
 
 
+# Stored by some exports; recomputed here from the config, so its value is not needed.
+ROPE_KEYS = ("freqs_cis",)
+
+
+def _key_list(keys: set[str], shown: int = 8) -> str:
+    names = sorted(keys)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def gpt_from_state_dict(state: dict[str, torch.Tensor], cfg: GPTConfig, source: str) -> GPT:
     with torch.device("meta"):  # no random initialisation of billions of weights that are replaced anyway
         model = GPT(cfg)
+    state = {k: v for k, v in state.items() if k not in ROPE_KEYS}
+    expected = set(model.state_dict())
+    problems = [f"missing {_key_list(expected - set(state))}" if expected - set(state) else "",
+                f"unexpected {_key_list(set(state) - expected)}" if set(state) - expected else ""]
+    if any(problems):
+        raise ModelLoadError(f"{source} does not match the LlamaGen GPT layout: "
+                             f"{'; '.join(p for p in problems if p)}")
     try:
         model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as err:
+    except RuntimeError as err:  # the names fit; a shape does not
         raise ModelLoadError(f"{source} does not match the LlamaGen GPT layout "
                              f"({' '.join(str(err).split())[:300]})") from err
     model.rope = rope_table_2d(cfg)  # not stored in checkpoints
@@ -318,8 +335,9 @@ class T5Captioner(nn.Module):
 
     @torch.no_grad()
     def forward(self, text: str) -> Caption:
-        batch = self.tokenizer([text], max_length=self.max_tokens, padding="max_length", truncation=True,
-                               return_tensors="pt")
+        # cleaned as in training: "A Red Cat" and "a red cat" are the same caption to the model
+        batch = self.tokenizer([clean_caption(text)], max_length=self.max_tokens, padding="max_length",
+                               truncation=True, return_tensors="pt")
         device = next(self.encoder.parameters()).device
         hidden = self.encoder(input_ids=batch.input_ids.to(device),
                               attention_mask=batch.attention_mask.to(device)).last_hidden_state[0].float().cpu()
