@@ -72,7 +72,8 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     sampler.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
     sampler.add_argument("--seed", type=int, default=DEFAULTS.seed)
     sampler.add_argument("--draft-init", choices=DRAFT_INITS, default=DEFAULTS.draft_init,
-                         help="initial draft of a position entering the window")
+                         help="initial draft of a position entering the window (default: the model's, "
+                              "previous_frame for video, else above)")
     sampler.add_argument("--batch-size", type=_positive_int, default=1, help="images per run")
     out = parser.add_argument_group("output")
     out.add_argument("-o", "--output", required=True, type=Path,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 COUPLERS = ("maximal", "gumbel", "independent", "faithful")
-DRAFT_INITS = ("random", "left", "above")
+DRAFT_INITS = ("random", "left", "above", "previous_frame")
 MAX_WINDOW = 1024
 MAX_SEED = 2**64 - 1
 
@@ -34,6 +34,9 @@ class SamplerConfig:
       (SJD) or "faithful" (Gumbel-max AR solved by Jacobi iteration: the same
       tokens as window 1 for the same seed).
     window: positions decoded per model call; 1 is plain autoregressive sampling.
+    draft_init: the first draft of a position entering the window -- "random", "left", "above" (same
+      column, previous row) or "previous_frame" (same place one frame earlier; video models); None uses the
+      model's `default_draft_init`, else "above".
     alpha: probability of using the coupled draft instead of an independent one
       (maximal and gumbel only; 0 is SJD, 1 is full SCD).
     """
@@ -45,7 +48,7 @@ class SamplerConfig:
     top_k: Optional[int] = None
     top_p: float = 1.0
     seed: int = 0
-    draft_init: str = "above"
+    draft_init: Optional[str] = None
     alpha: float = 1.0
 
     def __post_init__(self) -> None:
@@ -60,7 +63,8 @@ class SamplerConfig:
                "None or an integer >= 1", self.top_k)
         _check(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
         _check(_is_int(self.seed) and 0 <= self.seed <= MAX_SEED, "seed", f"an integer in 0..{MAX_SEED}", self.seed)
-        _check(self.draft_init in DRAFT_INITS, "draft_init", f"one of {', '.join(DRAFT_INITS)}", self.draft_init)
+        _check(self.draft_init is None or self.draft_init in DRAFT_INITS, "draft_init",
+               f"None or one of {', '.join(DRAFT_INITS)}", self.draft_init)
         _check(_is_real(self.alpha) and 0 <= self.alpha <= 1, "alpha", "a number in 0..1", self.alpha)
         _check(self.alpha == 1 or self.coupler in ("maximal", "gumbel"), "alpha",
                "1 unless coupler is maximal or gumbel", self.alpha)

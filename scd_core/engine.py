@@ -78,6 +78,21 @@ class _Window:
     gumbel: Optional[torch.Tensor]  # (B, T, V) position-fixed noise, for the gumbel and faithful couplers
 
 
+def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(code index -> model id, model id -> code index) for a model's sampled sub-vocabulary.
+
+    Without `code_ids` the model samples its whole vocabulary and both maps are the identity.
+    """
+    codes = torch.arange(vocab) if code_ids is None else torch.as_tensor(code_ids, dtype=torch.long).flatten()
+    if codes.numel() != vocab or codes.unique().numel() != vocab or (codes < 0).any():
+        raise ValueError(f"model.code_ids must hold vocab_size={vocab} distinct non-negative ids, "
+                         f"got {codes.numel()} ({codes.unique().numel()} distinct)")
+    size = max([int(codes.max()) + 1] + [int(i) + 1 for i in forced_ids])
+    index = torch.zeros(size, dtype=torch.long).scatter_(0, codes, torch.arange(vocab))
+    return codes.to(device), index.to(device)
+
+
 def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window, iteration: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify the drafts and make every slot's next token.
@@ -115,11 +130,33 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
     return accepted, verified, coupled
 
 
+def draft_source(model: TokenModel, config: SamplerConfig) -> Optional[int]:
+    """How far back (in positions) an initial draft is copied from: None for random drafts, 1 for the left
+    neighbour, a grid row for `above`, a grid frame for `previous_frame`.  Unset, the model's default applies."""
+    draft_init = config.draft_init or model_default(model, "default_draft_init", "above")
+    if draft_init == "random":
+        return None
+    grid = tuple(getattr(model, "grid", None) or ())
+    if draft_init == "previous_frame":
+        if len(grid) != 3:
+            raise ValueError("draft_init 'previous_frame' needs a video model (grid = (frames, rows, cols)); "
+                             f"this model's grid is {grid or 'not declared'}")
+        return grid[1] * grid[2]
+    if draft_init == "above" and grid:
+        return grid[-1]
+    return 1
+
+
 class _Decoder:
-    """The state of one generation: token buffer, commit counts, proposals."""
+    """The state of one generation: token buffer, commit counts, proposals.
+
+    `seq` holds model token ids; verification and coupling work on indices into
+    the model's `code_ids` (the ids it may sample), so every (batch, window, V)
+    tensor spans the codes only.  Forced framing ids need not be codes.
+    """
 
     def __init__(self, model: TokenModel, config: SamplerConfig, batch: int, device: torch.device,
-                 rows_per_cache: int) -> None:
+                 rows_per_cache: int, prefix: Optional[torch.Tensor], copy_back: Optional[int]) -> None:
         self.config = config
         self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
         self.window = min(config.window, self.n)
@@ -130,8 +167,13 @@ class _Decoder:
                          else config.cfg_scale, config.temperature,
                          config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
                          config.top_p)
-        grid = getattr(model, "grid", None)
-        self.cols = grid[1] if grid is not None and config.draft_init == "above" else None
+        self.copy_back = copy_back
+        forced_tokens = getattr(model, "forced_tokens", None) or {}
+        self.code_ids, self.code_index = code_tables(getattr(model, "code_ids", None), self.vocab,
+                                                     forced_tokens.values(), device)
+        # tokens known before position 0 (a video's context frames): drafts may be copied from them
+        self.prefix = (torch.zeros(batch, 0, dtype=torch.long, device=device) if prefix is None
+                       else prefix.to(device=device, dtype=torch.long).expand(batch, -1))
         # room for drafts running past the last position keeps every index in range
         span = self.n + self.window
         self.seq = torch.zeros(batch, span, dtype=torch.long, device=device)
@@ -139,7 +181,7 @@ class _Decoder:
         self.proposals = torch.zeros(batch, self.window, self.vocab, device=device)
         self.forced = torch.zeros(span, dtype=torch.bool, device=device)
         self.forced_ids = torch.zeros(span, dtype=torch.long, device=device)
-        for position, token in (getattr(model, "forced_tokens", None) or {}).items():
+        for position, token in forced_tokens.items():
             self.forced[position], self.forced_ids[position] = True, token
         self.rows = torch.arange(batch, device=device).unsqueeze(1)
         self.slots = torch.arange(self.window, device=device)
@@ -177,19 +219,24 @@ class _Decoder:
         self.noise_start = start
         return self.noise_window
 
+    def to_index(self, ids: torch.Tensor) -> torch.Tensor:
+        """Model ids -> code indices (a forced non-code id maps to code 0; its slot is never verified)."""
+        return self.code_index[ids]
+
     def step(self, p: torch.Tensor, iteration: int, start: Optional[int]
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Verify, commit and re-draft; returns (commit counts, accepted, draft-change counts)."""
         width = p.shape[1]
         positions = self.committed.unsqueeze(1) + self.slots[:width]
         drafts = self.seq.gather(1, positions[:, :width - 1])
-        window = _Window(p, positions, drafts, self.proposals[:, :width - 1], self.gumbel(positions, start))
+        window = _Window(p, positions, self.to_index(drafts), self.proposals[:, :width - 1],
+                         self.gumbel(positions, start))
         accepted, verified, coupled = propose_next(self.config, self.noise, window, iteration)
 
         forced = self.forced[positions]
         accepted = accepted | forced[:, :width - 1]
-        verified = torch.where(forced, self.forced_ids[positions], verified)
-        coupled = torch.where(forced, self.forced_ids[positions], coupled)
+        verified = torch.where(forced, self.forced_ids[positions], self.code_ids[verified])
+        coupled = torch.where(forced, self.forced_ids[positions], self.code_ids[coupled])
 
         # commits per row: up to and including the first rejection, at most what is left
         rejected = torch.cat([~accepted, torch.ones(self.batch, 1, dtype=torch.bool, device=self.device)], dim=1)
@@ -219,24 +266,24 @@ class _Decoder:
         positions = self.committed.unsqueeze(1) + self.slots
         first_new = (self.committed + carried).unsqueeze(1)
         is_new = positions >= first_new
-        left = self.seq.gather(1, first_new - 1).expand_as(positions)
-        init = self.config.draft_init
-        if init == "random":
+        if self.copy_back is None:
             u = self.noise.uniform(rng.INIT, self.rows, positions, iteration)
-            tokens = (u * self.vocab).long().clamp(max=self.vocab - 1)
-        elif self.cols is not None:
-            # the nearest earlier position in the same column that is already set
-            hops = (positions - first_new) // self.cols + 1
-            source = positions - hops * self.cols
-            above = self.seq.gather(1, source.clamp(0, self.seq.shape[1] - 1))
-            tokens = torch.where(source >= 0, above, left)
+            codes = (u * self.vocab).long().clamp(max=self.vocab - 1)
         else:
-            tokens = left
-        tokens = torch.where(self.forced[positions], self.forced_ids[positions], tokens)
+            # the nearest earlier position `copy_back` steps apart that is already set: committed, carried,
+            # or before position 0 in the prefix; with nothing there, the left neighbour
+            hops = (positions - first_new) // self.copy_back + 1
+            source = positions - hops * self.copy_back
+            known = torch.cat([self.prefix, self.seq], dim=1)
+            offset = self.prefix.shape[1]
+            copied = known.gather(1, (source + offset).clamp(0, known.shape[1] - 1))
+            left = self.seq.gather(1, first_new - 1).expand_as(positions)
+            codes = self.to_index(torch.where(source + offset >= 0, copied, left))
+        tokens = torch.where(self.forced[positions], self.forced_ids[positions], self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
         if self.config.coupler != "faithful":
             self.proposals.masked_fill_(is_new.unsqueeze(-1), 0.0)
-            self.proposals.scatter_add_(-1, tokens.unsqueeze(-1), is_new.unsqueeze(-1).to(self.proposals.dtype))
+            self.proposals.scatter_add_(-1, codes.unsqueeze(-1), is_new.unsqueeze(-1).to(self.proposals.dtype))
 
 
 def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size: int = 1,
@@ -251,6 +298,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     started = time.perf_counter()
+    copy_back = draft_source(model, config)
     session = model.start(cond, batch_size)
     rows_per_cache = getattr(session, "rows_per_cache", batch_size)
     if batch_size % rows_per_cache:
@@ -266,7 +314,8 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         t0 = time.perf_counter()
         if decoder is None:
             logits, width = session.prefill(), 1
-            decoder = _Decoder(model, config, batch_size, logits[0].device, rows_per_cache)
+            decoder = _Decoder(model, config, batch_size, logits[0].device, rows_per_cache,
+                               getattr(session, "prefix_tokens", None), copy_back)
         else:
             width = min(decoder.window, n - done)
             logits = session.forward(decoder.window_inputs(width))

@@ -25,6 +25,10 @@ class Session(Protocol):
     share it and `rewind` always receives an int.  A smaller value (a stateless
     toy model, per-row caches) lets rows advance independently; `rewind` then
     receives a (batch,) LongTensor.
+
+    Optional attribute `prefix_tokens` ((1 or batch, K) LongTensor): the image
+    tokens just before position 0, e.g. a video's context frames; draft
+    initialisation may copy from them.
     """
 
     def prefill(self) -> Logits:
@@ -45,9 +49,13 @@ class TokenModel(Protocol):
     """What the engine needs to know about a model.
 
     Optional attributes the engine reads when present:
-      grid: (rows, cols) of the image token grid, for `above` draft initialisation.
+      grid: (rows, cols) of the image token grid, cols counting a row-end column if rows have one, for
+        `above` draft initialisation; (frames, rows, cols) for video, which enables `previous_frame`.
       forced_tokens: dict position -> token id (row-end tokens), never sampled.
-      default_cfg_scale, default_top_k, default_temperature: the model's recommended values.
+      code_ids: 1-D LongTensor of the vocab_size token ids the model samples (its image codes), when
+        they are a subset of its vocabulary.  Logits then cover those ids only, in that order, while the
+        tokens fed to `forward`, the forced ids and the result stay model ids.
+      default_cfg_scale, default_top_k, default_temperature, default_draft_init: the model's recommended values.
       device: torch.device the logits come back on.
     Loaded families (see `scd_core.load_model`) also offer
       encode(prompt, negative_prompt=None) -> conditioning for `start`, and

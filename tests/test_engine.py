@@ -129,3 +129,64 @@ def test_reused_window_noise_equals_fresh_noise(coupler, monkeypatch):
     fresh = generate(model, None, config, batch_size=2)
     assert torch.equal(reused.tokens, fresh.tokens)
     assert reused.nfe == fresh.nfe < model.num_tokens
+
+
+class RepeatingVideo:
+    """Every frame repeats the one before it (the context frame for the first), through a sub-vocabulary."""
+
+    vocab_size, grid = 4, (4, 2, 3)
+    num_tokens = 24
+    code_ids = torch.tensor([10, 11, 12, 13])
+    context = torch.tensor([[12, 10, 13, 11, 11, 12]])
+
+    def start(self, cond, batch_size):
+        model = self
+
+        class Session:
+            prefix_tokens = model.context
+
+            def __init__(self):
+                self.fed = model.context.expand(batch_size, -1).clone()  # context frame, then generated tokens
+
+            def logits(self, positions):
+                # the token one frame (6 positions) before generated position j sits at fed[:, j]
+                earlier = self.fed.gather(1, positions)
+                return 50.0 * torch.nn.functional.one_hot(earlier - 10, 4).float(), None
+
+            def prefill(self):
+                return self.logits(torch.zeros(batch_size, 1, dtype=torch.long))
+
+            def forward(self, tokens):
+                start = self.fed.shape[1] - 6  # generated position of tokens[:, 0]
+                self.fed = torch.cat([self.fed, tokens], dim=1)
+                return self.logits(start + 1 + torch.arange(tokens.shape[1]).expand(batch_size, -1))
+
+            def rewind(self, n):
+                self.fed = self.fed[:, :self.fed.shape[1] - n]
+
+        return Session()
+
+
+def test_previous_frame_drafts_copy_one_frame_earlier_context_included():
+    model = RepeatingVideo()
+    result = generate(model, None, SamplerConfig(window=7, draft_init="previous_frame"), batch_size=2)
+    assert torch.equal(result.tokens, model.context.repeat(2, 4))
+    # every draft is right: each call commits the whole window (6 drafts + 1 bonus) after the prefill
+    assert result.nfe == 1 + -(-(model.num_tokens - 1) // 7)
+    above = generate(model, None, SamplerConfig(window=7, draft_init="above"), batch_size=2)
+    assert above.nfe > result.nfe
+
+
+def test_model_default_draft_init_applies_and_previous_frame_needs_a_video_grid():
+    model = RepeatingVideo()
+    model.default_draft_init = "previous_frame"
+    assert generate(model, None, SamplerConfig(window=7), batch_size=1).nfe == 5
+    with pytest.raises(ValueError, match="previous_frame.*video model"):
+        generate(grid_model(), None, SamplerConfig(window=4, draft_init="previous_frame"))
+
+
+def test_code_ids_must_be_distinct_and_match_the_vocabulary():
+    model = grid_model()
+    model.code_ids = torch.arange(model.vocab_size - 1)
+    with pytest.raises(ValueError, match="code_ids"):
+        generate(model, None, SamplerConfig(window=4))

@@ -46,6 +46,14 @@ CASES = [
      dict(window=4, cfg_scale=1.5, draft_init="random"), 1),
     ("hot-w3-above-batch2", dict(vocab_size=5, num_tokens=4, grid=(2, 2), scale=0.5),
      dict(window=3, temperature=1.3, draft_init="above"), 2),
+    # image codes are a sub-vocabulary (ids 7, 3, 5); each grid row ends with a forced non-code row-end id 9
+    ("codes-rowend-cfg-topk-w4-above", dict(vocab_size=3, num_tokens=6, cfg=True, grid=(2, 3), code_ids=[7, 3, 5],
+                                            forced_tokens={2: 9, 5: 9}),
+     dict(window=4, cfg_scale=2.0, top_k=2, draft_init="above"), 2),
+    # a video of 3 frames of 1 x 2 after a context frame: drafts copied from one frame earlier
+    ("video-w3-previous-frame", dict(vocab_size=3, num_tokens=6, grid=(3, 1, 2), prefix_tokens=[2, 1],
+                                     code_ids=[4, 1, 2]),
+     dict(window=3, draft_init="previous_frame"), 3),
 ]
 COUPLERS = ["maximal", "gumbel", "independent", "faithful"]
 

@@ -2,7 +2,8 @@
 
 The logits of position j are an arbitrary random function of the whole prefix
 x_0..x_{j-1} (a table row picked by a hash of j and the prefix), so the exact
-AR law is a product of table lookups.  Sessions keep no cache beyond the fed tokens, so
+AR law is a product of table lookups.  With `code_ids` the model samples a
+sub-vocabulary of ids (logits over the codes only); forced ids need not be codes.  Sessions keep no cache beyond the fed tokens, so
 rows may advance independently (`rows_per_cache` can be any divisor).
 """
 
@@ -24,9 +25,12 @@ class TablePrefixModel:
     def __init__(self, vocab_size: int = 3, num_tokens: int = 5, cfg: bool = False, seed: int = 0,
                  scale: float = 1.0, dtype: torch.dtype = torch.float32, grid: Optional[tuple[int, int]] = None,
                  forced_tokens: Optional[dict[int, int]] = None, rows_per_cache: Optional[int] = None,
-                 table_rows: int = 1024) -> None:
+                 table_rows: int = 1024, code_ids: Optional[list[int]] = None,
+                 prefix_tokens: Optional[list[int]] = None, default_draft_init: Optional[str] = None) -> None:
         self.vocab_size, self.num_tokens = vocab_size, num_tokens
         self.grid, self.forced_tokens, self.rows_per_cache = grid, forced_tokens, rows_per_cache
+        self.code_ids = None if code_ids is None else torch.tensor(code_ids)
+        self.prefix_tokens, self.default_draft_init = prefix_tokens, default_draft_init
         powers = [1]
         for _ in range(num_tokens - 1):
             powers.append(powers[-1] * self.HASH_BASE % self.HASH_PRIME)
@@ -51,13 +55,19 @@ class TablePrefixModel:
 
     def exact_law(self, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: Optional[int] = None,
                   top_p: float = 1.0) -> dict[tuple[int, ...], float]:
-        """Probability of every full sequence under AR sampling from to_probs(...)."""
-        seqs = torch.tensor(list(itertools.product(range(self.vocab_size), repeat=self.num_tokens)))
+        """Probability of every full sequence of ids under AR sampling from to_probs(...)."""
+        codes = torch.tensor(list(itertools.product(range(self.vocab_size), repeat=self.num_tokens)))
+        forced = self.forced_tokens or {}
+        for position in forced:  # one representative per forced position; its id is then overwritten
+            codes = codes[codes[:, position] == 0]
+        seqs = codes.clone() if self.code_ids is None else self.code_ids[codes]
+        for position, token in forced.items():
+            seqs[:, position] = token
         cond, uncond = self.logits_for(seqs, torch.arange(self.num_tokens).expand(len(seqs), -1))
         p = to_probs(cond, uncond, cfg_scale, temperature, top_k, top_p).double()
-        per_position = p.gather(-1, seqs.unsqueeze(-1)).squeeze(-1)
-        for position, token in (self.forced_tokens or {}).items():
-            per_position[:, position] = (seqs[:, position] == token).double()
+        per_position = p.gather(-1, codes.unsqueeze(-1)).squeeze(-1)
+        for position in forced:
+            per_position[:, position] = 1.0
         probs = per_position.prod(-1)
         return {tuple(seq): float(prob) for seq, prob in zip(seqs.tolist(), probs)}
 
@@ -69,6 +79,8 @@ class TableSession:
         self.length = torch.zeros(batch, dtype=torch.long)
         if model.rows_per_cache is not None:
             self.rows_per_cache = model.rows_per_cache
+        if model.prefix_tokens is not None:
+            self.prefix_tokens = torch.tensor([model.prefix_tokens])
 
     def prefill(self):
         self.model.calls += 1
