@@ -288,11 +288,11 @@ def gpt_from_state_dict(state: dict[str, torch.Tensor], cfg: GPTConfig, source: 
         model = GPT(cfg)
     state = {k: v for k, v in state.items() if k not in ROPE_KEYS}
     expected = set(model.state_dict())
-    problems = [f"missing {_key_list(expected - set(state))}" if expected - set(state) else "",
-                f"unexpected {_key_list(set(state) - expected)}" if set(state) - expected else ""]
-    if any(problems):
-        raise ModelLoadError(f"{source} does not match the LlamaGen GPT layout: "
-                             f"{'; '.join(p for p in problems if p)}")
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        problems = [f"{what} {_key_list(keys)}" for what, keys in (("missing", missing), ("unexpected", unexpected))
+                    if keys]
+        raise ModelLoadError(f"{source} does not match the LlamaGen GPT layout: {'; '.join(problems)}")
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as err:  # the names fit; a shape does not
