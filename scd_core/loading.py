@@ -15,7 +15,7 @@ import torch
 from .checkpoints import ModelLoadError
 
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
-FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen")
+FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.models.cosmos")
 DEMO_DIR = Path(__file__).parent / "demo"
 
 
@@ -66,5 +66,6 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
     found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
     raise ModelLoadError(
         f"{folder} is not a model folder this pack can load (found: {found}). Expected a Janus-Pro folder in "
-        "the transformers format (config.json with model_type 'janus', *.safetensors, tokenizer.json) or a "
-        "LlamaGen folder (GPT and VQ checkpoints); see the README's 'Model folders' section")
+        "the transformers format (config.json with model_type 'janus', *.safetensors, tokenizer.json), a "
+        "LlamaGen folder (GPT and VQ checkpoints) or a Cosmos-1.0 autoregressive folder (model.pt); see the "
+        "README's 'Model folders' section")

@@ -1,0 +1,580 @@
+"""Cosmos-1.0 autoregressive video world models behind the TokenModel contract.
+
+Network: a Llama-style decoder over video codes only (no text vocabulary, no BOS):
+RMSNorm, SwiGLU, GQA with per-head QK-norm, untied head, and a 3-D RoPE whose
+head channels are split 44 time / 42 height / 42 width (rotate-half layout,
+theta 500000; the 12B/13B stretch each axis with YaRN).  The Video2World
+models (5B, 13B) add cross-attention on T5 encoder features after every
+self-attention and a 3-D sin-cos position embedding added before every layer.
+Written from the published structure; parameter names are those of NVIDIA's
+`model.pt`, which loads strictly.
+
+Folder layout (what NVIDIA's download script produces)::
+
+    Cosmos-1.0-Autoregressive-4B/        # size from the name: 4B, 12B, 5B-Video2World, 13B-Video2World
+        model.pt                         # plain tensor dict (optionally under "model", keys may carry "model.")
+        config.json                      # optional; its known keys override the size's architecture
+        [tokenizer/] encoder.jit decoder.jit   # or in the sibling folder below, or next to model.pt
+        [t5/ ...]                        # Video2World only: a transformers T5 encoder folder (google-t5/t5-11b)
+    Cosmos-1.0-Tokenizer-DV8x16x16/      # sibling folder with encoder.jit and decoder.jit
+
+Trust note: `encoder.jit` and `decoder.jit` are TorchScript, i.e. code.  Only
+files with exactly those names in the tokenizer folder are ever loaded as
+TorchScript; they must come from NVIDIA's official release.
+
+Token layout: latent frames x 40 rows x 64 columns (640 x 1024 pixels, 8 frames per
+latent frame after the first).  The context (1 or 9 frames -> 1 or 2 latent frames)
+is the prompt; the model then generates `generated_frames` latent frames (3 by
+default: 7680 tokens, 24 more video frames).  No CFG, temperature 1, top-p 0.8
+(4B/5B) or 0.9 (12B/13B), no top-k.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..checkpoints import ModelLoadError, read_torch_checkpoint
+from ..tokenizer_files import read_json
+from .llamagen import FeedForward, KVCache, RMSNorm, T5Captioner, _find_t5
+
+WEIGHTS = "model.pt"
+ENCODER, DECODER = "encoder.jit", "decoder.jit"
+TOKENIZER_FOLDER = "Cosmos-1.0-Tokenizer-DV8x16x16"
+TEMPORAL, SPATIAL = 8, 16  # DV8x16x16: pixel frames per latent frame (after the first), pixels per code
+T5_TOKENS = 512
+
+
+# ----------------------------------------------------------------------------- configuration
+
+@dataclass(frozen=True)
+class CosmosConfig:
+    dim: int
+    n_layers: int
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    head_dim: int = 128
+    ffn_hidden: int = 14336
+    vocab_size: int = 64000
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    latent_shape: tuple[int, int, int] = (5, 40, 64)   # (latent frames, rows, cols) the positions cover
+    generated_frames: int = 3                          # latent frames sampled after the context
+    yarn_scale: Optional[float] = None                 # 12B/13B: 2
+    yarn_beta_fast: float = 4.0
+    yarn_beta_slow: float = 1.0
+    original_latent_shape: tuple[int, int, int] = (3, 40, 64)
+    cross_attention: bool = False                      # Video2World
+    context_dim: int = 1024                            # width of the T5 features
+    abs_pos_emb: bool = False                          # Video2World
+    top_p: float = 0.8
+
+    @property
+    def frame_tokens(self) -> int:
+        return self.latent_shape[1] * self.latent_shape[2]
+
+    @property
+    def max_context_frames(self) -> int:
+        return self.latent_shape[0] - self.generated_frames
+
+
+BASE_4B = CosmosConfig(dim=4096, n_layers=16)
+BASE_12B = CosmosConfig(dim=5120, n_layers=40, yarn_scale=2.0, top_p=0.9)
+SIZES = {"4B": BASE_4B, "12B": BASE_12B,
+         "5B-Video2World": replace(BASE_4B, cross_attention=True, abs_pos_emb=True),
+         "13B-Video2World": replace(BASE_12B, cross_attention=True, abs_pos_emb=True)}
+SIZE_IN_NAME = re.compile(r"(?<![0-9])(4B|12B|5B-Video2World|13B-Video2World)(?![0-9A-Za-z])", re.I)
+# config.json keys read as overrides (NVIDIA's names on the left); anything else in the file is ignored.
+OVERRIDES = {"dim": "dim", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
+             "head_dim": "head_dim", "ffn_hidden_size": "ffn_hidden", "vocab_size": "vocab_size",
+             "norm_eps": "norm_eps", "rope_theta": "rope_theta", "video_latent_shape": "latent_shape",
+             "generated_frames": "generated_frames", "yarn_scale": "yarn_scale",
+             "yarn_beta_fast": "yarn_beta_fast", "yarn_beta_slow": "yarn_beta_slow",
+             "original_latent_shape": "original_latent_shape", "insert_cross_attn": "cross_attention",
+             "context_dim": "context_dim", "apply_abs_pos_emb": "abs_pos_emb", "top_p": "top_p"}
+
+
+def size_from_name(folder: Path) -> Optional[str]:
+    match = SIZE_IN_NAME.search(folder.name)
+    if match is None:
+        return None
+    return next(size for size in SIZES if size.lower() == match.group(1).lower())
+
+
+def config_for(folder: Path) -> CosmosConfig:
+    """The size named by the folder, with config.json's known keys applied on top."""
+    size = size_from_name(folder)
+    overrides: dict[str, Any] = {}
+    if (folder / "config.json").is_file():
+        data = read_json(folder / "config.json")
+        overrides = {OVERRIDES[k]: v for k, v in data.items() if k in OVERRIDES}
+        if data.get("apply_yarn") is False:
+            overrides["yarn_scale"] = None
+    if size is None and "dim" not in overrides:
+        raise ModelLoadError(f"{folder}: cannot tell the Cosmos size; keep NVIDIA's folder name "
+                             f"(e.g. Cosmos-1.0-Autoregressive-4B; sizes {', '.join(SIZES)}) or give the "
+                             "architecture (dim, n_layers, ...) in config.json")
+    base = SIZES[size] if size is not None else BASE_4B
+    json_names = {field: name for name, field in OVERRIDES.items()}
+    for key in ("latent_shape", "original_latent_shape"):
+        value = overrides.get(key)
+        if value is None:
+            continue
+        if not (isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) and v > 0 for v in value)):
+            raise ModelLoadError(f"{folder / 'config.json'}: {json_names[key]} must be a list of 3 positive "
+                                 f"integers, got {value!r}")
+        overrides[key] = tuple(value)
+    try:
+        config = replace(base, **overrides)
+    except TypeError as err:
+        raise ModelLoadError(f"{folder / 'config.json'}: {err}") from err
+    if not 0 < config.generated_frames < config.latent_shape[0]:
+        raise ModelLoadError(f"{folder}: generated_frames must leave room for at least one context latent frame "
+                             f"in latent_shape {config.latent_shape}")
+    if config.head_dim % 6 or config.head_dim // 6 * 2 % 2:
+        raise ModelLoadError(f"{folder}: head_dim {config.head_dim} cannot be split over three rotary axes")
+    return config
+
+
+# ----------------------------------------------------------------------------- positions
+
+def yarn_factors(inv_freq: torch.Tensor, original_length: int, cfg: CosmosConfig) -> torch.Tensor:
+    """Per-frequency YaRN scale: 1/scale for slow (long-wavelength) channels, 1 for fast ones, linear between."""
+    fast = 2 * math.pi * cfg.yarn_beta_fast / original_length
+    slow = 2 * math.pi * cfg.yarn_beta_slow / original_length
+    ramp = ((inv_freq - slow) / (fast - slow)).clamp(0, 1)
+    return (1 - ramp) / cfg.yarn_scale + ramp
+
+
+def _axis_frequencies(channels: int, cfg: CosmosConfig, original_length: int) -> torch.Tensor:
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, channels, 2)[:channels // 2].double() / channels)
+    if cfg.yarn_scale is not None:
+        inv_freq = inv_freq * yarn_factors(inv_freq, original_length, cfg)
+    return inv_freq
+
+
+def rope_table_3d(cfg: CosmosConfig) -> torch.Tensor:
+    """(T*H*W, head_dim) rotation angles, positions ordered frame, row, column.
+
+    Half the head is [22 time, 21 height, 21 width] frequencies; the table repeats
+    it for the rotate-half layout.  Height and width share one frequency set; with
+    YaRN, time is stretched against the original frame count and space against the
+    original row count.
+    """
+    frames, rows, cols = cfg.latent_shape
+    spatial_channels = cfg.head_dim // 6 * 2
+    temporal = _axis_frequencies(cfg.head_dim - 2 * spatial_channels, cfg, cfg.original_latent_shape[0])
+    spatial = _axis_frequencies(spatial_channels, cfg, cfg.original_latent_shape[1])
+    t, h, w = torch.meshgrid(torch.arange(frames), torch.arange(rows), torch.arange(cols), indexing="ij")
+    half = torch.cat([t.reshape(-1, 1) * temporal, h.reshape(-1, 1) * spatial, w.reshape(-1, 1) * spatial], dim=1)
+    return torch.cat([half, half], dim=1).float()
+
+
+def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """x (B, T, heads, D) rotated rotate-half style by angles (T, D); computed in float32."""
+    xf = x.float()
+    first, second = xf.chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    cos, sin = angles.cos()[None, :, None], angles.sin()[None, :, None]
+    return (xf * cos + rotated * sin).type_as(x)
+
+
+def sincos_1d(channels: int, count: int) -> torch.Tensor:
+    """(count, channels): [sin | cos] of position * 10000^(-i / (channels/2))."""
+    omega = 1.0 / 10000 ** (torch.arange(channels // 2, dtype=torch.float64) / (channels / 2))
+    angles = torch.arange(count, dtype=torch.float64)[:, None] * omega
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+def sincos_table_3d(cfg: CosmosConfig) -> torch.Tensor:
+    """(T*H*W, dim) absolute position embedding of the Video2World models: [time | height | width] blocks."""
+    frames, rows, cols = cfg.latent_shape
+    spatial = cfg.dim // 6 * 2
+    parts = [sincos_1d(cfg.dim - 2 * spatial, frames)[:, None, None].expand(frames, rows, cols, -1),
+             sincos_1d(spatial, rows)[None, :, None].expand(frames, rows, cols, -1),
+             sincos_1d(spatial, cols)[None, None, :].expand(frames, rows, cols, -1)]
+    return torch.cat(parts, dim=-1).reshape(frames * rows * cols, cfg.dim).float()
+
+
+# ----------------------------------------------------------------------------- network
+
+class Attention(nn.Module):
+    """GQA with per-head RMS QK-norm; self-attention (RoPE, KV cache) or cross-attention (no RoPE, no mask)."""
+
+    def __init__(self, cfg: CosmosConfig, source_dim: int):
+        super().__init__()
+        self.cfg = cfg
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(source_dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(source_dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+
+    def keys_values(self, source: torch.Tensor, angles: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, heads_kv, S, D) keys and values of `source`, rotated when `angles` is given."""
+        b, s, _ = source.shape
+        k = self.k_norm(self.wk(source).view(b, s, self.cfg.n_kv_heads, self.cfg.head_dim))
+        if angles is not None:
+            k = apply_rope(k, angles)
+        v = self.wv(source).view(b, s, self.cfg.n_kv_heads, self.cfg.head_dim)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, angles: Optional[torch.Tensor],
+               mask: Optional[torch.Tensor]) -> torch.Tensor:
+        cfg, (b, t, _) = self.cfg, x.shape
+        q = self.q_norm(self.wq(x).view(b, t, cfg.n_heads, cfg.head_dim))
+        if angles is not None:
+            q = apply_rope(q, angles)
+        groups = cfg.n_heads // cfg.n_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask)
+        return self.wo(out.transpose(1, 2).reshape(b, t, cfg.n_heads * cfg.head_dim))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: CosmosConfig):
+        super().__init__()
+        self.attention = Attention(cfg, cfg.dim)
+        self.feed_forward = FeedForward(cfg)
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        if cfg.cross_attention:
+            self.cross_attention = Attention(cfg, cfg.context_dim)
+            self.cross_attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x: torch.Tensor, angles: torch.Tensor, mask: torch.Tensor, cache: KVCache, layer: int,
+                start: int, text_kv: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        normed = self.attention_norm(x)
+        k, v = cache.write(layer, start, *self.attention.keys_values(normed, angles))
+        h = x + self.attention.attend(normed, k, v, angles, mask)
+        if text_kv is not None:
+            h = h + self.cross_attention.attend(self.cross_attention_norm(h), *text_kv, None, None)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class CosmosTransformer(nn.Module):
+    def __init__(self, cfg: CosmosConfig):
+        super().__init__()
+        self.config = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.register_buffer("rope", rope_table_3d(cfg), persistent=False)
+        if cfg.abs_pos_emb:
+            self.register_buffer("pos_emb", sincos_table_3d(cfg), persistent=False)
+
+    def text_keys_values(self, text: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Cross-attention keys/values of the T5 features (B, S, context_dim), once per generation."""
+        return [layer.cross_attention.keys_values(text.to(self.output.weight.dtype), None) for layer in self.layers]
+
+    def forward(self, tokens: torch.Tensor, start: int, cache: KVCache,
+                text_kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None) -> torch.Tensor:
+        """Codes (B, T) at sequence positions start..start+T -> float32 logits (B, T, vocab)."""
+        t = tokens.shape[1]
+        if start + t > self.rope.shape[0]:
+            raise ValueError(f"sequence position {start + t} beyond the {self.rope.shape[0]} this model covers")
+        angles = self.rope[start:start + t]
+        query = torch.arange(start, start + t, device=tokens.device)[:, None]
+        mask = (torch.arange(start + t, device=tokens.device)[None, :] <= query)[None, None]
+        h = self.tok_embeddings(tokens)
+        for i, layer in enumerate(self.layers):
+            if self.config.abs_pos_emb:
+                h = h + self.pos_emb[start:start + t].to(h.dtype)
+            h = layer(h, angles, mask, cache, i, start, None if text_kv is None else text_kv[i])
+        return self.output(self.norm(h)).float()
+
+
+def official_keys(cfg: CosmosConfig) -> set[str]:
+    """Every parameter name in NVIDIA's model.pt for this architecture."""
+    keys = {"tok_embeddings.weight", "norm.weight", "output.weight"}
+    attention = ("wq", "wk", "wv", "wo", "q_norm", "k_norm")
+    for i in range(cfg.n_layers):
+        keys |= {f"layers.{i}.attention.{name}.weight" for name in attention}
+        keys |= {f"layers.{i}.{name}.weight" for name in ("attention_norm", "ffn_norm")}
+        keys |= {f"layers.{i}.feed_forward.{name}.weight" for name in ("w1", "w2", "w3")}
+        if cfg.cross_attention:
+            keys |= {f"layers.{i}.cross_attention.{name}.weight" for name in attention}
+            keys.add(f"layers.{i}.cross_attention_norm.weight")
+    return keys
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """model.pt as a flat dict: optional "model" nesting and "model." prefix removed, `_extra_state` dropped."""
+    state = read_torch_checkpoint(path, keys=("model",))
+    return {key.removeprefix("model."): value for key, value in state.items() if not key.endswith("_extra_state")}
+
+
+def transformer_from_state_dict(state: dict[str, torch.Tensor], cfg: CosmosConfig, source: Path) -> CosmosTransformer:
+    expected = official_keys(cfg)
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        def some(keys: list[str]) -> str:
+            return ", ".join(keys[:6]) + (f" and {len(keys) - 6} more" if len(keys) > 6 else "")
+        problems = ([f"missing {some(missing)}"] if missing else []) + ([f"unexpected {some(unexpected)}"]
+                                                                          if unexpected else [])
+        raise ModelLoadError(f"{source} does not match the Cosmos {cfg.n_layers}-layer layout "
+                             f"({'; '.join(problems)}); is the folder name (size) right?")
+    with torch.device("meta"):  # no random initialisation of weights that are replaced anyway
+        net = CosmosTransformer(cfg)
+    try:
+        net.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as err:
+        raise ModelLoadError(f"{source} does not match the Cosmos architecture read from the folder name and "
+                             f"config.json ({' '.join(str(err).split())[:300]})") from err
+    net.rope = rope_table_3d(cfg)  # buffers are not stored in model.pt
+    if cfg.abs_pos_emb:
+        net.pos_emb = sincos_table_3d(cfg)
+    return net.eval()
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+def find_tokenizer(folder: Path) -> Path:
+    """The folder holding encoder.jit / decoder.jit: the model folder, its tokenizer/, or the sibling folder."""
+    candidates = (folder, folder / "tokenizer", folder.parent / TOKENIZER_FOLDER)
+    for candidate in candidates:
+        present = [name for name in (ENCODER, DECODER) if (candidate / name).is_file()]
+        if len(present) == 2:
+            return candidate
+        if present:
+            missing = DECODER if present == [ENCODER] else ENCODER
+            raise ModelLoadError(f"{candidate} has {present[0]} but no {missing}; copy both files of "
+                                 f"{TOKENIZER_FOLDER} from NVIDIA's release")
+    raise ModelLoadError(f"Cosmos tokenizer not found: no {ENCODER} / {DECODER} in "
+                         f"{', '.join(str(c) for c in candidates)}; download {TOKENIZER_FOLDER} next to the model "
+                         "folder (or into its tokenizer/ subfolder)")
+
+
+def load_torchscript(path: Path) -> torch.jit.ScriptModule:
+    # TorchScript is code: only the two named files of the official tokenizer are loaded this way.
+    try:
+        with warnings.catch_warnings():  # torch 2.14 deprecates TorchScript; NVIDIA ships the tokenizer in it
+            warnings.simplefilter("ignore", FutureWarning)
+            module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as err:  # torch.jit raises RuntimeError or its own error types for bad archives
+        raise ModelLoadError(f"{path} is not a loadable TorchScript file ({str(err).splitlines()[0]}); "
+                             "download it again from NVIDIA's Cosmos tokenizer release") from err
+    return module.eval()
+
+
+def _indices(encoded: Any) -> torch.Tensor:
+    # The official encoder returns (int32 indices, codes, dummy loss).
+    return (encoded[0] if isinstance(encoded, (tuple, list)) else encoded).long()
+
+
+# ----------------------------------------------------------------------------- conditioning
+
+@dataclass(frozen=True)
+class VideoContext:
+    """The prompt of a continuation: context codes (+ T5 features for Video2World)."""
+
+    codes: torch.Tensor                  # (latent frames * rows * cols,) long, CPU
+    text: Optional[torch.Tensor] = None  # (T5_TOKENS, context_dim) float32, zero after the prompt's tokens
+
+
+class CosmosT5(T5Captioner):
+    """T5 features as Video2World reads them: the prompt's tokens, then zeros up to 512 rows."""
+
+    @torch.no_grad()
+    def forward(self, text: str) -> torch.Tensor:
+        batch = self.tokenizer([text], max_length=self.max_tokens, padding="max_length", truncation=True,
+                               return_tensors="pt")
+        device = next(self.encoder.parameters()).device
+        hidden = self.encoder(input_ids=batch.input_ids.to(device),
+                              attention_mask=batch.attention_mask.to(device)).last_hidden_state[0].float().cpu()
+        return hidden * batch.attention_mask[0, :, None].float()
+
+
+# ----------------------------------------------------------------------------- adapter
+
+class CosmosSession:
+    """One generation: batch rows share the context; no CFG branch."""
+
+    def __init__(self, model: "CosmosModel", cond: VideoContext, batch_size: int):
+        if not isinstance(cond, VideoContext):
+            raise ValueError(f"Cosmos needs a VideoContext from encode_video(), got {type(cond).__name__}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        net = model.module["transformer"]
+        cfg = net.config
+        self.net, self.batch = net, batch_size
+        self.device = net.output.weight.device
+        self.context = cond.codes.to(self.device).expand(batch_size, -1)
+        self.prefix = self.context.shape[1]
+        self.prefix_tokens = cond.codes  # the context frames: the engine copies previous-frame drafts from them
+        self.cache = KVCache(cfg.n_layers, batch_size, cfg.n_kv_heads, self.prefix + model.num_tokens, cfg.head_dim,
+                             self.device, net.output.weight.dtype)
+        self.fed = 0
+        self.text_kv = None
+        if cfg.cross_attention:
+            if cond.text is None:
+                raise ValueError("this Video2World model needs a prompt: encode the context with a prompt")
+            with torch.no_grad():
+                self.text_kv = net.text_keys_values(cond.text.to(self.device).expand(batch_size, -1, -1))
+
+    def _run(self, tokens: torch.Tensor) -> tuple[torch.Tensor, None]:
+        with torch.no_grad():
+            logits = self.net(tokens, self.fed, self.cache, self.text_kv)
+        self.fed += tokens.shape[1]
+        return logits, None
+
+    def prefill(self) -> tuple[torch.Tensor, None]:
+        if self.fed:
+            raise ValueError("prefill() was already called for this session")
+        logits, _ = self._run(self.context)
+        return logits[:, -1:], None
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if not self.fed:
+            raise ValueError("call prefill() before forward()")
+        if tokens.dim() != 2 or tokens.shape[0] != self.batch:
+            raise ValueError(f"expected codes of shape ({self.batch}, T), got {tuple(tokens.shape)}")
+        if self.fed + tokens.shape[1] > self.cache.max_len:
+            raise ValueError(f"feeding {tokens.shape[1]} tokens would pass the video's {self.cache.max_len} positions")
+        return self._run(tokens.to(self.device))
+
+    def rewind(self, n: int | torch.Tensor) -> None:
+        n = int(n)
+        if not 0 <= n <= self.fed - self.prefix:
+            raise ValueError(f"cannot rewind {n} tokens; {self.fed - self.prefix} generated tokens are cached")
+        self.fed -= n
+
+
+class CosmosModel:
+    """A loaded Cosmos transformer + DV8x16x16 tokenizer (+ T5 encoder for Video2World)."""
+
+    family = "cosmos"
+    default_cfg_scale = None
+    default_top_k = None
+    default_temperature = 1.0
+    default_draft_init = "previous_frame"
+
+    def __init__(self, net: CosmosTransformer, encoder: nn.Module, decoder: nn.Module, size: str,
+                 t5: Optional[CosmosT5] = None):
+        cfg = net.config
+        self.config, self.size = cfg, size
+        self.vocab_size = cfg.vocab_size
+        self.grid = (cfg.generated_frames, cfg.latent_shape[1], cfg.latent_shape[2])
+        self.num_tokens = cfg.generated_frames * cfg.frame_tokens
+        self.default_top_p = cfg.top_p
+        self.frame_size = (cfg.latent_shape[1] * SPATIAL, cfg.latent_shape[2] * SPATIAL)
+        parts = {"transformer": net, "encoder": encoder, "decoder": decoder}
+        if t5 is not None:
+            parts["t5"] = t5
+        self.module = nn.ModuleDict(parts)
+
+    @property
+    def device(self) -> torch.device:
+        return self.module["transformer"].output.weight.device
+
+    @property
+    def context_frame_counts(self) -> tuple[int, ...]:
+        """Pixel frame counts accepted as context: 1, 9, ... (1 + 8k, up to the free latent frames)."""
+        return tuple(1 + TEMPORAL * k for k in range(self.config.max_context_frames))
+
+    def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> VideoContext:
+        raise ValueError("Cosmos continues a video: give it context frames (the SCD Video Context node, or "
+                         "encode_video(frames, prompt) from Python)")
+
+    def _tokenizer_dtype(self, module: nn.Module) -> torch.dtype:
+        weight = next(iter(module.parameters()), None)
+        return weight.dtype if weight is not None else self.module["transformer"].output.weight.dtype
+
+    @torch.no_grad()
+    def encode_video(self, frames: torch.Tensor, prompt: Optional[str] = None) -> VideoContext:
+        """Context frames (F, H, W, 3) in 0..1 (F = 1 or 9) -> VideoContext; other sizes are resized.
+
+        Video2World models also need the prompt; the others refuse one, as they have no text input.
+        """
+        if not isinstance(frames, torch.Tensor) or frames.dim() != 4 or frames.shape[-1] != 3:
+            shape = tuple(frames.shape) if isinstance(frames, torch.Tensor) else type(frames).__name__
+            raise ValueError(f"context frames must be an image batch (frames, height, width, 3), got {shape}")
+        if frames.shape[0] not in self.context_frame_counts:
+            counts = " or ".join(map(str, self.context_frame_counts))
+            raise ValueError(f"Cosmos takes {counts} context frames, got {frames.shape[0]}; trim the clip "
+                             f"(e.g. load only its last {self.context_frame_counts[-1]} frames)")
+        text = None
+        if self.config.cross_attention:
+            if not prompt or not prompt.strip():
+                raise ValueError("this Video2World model needs a text prompt describing the continuation")
+            text = self.module["t5"](prompt)
+        elif prompt and prompt.strip():
+            raise ValueError(f"Cosmos-1.0-Autoregressive-{self.size} has no text input; leave the prompt empty "
+                             "(the Video2World models take one)")
+        encoder = self.module["encoder"]
+        video = frames.permute(3, 0, 1, 2).unsqueeze(0).float()  # (1, 3, F, H, W)
+        if tuple(video.shape[-2:]) != self.frame_size:
+            video = F.interpolate(video[0].transpose(0, 1), size=self.frame_size, mode="bilinear",
+                                  antialias=True, align_corners=False).transpose(0, 1).unsqueeze(0)
+        device = next(iter(encoder.parameters()), self.module["transformer"].output.weight).device
+        video = (video.clamp(0, 1) * 2 - 1).to(device=device, dtype=self._tokenizer_dtype(encoder))
+        codes = _indices(encoder(video))
+        latent = 1 + (frames.shape[0] - 1) // TEMPORAL
+        expected = (1, latent, *self.grid[1:])
+        if tuple(codes.shape) != expected:
+            raise ModelLoadError(f"the tokenizer's {ENCODER} returned codes of shape {tuple(codes.shape)}, "
+                                 f"expected {expected}; it does not belong to this model")
+        return VideoContext(codes=codes.reshape(-1).cpu(), text=text)
+
+    def start(self, cond: VideoContext, batch_size: int) -> CosmosSession:
+        return CosmosSession(self, cond, batch_size)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, cond: Optional[VideoContext] = None) -> torch.Tensor:
+        """Codes (batch, N) -> frames (batch * F, H, W, 3) float32 CPU in 0..1, each row's frames in order.
+
+        With `cond`, the context codes are decoded in front (the whole clip, as NVIDIA's
+        pipeline returns it); without, only the generated latent frames.
+        """
+        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
+            raise ValueError(f"expected codes of shape (batch, {self.num_tokens}), got {tuple(tokens.shape)}")
+        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise ValueError(f"codes must be in 0..{self.vocab_size - 1}")
+        if cond is not None:
+            tokens = torch.cat([cond.codes.to(tokens.device).expand(tokens.shape[0], -1), tokens], dim=1)
+        decoder = self.module["decoder"]
+        device = next(iter(decoder.parameters()), self.module["transformer"].output.weight).device
+        codes = tokens.long().to(device).reshape(tokens.shape[0], -1, *self.grid[1:])
+        video = decoder(codes)  # (B, 3, frames, H, W) in [-1, 1]
+        frames = (video.float() * 0.5 + 0.5).clamp(0, 1)
+        return frames.permute(0, 2, 3, 4, 1).flatten(0, 1).cpu()
+
+
+# ----------------------------------------------------------------------------- folders
+
+def detect(folder: Path) -> bool:
+    folder = Path(folder)
+    if not (folder / WEIGHTS).is_file():
+        return False
+    return "cosmos" in folder.name.lower() or size_from_name(folder) is not None
+
+
+def load(folder: Path, device: torch.device, dtype: torch.dtype) -> CosmosModel:
+    folder = Path(folder)
+    cfg = config_for(folder)
+    tokenizer = find_tokenizer(folder)  # before the big read: a missing file fails fast
+    net = transformer_from_state_dict(read_state_dict(folder / WEIGHTS), cfg, folder / WEIGHTS)
+    encoder, decoder = load_torchscript(tokenizer / ENCODER), load_torchscript(tokenizer / DECODER)
+    t5 = None
+    if cfg.cross_attention:
+        settings = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+        t5_folder = folder / settings["t5_folder"] if settings.get("t5_folder") else _find_t5(folder)
+        if t5_folder is None or not Path(t5_folder).is_dir():
+            raise ModelLoadError(f"{folder}: Video2World needs the T5 text encoder (transformers folder of "
+                                 f"google-t5/t5-11b with config.json, weights and tokenizer files) inside the "
+                                 f"model folder, e.g. {folder / 't5'}, or named by \"t5_folder\" in config.json")
+        t5 = CosmosT5(Path(t5_folder), dtype, T5_TOKENS)
+    size = size_from_name(folder) or "custom"
+    model = CosmosModel(net.to(dtype), encoder.to(dtype), decoder.to(dtype), size, t5)
+    model.module.to(device)
+    return model

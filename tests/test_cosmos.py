@@ -1,0 +1,248 @@
+"""Cosmos-1.0 autoregressive adapter on tiny folders in NVIDIA's layout (model.pt + TorchScript tokenizer)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from cosmos_fixture import CONTEXT_DIM, FRAME_SIZE, TINY, context_frames, write_cosmos, write_tokenizer
+from scd_core import ModelLoadError, SamplerConfig, generate, load_model
+from scd_core.models.cosmos import (TOKENIZER_FOLDER, VideoContext, config_for, detect, official_keys,
+                                    read_state_dict, rope_table_3d, sincos_table_3d, yarn_factors, BASE_12B)
+
+FRAME_TOKENS = TINY["video_latent_shape"][1] * TINY["video_latent_shape"][2]
+NUM_TOKENS = TINY["generated_frames"] * FRAME_TOKENS
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cosmos")
+    return {"4B": write_cosmos(root, "4B"), "12B": write_cosmos(root, "12B", nested=False, seed=1),
+            "5B-Video2World": write_cosmos(root, "5B-Video2World", seed=2)}
+
+
+def _context(model, frames: int = 9) -> VideoContext:
+    prompt = "a red cat" if model.config.cross_attention else None
+    return model.encode_video(context_frames(frames), prompt)
+
+
+@pytest.mark.parametrize("size", ["4B", "12B", "5B-Video2World"])
+def test_window_logits_equal_sequential(folders, size):
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(0))
+    for dtype, tolerance in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
+        model = load_model(folders[size], "cpu", dtype)
+        cond = _context(model)
+        window = model.start(cond, 2)
+        window.prefill()
+        cond_logits, uncond = window.forward(tokens)
+        assert uncond is None and cond_logits.shape == (2, 9, TINY["vocab_size"])
+        single = model.start(cond, 2)
+        single.prefill()
+        steps = torch.cat([single.forward(tokens[:, i:i + 1])[0] for i in range(9)], dim=1)
+        torch.testing.assert_close(cond_logits, steps, rtol=tolerance, atol=tolerance)
+
+
+def test_rewind_then_refeed_matches_fresh_session(folders):
+    model = load_model(folders["4B"], "cpu", torch.float64)
+    cond = _context(model)
+    first, second = torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[5, 6, 1, 2, 3]])
+    session = model.start(cond, 1)
+    session.prefill()
+    session.forward(first)
+    session.rewind(3)
+    rewound, _ = session.forward(second[:, 2:])
+    fresh = model.start(cond, 1)
+    fresh.prefill()
+    expected, _ = fresh.forward(second)
+    torch.testing.assert_close(rewound, expected[:, 2:], rtol=0, atol=1e-10)
+    with pytest.raises(ValueError):
+        session.rewind(99)
+
+
+def test_context_conditions_the_logits(folders):
+    model = load_model(folders["4B"], "cpu", torch.float32)
+    one = model.start(_context(model, 1), 1).prefill()[0]
+    nine = model.start(_context(model, 9), 1).prefill()[0]
+    other = model.start(model.encode_video(context_frames(9, seed=5)), 1).prefill()[0]
+    assert one.shape == nine.shape == (1, 1, TINY["vocab_size"])
+    assert (nine - one).abs().max() > 1e-3 and (nine - other).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("draft_init", [None, "previous_frame", "above"])
+def test_faithful_window_reproduces_autoregressive_tokens(folders, draft_init):
+    model = load_model(folders["4B"], "cpu", torch.float64)
+    cond = _context(model)
+    ar = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=11), batch_size=2)
+    assert ar.nfe == model.num_tokens == NUM_TOKENS
+    for window in (4, 8):
+        fast = generate(model, cond, SamplerConfig(coupler="faithful", window=window, seed=11, draft_init=draft_init),
+                        batch_size=2)
+        assert torch.equal(fast.tokens, ar.tokens)
+        assert fast.nfe <= ar.nfe
+    other_seed = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=12), batch_size=2)
+    assert not torch.equal(other_seed.tokens, ar.tokens)
+
+
+def test_defaults_and_layout(folders):
+    model = load_model(folders["4B"], "cpu", torch.float32)
+    assert (model.family, model.size, model.grid, model.num_tokens) == ("cosmos", "4B", (2, 2, 3), NUM_TOKENS)
+    assert (model.default_cfg_scale, model.default_top_k, model.default_temperature) == (None, None, 1.0)
+    assert (model.default_top_p, model.default_draft_init) == (0.8, "previous_frame")
+    assert model.context_frame_counts == (1, 9)
+    big = load_model(folders["12B"], "cpu", torch.float32)
+    assert big.default_top_p == 0.9 and big.config.yarn_scale == 2.0
+    session = model.start(_context(model), 1)
+    assert torch.equal(session.prefix_tokens, _context(model).codes) and session.prefix_tokens.shape == (2 * FRAME_TOKENS,)
+
+
+def test_generate_and_decode(folders):
+    model = load_model(folders["4B"], "cpu", torch.float32)
+    cond = _context(model)
+    result = generate(model, cond, SamplerConfig(coupler="maximal", window=8), batch_size=3)
+    assert result.tokens.shape == (3, NUM_TOKENS) and sum(result.committed) == NUM_TOKENS
+    continuation = model.decode(result.tokens)  # 2 generated latent frames -> 1 + 8 frames per row
+    assert continuation.shape == (3 * 9, *FRAME_SIZE, 3) and continuation.dtype == torch.float32
+    clip = model.decode(result.tokens, cond)  # context (2 latent frames) in front -> 1 + 3 * 8 frames per row
+    assert clip.shape == (3 * 25, *FRAME_SIZE, 3)
+    assert 0 <= clip.min() and clip.max() <= 1 and clip.std() > 0
+    # the context comes back as the tokenizer reconstructs it: the first frame of each row
+    torch.testing.assert_close(clip[0], clip[25])
+    assert (clip[0] - context_frames(9)[0]).abs().mean() < 0.2
+    with pytest.raises(ValueError, match="shape"):
+        model.decode(result.tokens[:, :5])
+
+
+def test_context_of_another_size_is_resized_and_bad_counts_refused(folders):
+    model = load_model(folders["4B"], "cpu", torch.float32)
+    resized = model.encode_video(context_frames(9, size=(40, 40)))
+    assert resized.codes.shape == (2 * FRAME_TOKENS,)
+    with pytest.raises(ValueError, match="1 or 9 context frames, got 5"):
+        model.encode_video(context_frames(5))
+    with pytest.raises(ValueError, match=r"\(frames, height, width, 3\)"):
+        model.encode_video(torch.rand(9, *FRAME_SIZE, 4))
+    with pytest.raises(ValueError, match="no text input"):
+        model.encode_video(context_frames(1), "a prompt")
+    with pytest.raises(ValueError, match="context frames"):
+        model.encode("a prompt")
+
+
+def test_video2world_reads_the_prompt(folders):
+    model = load_model(folders["5B-Video2World"], "cpu", torch.float32)
+    assert model.config.cross_attention and model.config.abs_pos_emb and model.config.context_dim == CONTEXT_DIM
+    cat = model.encode_video(context_frames(9), "a red cat")
+    dog = model.encode_video(context_frames(9), "a blue dog")
+    assert cat.text.shape == (512, CONTEXT_DIM) and cat.text[3:].abs().max() == 0  # zeros after the tokens
+    diff = model.start(cat, 1).prefill()[0] - model.start(dog, 1).prefill()[0]
+    assert diff.abs().max() > 1e-3
+    with pytest.raises(ValueError, match="prompt"):
+        model.encode_video(context_frames(9))
+
+
+def test_official_key_names(folders):
+    state = read_state_dict(folders["4B"] / "model.pt")
+    raw = torch.load(folders["4B"] / "model.pt", weights_only=True)["model"]
+    assert all(key.startswith("model.") for key in raw) and any(key.endswith("_extra_state") for key in raw)
+    assert set(state) == official_keys(config_for(folders["4B"]))
+    assert "layers.1.attention.q_norm.weight" in state and "layers.0.feed_forward.w3.weight" in state
+    video2world = read_state_dict(folders["5B-Video2World"] / "model.pt")
+    assert "layers.1.cross_attention.wk.weight" in video2world and "layers.0.cross_attention_norm.weight" in video2world
+    assert video2world["layers.0.cross_attention.wk.weight"].shape == (TINY["n_kv_heads"] * TINY["head_dim"], CONTEXT_DIM)
+
+
+def test_rope_splits_head_channels_44_42_42():
+    cfg = BASE_12B.__class__(dim=256, n_layers=1, n_heads=2, n_kv_heads=1, latent_shape=(3, 4, 5), yarn_scale=None)
+    table = rope_table_3d(cfg).view(3, 4, 5, 128)
+    torch.testing.assert_close(table[..., :64], table[..., 64:])
+    half = table[..., :64]
+    time, height, width = half[..., :22], half[..., 22:43], half[..., 43:]
+    assert time[0].abs().max() == 0 and height[:, 0].abs().max() == 0 and width[:, :, 0].abs().max() == 0
+    assert torch.equal(time[2, 1, 3], time[2, 0, 0]) and torch.equal(height[1, 3, 2], height[0, 3, 0])
+    torch.testing.assert_close(time[1, 0, 0], 1 / 500000 ** (torch.arange(0, 44, 2).float() / 44))
+    torch.testing.assert_close(width[0, 0, 1], 1 / 500000 ** (torch.arange(0, 42, 2).float() / 42))
+    # YaRN (12B): the slowest frequencies are divided by the scale, the fastest kept
+    inv = 1 / 500000 ** (torch.arange(0, 42, 2).double() / 42)
+    factors = yarn_factors(inv, 40, BASE_12B)
+    assert factors[0] == 1 and factors[-1] == 0.5 and (factors[1:] <= factors[:-1]).all()
+
+
+def test_sincos_position_embedding_layout():
+    cfg = BASE_12B.__class__(dim=24, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=12, latent_shape=(2, 3, 4))
+    table = sincos_table_3d(cfg).view(2, 3, 4, 24)
+    time, height, width = table[..., :8], table[..., 8:16], table[..., 16:]
+    torch.testing.assert_close(time[1, 2, 3, :4], torch.sin(1 / 10000 ** (torch.arange(4) / 4.0)))
+    torch.testing.assert_close(height[0, 0, 0], torch.tensor([0.0] * 4 + [1.0] * 4))
+    assert torch.equal(width[1, 2, 3], width[0, 0, 3])
+
+
+def test_tokenizer_found_in_subfolder_or_model_folder(tmp_path, folders):
+    for place in ("tokenizer", "."):
+        root = tmp_path / place.strip(".") / "r"
+        folder = root / "Cosmos-1.0-Autoregressive-4B"
+        shutil.copytree(folders["4B"], folder)
+        write_tokenizer(folder / place)
+        assert load_model(folder, "cpu").num_tokens == NUM_TOKENS
+
+
+def test_missing_tokenizer_file_is_named(tmp_path):
+    folder = write_cosmos(tmp_path, "4B")
+    (tmp_path / TOKENIZER_FOLDER / "decoder.jit").unlink()
+    with pytest.raises(ModelLoadError, match="no decoder.jit"):
+        load_model(folder, "cpu")
+    shutil.rmtree(tmp_path / TOKENIZER_FOLDER)
+    with pytest.raises(ModelLoadError, match="encoder.jit / decoder.jit"):
+        load_model(folder, "cpu")
+
+
+def test_wrong_keys_are_refused_by_name(tmp_path):
+    folder = write_cosmos(tmp_path, "4B", nested=False)
+    state = torch.load(folder / "model.pt", weights_only=True)
+    del state["layers.1.attention.k_norm.weight"]
+    state["layers.0.attention.wqkv.weight"] = torch.zeros(1)
+    torch.save(state, folder / "model.pt")
+    with pytest.raises(ModelLoadError, match=r"missing layers\.1\.attention\.k_norm\.weight; "
+                                             r"unexpected layers\.0\.attention\.wqkv\.weight"):
+        load_model(folder, "cpu")
+
+
+def test_wrong_size_is_refused(tmp_path):
+    folder = write_cosmos(tmp_path, "4B", nested=False)
+    state = torch.load(folder / "model.pt", weights_only=True)
+    state["output.weight"] = torch.zeros(10, TINY["dim"])
+    torch.save(state, folder / "model.pt")
+    with pytest.raises(ModelLoadError, match="output.weight"):
+        load_model(folder, "cpu")
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_pickled_code_is_refused(tmp_path):
+    folder = write_cosmos(tmp_path, "4B")
+    with open(folder / "model.pt", "wb") as f:
+        pickle.dump({"model": _Exploit()}, f)
+    with pytest.raises(ModelLoadError, match="model.pt"):
+        load_model(folder, "cpu")
+
+
+def test_detect_and_size_from_name(tmp_path, folders):
+    assert all(detect(folder) for folder in folders.values())
+    assert not detect(folders["4B"].parent / TOKENIZER_FOLDER)
+    unnamed = tmp_path / "my-video-model"
+    shutil.copytree(folders["4B"], unnamed)
+    (unnamed / "config.json").unlink()
+    assert not detect(unnamed)
+    (unnamed / "config.json").write_text('{"n_layers": 2}')
+    with pytest.raises(ModelLoadError, match="Cosmos size"):
+        config_for(unnamed)
+    bad = tmp_path / "Cosmos-1.0-Autoregressive-4B"
+    shutil.copytree(folders["4B"], bad)
+    (bad / "config.json").write_text('{"video_latent_shape": [4, 2]}')
+    with pytest.raises(ModelLoadError, match="video_latent_shape"):
+        load_model(bad, "cpu")
