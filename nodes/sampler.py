@@ -15,6 +15,8 @@ from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDMode
 
 RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scale"
 RECOMMENDED_TOP_K = 0
+MODEL_DRAFT_INIT = "auto"  # widget value meaning "the model's default" (previous_frame for video, else above)
+DRAFT_INIT_CHOICES = (MODEL_DRAFT_INIT, *DRAFT_INITS)
 MAX_TOP_K = 1_000_000
 MAX_BATCH = 16
 
@@ -30,7 +32,7 @@ def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, tempe
     return SamplerConfig(coupler=coupler, window=window,
                          cfg_scale=None if cfg_scale == RECOMMENDED_CFG else cfg_scale,
                          temperature=temperature, top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
-                         top_p=top_p, seed=seed, draft_init=draft_init)
+                         top_p=top_p, seed=seed, draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init)
 
 
 class SCDSampler(io.ComfyNode):
@@ -57,9 +59,10 @@ class SCDSampler(io.ComfyNode):
                 io.Int.Input("top_k", default=RECOMMENDED_TOP_K, min=0, max=MAX_TOP_K,
                              tooltip="0 uses the model's recommended value."),
                 io.Float.Input("top_p", default=1.0, min=0.0, max=1.0, step=0.01),
-                io.Combo.Input("draft_init", options=list(DRAFT_INITS), default="above",
-                               tooltip="First guess for tokens entering the window: random, the token to "
-                                       "the left, or the token above in the image grid."),
+                io.Combo.Input("draft_init", options=list(DRAFT_INIT_CHOICES), default=MODEL_DRAFT_INIT,
+                               tooltip="First guess for tokens entering the window: auto (previous_frame for "
+                                       "video, else above), random, the token to the left, the token above "
+                                       "in the image grid, or the same place one video frame earlier."),
                 io.Int.Input("batch_size", default=1, min=1, max=MAX_BATCH),
             ],
             outputs=[SCDTokens.Output(display_name="tokens"), SCDStats.Output(display_name="stats")],
@@ -69,7 +72,7 @@ class SCDSampler(io.ComfyNode):
     @classmethod
     def validate_inputs(cls, coupler: Optional[str] = None, draft_init: Optional[str] = None) -> bool | str:
         # Only the combos are named here: naming a number input would switch off its built-in min/max check.
-        problem = choice_error("coupler", coupler, COUPLERS) or choice_error("draft_init", draft_init, DRAFT_INITS)
+        problem = choice_error("coupler", coupler, COUPLERS) or choice_error("draft_init", draft_init, DRAFT_INIT_CHOICES)
         return problem or True
 
     @classmethod

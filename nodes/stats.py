@@ -16,7 +16,7 @@ def summary_text(stats: SamplingStats) -> str:
     tokens = result.tokens.shape[1]  # autoregressive decoding needs one call per token
     return (f"{stats.model_name}: {tokens} tokens x {stats.batch_size} in {result.nfe} model calls "
             f"(autoregressive: {tokens}) - {tokens / result.nfe:.2f}x fewer calls\n"
-            f"coupler {config.coupler}, window {config.window}, draft init {config.draft_init}, seed {config.seed}\n"
+            f"coupler {config.coupler}, window {config.window}, draft init {config.draft_init or 'auto'}, seed {config.seed}\n"
             f"wall {result.total_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "
             f"sampling {result.sample_s:.2f} s")
 

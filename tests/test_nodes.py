@@ -168,7 +168,8 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
               "temperature": ("FLOAT", {"default": 1.0}),
               "top_k": ("INT", {"min": 0, "default": 0}),
               "top_p": ("FLOAT", {"min": 0.0, "max": 1.0, "default": 1.0}),
-              "draft_init": ("COMBO", {"options": ["random", "left", "above"]}),
+              "draft_init": ("COMBO", {"options": ["auto", "random", "left", "above", "previous_frame"],
+                                        "default": "auto"}),
               "batch_size": ("INT", {"min": 1, "max": 16, "default": 1})}
     for name, (io_type, options) in expect.items():
         assert inputs[name][0] == io_type, name
