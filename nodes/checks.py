@@ -5,12 +5,24 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from comfy_api.latest import io
 
 from .sockets import LoadedModel
 
 
+class CheckedCombo(io.Combo.Input):
+    """A combo whose value ComfyUI checks itself before running, reporting a bad one against this input alone.
+
+    ComfyUI 0.3.75 checks only combos typed by their option list (the V1 form), not V3's "COMBO"; and a
+    node's validate_inputs reports its one message against every input it names.
+    """
+
+    def get_io_type(self) -> list[str]:
+        return list(self.options)
+
+
 def choice_error(name: str, value: Optional[str], options: tuple[str, ...]) -> Optional[str]:
-    """Why `value` is not a valid combo choice, or None.  (ComfyUI 0.3.75 does not check V3 combos.)"""
+    """Why `value` is not a valid combo choice, or None (for direct calls that skip ComfyUI's validation)."""
     if value is not None and value not in options:
         return f"{name} must be one of {', '.join(options)}, got '{value}'"
     return None

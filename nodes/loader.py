@@ -12,7 +12,7 @@ from scd_core import load_model
 from scd_core.loading import pick_device
 from scd_core.checkpoints import ModelLoadError
 
-from .checks import choice_error
+from .checks import CheckedCombo, choice_error
 from .model_folders import DEMO, model_choices, unknown_model_message
 from .sockets import LoadedModel, SCDModel
 
@@ -55,21 +55,21 @@ class SCDModelLoader(io.ComfyNode):
                 io.Combo.Input("model", options=list(model_choices()), default=DEMO,
                                tooltip="A folder under models/scd/, models/Janus-Pro/ or models/LlamaGen/; "
                                        "'demo' is the small class-conditional model shipped with the pack."),
-                io.Combo.Input("device", options=list(DEVICES), default="auto",
-                               tooltip="auto: ComfyUI's device (respects --cpu)."),
-                io.Combo.Input("dtype", options=list(DTYPES), default="auto",
-                               tooltip="auto: bfloat16 where the GPU supports it, else float32."),
+                CheckedCombo("device", options=list(DEVICES), default="auto",
+                             tooltip="auto: ComfyUI's device (respects --cpu)."),
+                CheckedCombo("dtype", options=list(DTYPES), default="auto",
+                             tooltip="auto: bfloat16 where the GPU supports it, else float32."),
             ],
             outputs=[SCDModel.Output(display_name="model")],
         )
 
     @classmethod
-    def validate_inputs(cls, model: Optional[str] = None, device: Optional[str] = None,
-                        dtype: Optional[str] = None) -> bool | str:
+    def validate_inputs(cls, model: Optional[str] = None) -> bool | str:
+        # only `model` here: ComfyUI flags every input named in this signature with the message
         choices = model_choices()
         if model is not None and model not in choices:
             return unknown_model_message(model, choices)
-        return choice_error("device", device, DEVICES) or choice_error("dtype", dtype, DTYPES) or True
+        return True
 
     @classmethod
     def execute(cls, model: str, device: str, dtype: str) -> io.NodeOutput:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import comfy.model_management as mm
 from comfy_api.latest import io
 from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate
 from scd_core.config import MAX_SEED, MAX_WINDOW
 
-from .checks import check_same_model, choice_error
+from .checks import CheckedCombo, check_same_model
 from .progress import ProgressReporter
 from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDModel, SCDStats, SCDTokens
 
@@ -47,9 +45,9 @@ class SCDSampler(io.ComfyNode):
             inputs=[
                 SCDModel.Input("model"),
                 SCDCond.Input("conditioning"),
-                io.Combo.Input("coupler", options=list(COUPLERS), default="maximal",
-                               tooltip="maximal / gumbel: coupled drafts (SCD); independent: SJD; faithful: "
-                                       "exactly the autoregressive output for the same seed."),
+                CheckedCombo("coupler", options=list(COUPLERS), default="maximal",
+                             tooltip="maximal / gumbel: coupled drafts (SCD); independent: SJD; faithful: "
+                                     "exactly the autoregressive output for the same seed."),
                 io.Int.Input("window", default=32, min=1, max=MAX_WINDOW,
                              tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling."),
                 io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
@@ -59,21 +57,15 @@ class SCDSampler(io.ComfyNode):
                 io.Int.Input("top_k", default=RECOMMENDED_TOP_K, min=0, max=MAX_TOP_K,
                              tooltip="0 uses the model's recommended value."),
                 io.Float.Input("top_p", default=1.0, min=0.0, max=1.0, step=0.01),
-                io.Combo.Input("draft_init", options=list(DRAFT_INIT_CHOICES), default=MODEL_DRAFT_INIT,
-                               tooltip="First guess for tokens entering the window: auto (previous_frame for "
-                                       "video, else above), random, the token to the left, the token above "
-                                       "in the image grid, or the same place one video frame earlier."),
+                CheckedCombo("draft_init", options=list(DRAFT_INIT_CHOICES), default=MODEL_DRAFT_INIT,
+                             tooltip="First guess for tokens entering the window: auto (previous_frame for "
+                                     "video, else above), random, the token to the left, the token above "
+                                     "in the image grid, or the same place one video frame earlier."),
                 io.Int.Input("batch_size", default=1, min=1, max=MAX_BATCH),
             ],
             outputs=[SCDTokens.Output(display_name="tokens"), SCDStats.Output(display_name="stats")],
             hidden=[io.Hidden.unique_id],
         )
-
-    @classmethod
-    def validate_inputs(cls, coupler: Optional[str] = None, draft_init: Optional[str] = None) -> bool | str:
-        # Only the combos are named here: naming a number input would switch off its built-in min/max check.
-        problem = choice_error("coupler", coupler, COUPLERS) or choice_error("draft_init", draft_init, DRAFT_INIT_CHOICES)
-        return problem or True
 
     @classmethod
     def execute(cls, model: LoadedModel, conditioning: EncodedPrompt, coupler: str, window: int, cfg_scale: float,

@@ -1,7 +1,7 @@
 """A real ComfyUI server with this pack installed, for end-to-end tests.
 
 `ComfyServer` (the session fixture `comfy_server` in conftest.py) starts ComfyUI (installed by tests/install_comfyui.sh)
-on a free port with a temporary base directory whose custom_nodes/comfyui-scd links
+on a free port with a temporary base directory whose custom_nodes/comfyui-scd-main links
 to this repository, and stops it at the end.  Helpers queue API graphs and collect
 the websocket events of a run until it finishes.
 """
@@ -26,7 +26,7 @@ import websocket
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMFYUI_DIR = Path(os.environ.get("SCD_COMFYUI_DIR", REPO_ROOT / ".cache" / "comfyui" / "_comfyui"))
-PACK_NAME = "comfyui-scd"
+PACK_NAME = "comfyui-scd-main"  # as a downloaded ZIP unpacks: not the project name, which must not matter
 READY_TIMEOUT_S = 180.0
 BINARY_TEXT = 3  # ComfyUI's BinaryEventTypes.TEXT (progress text on a node)
 BINARY_PREVIEWS = (1, 4)  # PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA

@@ -86,6 +86,11 @@ def test_object_info_lists_the_nodes(comfy_server: ComfyServer, tiny_janus: str)
     assert info["SCDStats"]["output"] == ["IMAGE", "STRING"]
 
 
+def test_web_extension_is_served_once(comfy_server: ComfyServer) -> None:
+    scripts = [url for url in comfy_server.get_json("/extensions") if url.endswith("/scd_widget.js")]
+    assert len(scripts) == 1, f"the widget would register {len(scripts)} times: {scripts}"
+
+
 def test_tiny_janus_runs_with_progress_events_that_agree(comfy_server: ComfyServer, tiny_janus: str) -> None:
     run = comfy_server.run(pipeline(tiny_janus, "a green field", seed=101, batch_size=2))
     assert run.status == "success", run.events[-3:]
@@ -143,10 +148,11 @@ def test_interrupt_ends_the_run_within_a_second(comfy_server: ComfyServer) -> No
 
 @pytest.mark.parametrize("change, expected", [
     ({"3": {"window": 0}}, "Value 0 smaller than min of 1"),
-    ({"3": {"coupler": "greedy"}}, "coupler must be one of maximal, gumbel, independent, faithful"),
-    ({"3": {"draft_init": "below"}}, "draft_init must be one of"),
+    ({"3": {"coupler": "greedy"}}, "coupler: 'greedy' not in ['maximal', 'gumbel', 'independent', 'faithful']"),
+    ({"3": {"draft_init": "below"}}, "draft_init: 'below' not in"),
     ({"1": {"model": "no-such-folder"}}, "model 'no-such-folder' not found"),
-    ({"1": {"device": "tpu"}}, "device must be one of"),
+    ({"1": {"device": "tpu"}}, "device: 'tpu' not in ['auto', 'cpu', 'cuda', 'mps']"),
+    ({"1": {"dtype": "int8"}}, "dtype: 'int8' not in"),
 ])
 def test_invalid_inputs_are_rejected_clearly(comfy_server: ComfyServer, change: dict[str, Any],
                                              expected: str) -> None:
@@ -156,7 +162,12 @@ def test_invalid_inputs_are_rejected_clearly(comfy_server: ComfyServer, change: 
     with pytest.raises(PromptRejected) as rejected:
         comfy_server.start_prompt(graph)
     assert rejected.value.status == 400
-    assert expected in json.dumps(rejected.value.body["node_errors"])
+    node_errors = rejected.value.body["node_errors"]
+    assert expected in json.dumps(node_errors, ensure_ascii=False)
+    # each problem against the input it concerns: the frontend marks exactly these inputs
+    ((node_id, inputs),) = change.items()
+    flagged = {error["extra_info"]["input_name"] for error in node_errors[node_id]["errors"]}
+    assert flagged == set(inputs), f"{sorted(flagged)} flagged for a bad {sorted(inputs)}"
     assert_serving(comfy_server)
 
 
