@@ -7,10 +7,17 @@ first, then the uncond rows, whose prompt tokens (all but BOS and
 begin-of-image) are replaced by Janus's pad token -- or, when a negative prompt
 is given, its own tokens.  The two row groups may then differ in length; the
 shorter one is left-padded and masked, with position ids that skip the padding.
+
+Each sample of a batch advances at its own pace.  transformers' cache classes
+keep one length for the whole batch, so the session keeps its own pre-allocated
+`RowCache` (one length per row, the cond and uncond rows of a sample moving
+together), builds the 4-D attention mask and the per-row position ids itself, and
+lets transformers' layers write through a thin `Cache` view of it.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 from dataclasses import dataclass
@@ -20,6 +27,7 @@ from typing import Any, Optional, Union
 import torch
 
 from ..checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from ..row_cache import RowCache
 from ..tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "janus"
@@ -54,29 +62,58 @@ def new_cache() -> Any:
     return DynamicCache()
 
 
+@functools.lru_cache(maxsize=None)
+def _row_cache_view() -> type:
+    """A transformers `Cache` whose storage is a RowCache (built lazily: transformers is imported on use)."""
+    from transformers import DynamicCache
+
+    class RowCacheView(DynamicCache):
+        """What the Llama layers call in every supported release: `update(k, v, layer_idx, ...)`.
+
+        Lengths are the RowCache's; the session passes the 4-D mask and the position
+        ids, so transformers never derives them from this cache.
+        """
+
+        def __init__(self, rows: RowCache) -> None:
+            super().__init__()
+            self.rows = rows
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.rows.write(layer_idx, key_states, value_states)
+
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            return self.rows.longest
+
+    return RowCacheView
+
+
 class JanusSession:
-    """One generation: 2 x batch rows (cond, then uncond) sharing one DynamicCache."""
+    """One generation: 2 x batch rows (cond, then uncond); each sample advances at its own pace."""
+
+    rows_per_cache = 1
 
     def __init__(self, model: "JanusModel", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
         self._model = model
         self._prefix = prefix
-        self._prefix_mask = prefix_mask
         self._pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
         self._batch = prefix.shape[0] // 2
-        self._cache = new_cache()
+        width = prefix.shape[1]
+        self._rows = RowCache(prefix.shape[0], width + model.num_tokens, width, prefix.device, real=prefix_mask)
+        self._cache = _row_cache_view()(self._rows)
         self._cache_keyword = cache_keyword()
-        self._fed = 0  # positions in the cache, prefix included
 
     @torch.no_grad()
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._fed:
+        if self._rows.longest:
             raise RuntimeError("prefill() was already called for this session")
         net = self._model.module
         return self._run(net.get_input_embeddings()(self._prefix), last_only=True)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self._fed:
+        """Feed (batch, T) image ids, each sample after its own cached tokens."""
+        if not self._rows.longest:
             raise RuntimeError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
             raise ValueError(f"tokens must be (batch={self._batch}, T>=1) image ids, got shape {tuple(tokens.shape)}")
@@ -85,26 +122,20 @@ class JanusSession:
         return self._run(net.prepare_embeddings_for_image_generation(ids))
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
-        n = int(n)
-        fed_images = self._fed - self._prefix.shape[1]
-        if not 0 <= n <= fed_images:
-            raise ValueError(f"can rewind 0..{fed_images} image tokens, got {n}")
-        if n > 0:  # crop(-n) drops n tokens in every transformers release we support; crop(0) once emptied it
-            self._cache.crop(-n)
-            self._fed -= n
+        """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
+        if isinstance(n, torch.Tensor) and n.dim() > 0:
+            n = n.repeat(2)  # a sample's cond and uncond rows move together
+        self._rows.rewind(n)
 
     def _run(self, embeds: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         net = self._model.module
-        length = embeds.shape[1]
-        device = embeds.device
-        new_positions = torch.arange(self._fed, self._fed + length, device=device)
-        positions = (new_positions.unsqueeze(0) - self._pads).clamp(min=0)
-        tail = torch.ones(self._prefix_mask.shape[0], self._fed + length - self._prefix.shape[1],
-                          dtype=self._prefix_mask.dtype, device=device)
-        mask = torch.cat([self._prefix_mask, tail], dim=1)
+        slots, visible = self._rows.begin(embeds.shape[1])
+        positions = (slots - self._pads).clamp(min=0)  # left padding takes no position
+        # additive, in the model's dtype: what both sdpa and eager attention take as a 4-D mask
+        mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=embeds.device)
+        mask = mask.masked_fill_(~visible, torch.finfo(embeds.dtype).min).unsqueeze(1)
         out = net.model.language_model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
                                        use_cache=True, **{self._cache_keyword: self._cache})
-        self._fed += length
         hidden = out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
         logits = net.model.generation_head(hidden)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ..captions import clean_caption
 from ..checkpoints import ModelLoadError, read_weights
+from ..row_cache import RowCache
 from .vq16 import VQModel, vq_from_state_dict
 
 # Attention heads of the published sizes, keyed by model width (all use 64-wide heads except 3B/7B).
@@ -107,28 +108,11 @@ def rope_table_2d(cfg: GPTConfig) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """x (B, T, H, D) rotated pairwise (interleaved pairs) by table (T, D/2, 2); computed in float32."""
+    """x (B, T, H, D) rotated pairwise (interleaved pairs) by table (B or 1, T, D/2, 2); computed in float32."""
     pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = table[None, :, None, :, 0], table[None, :, None, :, 1]
+    cos, sin = table[:, :, None, :, 0], table[:, :, None, :, 1]
     out = torch.stack([pairs[..., 0] * cos - pairs[..., 1] * sin, pairs[..., 1] * cos + pairs[..., 0] * sin], -1)
     return out.flatten(3).type_as(x)
-
-
-class KVCache:
-    """Preallocated keys/values per layer; the session tracks how many positions are valid."""
-
-    def __init__(self, n_layer: int, batch: int, n_kv_head: int, max_len: int, head_dim: int,
-                 device: torch.device, dtype: torch.dtype):
-        shape = (batch, n_kv_head, max_len, head_dim)
-        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.max_len = max_len
-
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = start + k.shape[2]
-        self.keys[layer][:, :, start:end] = k
-        self.values[layer][:, :, start:end] = v
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
 
 class Attention(nn.Module):
@@ -139,7 +123,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: Optional[torch.Tensor],
-                cache: Optional[KVCache], layer: int, start: int) -> torch.Tensor:
+                cache: Optional[RowCache], layer: int) -> torch.Tensor:
         cfg, (b, t, _) = self.cfg, x.shape
         kv = cfg.n_kv_head * cfg.head_dim
         q, k, v = self.wqkv(x).split([cfg.dim, kv, kv], dim=-1)
@@ -147,7 +131,7 @@ class Attention(nn.Module):
         k = apply_rope(k.view(b, t, cfg.n_kv_head, cfg.head_dim), rope).transpose(1, 2)
         v = v.view(b, t, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
         if cache is not None:
-            k, v = cache.write(layer, start, k, v)
+            k, v = cache.write(layer, k, v)
         if cfg.n_kv_head != cfg.n_head:
             k = k.repeat_interleave(cfg.n_head // cfg.n_kv_head, dim=1)
             v = v.repeat_interleave(cfg.n_head // cfg.n_kv_head, dim=1)
@@ -175,8 +159,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: Optional[torch.Tensor],
-                cache: Optional[KVCache], layer: int, start: int) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, mask, cache, layer, start)
+                cache: Optional[RowCache], layer: int) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask, cache, layer)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -223,27 +207,25 @@ class GPT(nn.Module):
         """Caption features (B, cls_token_num, caption_dim) -> (B, cls_token_num, dim)."""
         return self.cls_embedding.cap_proj(features)
 
-    def forward(self, h: torch.Tensor, start: int = 0, cache: Optional[KVCache] = None,
-                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Embeddings (B, T, dim) at sequence positions start..start+T -> float32 logits (B, T, V).
+    def forward(self, h: torch.Tensor, cache: Optional[RowCache] = None) -> torch.Tensor:
+        """Embeddings (B, T, dim) after each row's cached positions -> float32 logits (B, T, V).
 
-        Without a cache this is plain causal training/scoring from position 0.  key_mask
-        (B, start+T) bool marks attendable positions (padding of a caption is False);
-        every position still attends to itself, as in the original.
+        Without a cache this is plain causal training/scoring from position 0.  The
+        cache gives every row its own position and hides caption padding (a padded
+        position still attends to itself, as in the original).
         """
         t = h.shape[1]
-        if start + t > self.rope.shape[0]:
-            raise ValueError(f"sequence position {start + t} beyond the {self.rope.shape[0]} this model has")
-        rope = self.rope[start:start + t]
-        mask = None
-        if cache is not None or key_mask is not None:
-            query = torch.arange(start, start + t, device=h.device)[:, None]
-            key = torch.arange(start + t, device=h.device)[None, :]
-            mask = (key <= query)[None, None]
-            if key_mask is not None:
-                mask = (mask & key_mask[:, None, None, :start + t]) | (key == query)[None, None]
+        if cache is None:
+            if t > self.rope.shape[0]:
+                raise ValueError(f"sequence position {t} beyond the {self.rope.shape[0]} this model has")
+            positions, mask = torch.arange(t, device=h.device)[None], None
+        else:
+            positions, visible = cache.begin(t)
+            mask = visible[:, None]
+        # positions past the last (a finished row's window) only give logits that are never used
+        rope = self.rope[positions.clamp(max=self.rope.shape[0] - 1)]
         for i, layer in enumerate(self.layers):
-            h = layer(h, rope, mask, cache, i, start)
+            h = layer(h, rope, mask, cache, i)
         return self.output(self.norm(h)).float()
 
 
@@ -351,7 +333,13 @@ class T5Captioner(nn.Module):
 # ----------------------------------------------------------------------------- adapter
 
 class LlamaGenSession:
-    """One generation: cond rows first, then the unconditional (null class / empty caption) rows."""
+    """One generation: cond rows first, then the unconditional (null class / empty caption) rows.
+
+    Every sample advances at its own pace (`rows_per_cache = 1`): its cond and uncond
+    rows share a logical length in one pre-allocated `RowCache`.
+    """
+
+    rows_per_cache = 1
 
     def __init__(self, gpt: GPT, cond: ClassLabel | Caption, batch_size: int):
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -362,10 +350,7 @@ class LlamaGenSession:
         self.device = weight.device
         rows = 2 * batch_size
         self.prefix = cfg.cls_token_num
-        self.cache = KVCache(cfg.n_layer, rows, cfg.n_kv_head, self.prefix + cfg.num_tokens, cfg.head_dim,
-                             weight.device, weight.dtype)
-        self.fed = 0
-        self.key_mask: Optional[torch.Tensor] = None
+        real: Optional[torch.Tensor] = None  # attendable prefix slots; all of them without caption padding
         with torch.no_grad():
             if isinstance(cond, ClassLabel) and cfg.task == "c2i":
                 labels = [cond.index] * batch_size + [cfg.num_classes] * batch_size
@@ -376,42 +361,39 @@ class LlamaGenSession:
                                       uncond.expand(batch_size, -1, -1)])
                 self.prefix_embeddings = gpt.embed_captions(features).to(weight.dtype)
                 # the original applies the caption's padding mask to the unconditional rows as well
-                image = torch.ones(cfg.num_tokens, dtype=torch.bool)
-                self.key_mask = torch.cat([cond.mask.bool().cpu(), image]).to(weight.device).expand(rows, -1)
+                real = cond.mask.bool().expand(rows, -1)
             else:
                 raise ValueError(f"conditioning {type(cond).__name__} does not fit a {cfg.task} LlamaGen model; "
                                  "use the model's encode()")
+        self.cache = RowCache(rows, self.prefix + cfg.num_tokens, self.prefix, weight.device, real)
 
     def _run(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            logits = self.gpt(h, self.fed, self.cache, self.key_mask)
-        self.fed += h.shape[1]
+            logits = self.gpt(h, self.cache)
         return logits[:self.batch], logits[self.batch:]
 
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.fed:
+        if self.cache.longest:
             raise ValueError("prefill() was already called for this session")
         cond, uncond = self._run(self.prefix_embeddings)
         return cond[:, -1:], uncond[:, -1:]
 
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.fed:
+        """Feed (batch, T) ids, each sample after its own cached tokens."""
+        if not self.cache.longest:
             raise ValueError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self.batch:
             raise ValueError(f"expected image ids of shape ({self.batch}, T), got {tuple(tokens.shape)}")
-        if self.fed + tokens.shape[1] > self.cache.max_len:
-            raise ValueError(f"feeding {tokens.shape[1]} tokens would pass the image's "
-                             f"{self.gpt.config.num_tokens} positions")
         ids = tokens.to(self.device).repeat(2, 1)
         with torch.no_grad():
             h = self.gpt.tok_embeddings(ids)
         return self._run(h)
 
     def rewind(self, n: int | torch.Tensor) -> None:
-        n = int(n)
-        if not 0 <= n <= self.fed - self.prefix:
-            raise ValueError(f"cannot rewind {n} tokens; {self.fed - self.prefix} image tokens are cached")
-        self.fed -= n
+        """Drop the last n tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
+        if isinstance(n, torch.Tensor) and n.dim() > 0:
+            n = n.repeat(2)  # a sample's cond and uncond rows move together
+        self.cache.rewind(n)
 
 
 class LlamaGenModel:

@@ -1,0 +1,94 @@
+"""A pre-allocated KV cache whose rows each advance at their own pace.
+
+Speculative decoding commits a different number of tokens per row and call.  Here
+every layer keeps one key and one value tensor sized for the whole generation,
+(rows, kv_heads, capacity, head_dim); row r holds `lengths[r]` valid slots.  A call
+writes each row's new keys at that row's own offset and the attention mask hides
+every slot past it, so rewinding a row only lowers its length: nothing is copied,
+cropped or re-allocated, memory is fixed at `capacity` slots per row, and a call
+stays one batched forward over the longest row's slots (a row behind it attends to
+masked slots, never more than it would once it catches up).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+
+class RowCache:
+    """Keys/values of `rows` sequences of at most `capacity` slots, the first `prefix` never rewound.
+
+    `real` (rows, prefix) marks the prefix slots that may be attended (False at
+    left padding); every later slot is real.  Call `begin(width)` once per forward,
+    then `write(layer, k, v)` in each layer.
+    """
+
+    def __init__(self, rows: int, capacity: int, prefix: int, device: torch.device,
+                 real: Optional[torch.Tensor] = None) -> None:
+        self.capacity, self.prefix = capacity, prefix
+        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        # host copies of the shortest and longest row: size the call without reading the device
+        self.shortest = self.longest = 0
+        self.real = torch.ones(rows, capacity, dtype=torch.bool, device=device)
+        if real is not None:
+            self.real[:, :real.shape[1]] = real.to(device=device, dtype=torch.bool)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._slots = torch.zeros(rows, 0, dtype=torch.long, device=device)
+        self._key_len = 0
+
+    def begin(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `width` slots to every row; returns (query slots (rows, width), visible (rows, width, keys)).
+
+        `visible[r, t, s]` says whether row r's new token t attends to key slot s:
+        causal over the row's own slots, left padding hidden; a padding query sees
+        itself so that no query row is fully masked.
+        """
+        if self.shortest + width > self.capacity:
+            raise ValueError(f"feeding {width} tokens would pass the {self.capacity - self.prefix} cached positions "
+                             f"(a row already holds {self.shortest - self.prefix})")
+        query = self.lengths.unsqueeze(1) + torch.arange(width, device=self.lengths.device)
+        # A faster row may run past the end while a slower one finishes; those tokens only yield logits
+        # of positions past the last, so they share the last slot.
+        self._slots = query.clamp(max=self.capacity - 1)
+        self._key_len = min(self.longest + width, self.capacity)
+        keys = torch.arange(self._key_len, device=query.device)
+        at_or_before = keys <= query.unsqueeze(-1)
+        visible = at_or_before & (self.real[:, None, :self._key_len] | (keys == query.unsqueeze(-1)))
+        self.lengths += width
+        self.shortest += width
+        self.longest += width
+        return query, visible
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (rows, heads, width, dim) keys/values of this call; returns the attended slots of the layer."""
+        if layer == len(self.keys):  # allocated on the first call, when heads, dim and dtype are known
+            shape = (k.shape[0], k.shape[1], self.capacity, k.shape[3])
+            self.keys.append(torch.zeros(shape, dtype=k.dtype, device=k.device))
+            self.values.append(torch.zeros(shape, dtype=v.dtype, device=v.device))
+        index = self._slots[:, None, :, None].expand_as(k)
+        self.keys[layer].scatter_(2, index, k)
+        self.values[layer].scatter_(2, index, v)
+        return self.keys[layer][:, :, :self._key_len], self.values[layer][:, :, :self._key_len]
+
+    def rewind(self, n: Union[int, torch.Tensor]) -> None:
+        """Drop the last n slots of every row (an int) or of each row (a (rows,) tensor)."""
+        if isinstance(n, torch.Tensor) and n.dim() > 0:
+            n = n.to(self.lengths.device)
+            kept = self.lengths - n
+            # one read-back, right after the engine's own synchronisation: the device is idle here
+            bad, shortest, longest = torch.stack(
+                [((n < 0) | (kept < self.prefix)).any().long(), kept.min(), kept.max()]).tolist()
+            if bad:
+                raise ValueError(f"cannot rewind {n.tolist()} tokens per row; "
+                                 f"{(self.lengths - self.prefix).tolist()} are cached")
+            self.lengths, self.shortest, self.longest = kept, shortest, longest
+            return
+        n = int(n)
+        if not 0 <= n <= self.shortest - self.prefix:
+            raise ValueError(f"cannot rewind {n} tokens; {self.shortest - self.prefix} are cached")
+        self.lengths -= n
+        self.shortest -= n
+        self.longest -= n
