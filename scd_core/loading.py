@@ -15,7 +15,8 @@ import torch
 from .checkpoints import ModelLoadError
 
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
-FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.models.cosmos")
+FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.models.emu3",
+            "scd_core.models.cosmos", "scd_core.models.lumina")
 DEMO_DIR = Path(__file__).parent / "demo"
 
 
@@ -66,6 +67,8 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
     found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
     raise ModelLoadError(
         f"{folder} is not a model folder this pack can load (found: {found}). Expected a Janus-Pro folder in "
-        "the transformers format (config.json with model_type 'janus', *.safetensors, tokenizer.json), a "
+        "the transformers format (config.json with model_type 'janus', *.safetensors, tokenizer.json), an "
+        "Emu3-Gen folder (BAAI/Emu3-Gen-hf: model_type 'emu3'), a Lumina-mGPT folder (model_type 'chameleon' "
+        "plus vqgan.ckpt or movqgan_270M.ckpt), a "
         "LlamaGen folder (GPT and VQ checkpoints) or a Cosmos-1.0 autoregressive folder (model.pt); see the "
         "README's 'Model folders' section")

@@ -1,0 +1,72 @@
+"""Hugging Face transformers-format model folders: check the files, then load strictly.
+
+`hint` arguments say which repository to download instead; every failure is a
+ModelLoadError naming the folder or file.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from .tokenizer_files import read_json
+
+
+def check_safetensors_weights(folder: Path, hint: str) -> None:
+    """Every safetensors file (and every shard the index names) present and readable; pickles refused unopened."""
+    from safetensors import safe_open
+
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        found = f"only pickled weights ({', '.join(pickles)}), which are not loaded for safety" if pickles \
+            else "no *.safetensors weights"
+        raise ModelLoadError(f"{folder} has {found}; {hint}")
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = set(read_json(index).get("weight_map", {}).values())
+        missing = sorted(name for name in shards if not (folder / name).is_file())
+        if missing:
+            raise ModelLoadError(f"{folder} lacks weight shards {', '.join(missing)}; download them again")
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except Exception as err:  # SafetensorError for truncated or corrupt headers
+            raise ModelLoadError(f"{path} is not a readable safetensors file ({err}); it may be truncated: "
+                                 "download it again") from err
+
+
+def dtype_keyword() -> str:
+    # from_pretrained takes `dtype` since transformers 4.56; older releases silently ignore it.
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+def load_pretrained(model_class: type, folder: Path, dtype: torch.dtype, family: str, hint: str) -> torch.nn.Module:
+    """`model_class.from_pretrained(folder)` in eval mode; missing or resized weights are an error, not random."""
+    failure: Optional[str] = None
+    try:
+        net, info = model_class.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True,
+                                                **{dtype_keyword(): dtype})
+        problems = {name: sorted(map(str, info.get(name) or ()))[:5] for name in ("missing_keys", "mismatched_keys")}
+        problems = {name: keys for name, keys in problems.items() if keys}
+        if problems:
+            del net
+            failure = (f"{folder}: the weights do not match config.json (first of {problems}); "
+                       f"the folder may mix files of different models: {hint}")
+    except Exception as err:  # transformers raises many types for bad configs or weights
+        failure = f"{folder} could not be loaded as {family} ({type(err).__name__}: {err}); {hint}"
+    if failure is not None:
+        # Raised outside the except block, so no traceback keeps the half-built model alive.
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise ModelLoadError(failure)
+    return net.eval().requires_grad_(False)

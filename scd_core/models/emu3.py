@@ -1,0 +1,260 @@
+"""Emu3-Gen in the Hugging Face format (BAAI/Emu3-Gen-hf), through transformers' Emu3ForConditionalGeneration.
+
+Sequence layout for a grid of H x W codes (720 px square: H = W = 90, 8193 tokens)::
+
+    BOS text <|image start|> "H*W" <|image token|>  |  H x (W codes, <|extra_200|>)  <|extra_201|> <|image end|> EOS
+    ------------------- prompt -------------------     ------------- generated: H * (W + 1) + 3 --------------
+
+The row-end and the three closing tokens are forced; every other position
+samples among the 32768 `<|visual token NNNNNN|>` ids only (`code_ids`, whose
+lm_head rows are the only ones computed).  CFG as the authors run it: the prompt
+gets a quality suffix, the uncond rows hold a negative prompt with the same
+image prefix; cond and uncond rows are left-padded to one length and batched.
+The KV cache is pre-allocated for the whole image (`scd_core.static_kv`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..checkpoints import ModelLoadError
+from ..hf_folders import check_safetensors_weights, load_pretrained
+from ..static_kv import StaticKVBackbone
+from ..tokenizer_files import TextTokenizer, read_json
+
+MODEL_TYPE = "emu3"
+HF_FORMAT_HINT = ("download the transformers-format repository BAAI/Emu3-Gen-hf instead (BAAI/Emu3-Gen holds "
+                  "the original layout, which needs its own custom code)")
+BOS, EOS = "<|extra_203|>", "<|extra_204|>"
+IMAGE_START, IMAGE_WRAPPER, IMAGE_END = "<|image start|>", "<|image token|>", "<|image end|>"
+ROW_END, FRAME_END = "<|extra_200|>", "<|extra_201|>"
+VISUAL_TOKEN = "<|visual token {:06d}|>"
+# The authors' recommended prompting (BAAI's Emu3-Gen example).
+QUALITY_SUFFIX = " masterpiece, film grained, best quality."
+NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
+                   "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
+                   "username, blurry.")
+DEFAULT_RATIO, DEFAULT_AREA = "1:1", 720 * 720
+DOWNSAMPLE = 8  # pixels per token side, as Emu3's processor assumes
+
+
+def grid_size(ratio: str, image_area: int) -> tuple[int, int]:
+    """(rows, cols) of codes for a "W:H" aspect ratio and a pixel area, as Emu3's processor computes them."""
+    try:
+        width, height = (int(part) for part in ratio.split(":"))
+    except (AttributeError, ValueError):
+        raise ValueError(f"ratio must look like '16:9' (width:height), got {ratio!r}") from None
+    if width < 1 or height < 1 or not isinstance(image_area, int) or image_area < 1:
+        raise ValueError(f"ratio sides and image_area must be positive integers, got {ratio!r}, {image_area!r}")
+    scale = (image_area / (width * height)) ** 0.5
+    rows, cols = int(round(height * scale / DOWNSAMPLE)), int(round(width * scale / DOWNSAMPLE))
+    if rows < 1 or cols < 1:
+        raise ValueError(f"image_area {image_area} at ratio {ratio} is less than one {DOWNSAMPLE} px token")
+    return rows, cols
+
+
+@dataclass(frozen=True)
+class Emu3Prompt:
+    """Token ids of the cond and uncond prefixes (each ending with the image prefix) and the grid they ask for."""
+
+    cond: tuple[int, ...]
+    uncond: tuple[int, ...]
+    size: tuple[int, int]
+
+
+class Emu3Session:
+    """One generation: 2 x batch rows (cond, then uncond) over one pre-allocated KV cache."""
+
+    def __init__(self, model: "Emu3Model", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
+        self._model = model
+        self._prefix = prefix
+        self._batch = prefix.shape[0] // 2
+        pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
+        self.cache = StaticKVBackbone(model.module.model.text_model, prefix_mask, pads,
+                                      prefix.shape[1] + model.num_tokens)
+
+    @torch.no_grad()
+    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cache.length:
+            raise RuntimeError("prefill() was already called for this session")
+        return self._logits(self.cache.forward(self._prefix)[:, -1:])
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.cache.length:
+            raise RuntimeError("call prefill() before forward()")
+        if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
+            raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
+        ids = tokens.to(self._prefix.device).repeat(2, 1)  # the same drafts for both branches
+        return self._logits(self.cache.forward(ids))
+
+    def rewind(self, n: Union[int, torch.Tensor]) -> None:
+        n = int(n)
+        fed = self.cache.length - self._prefix.shape[1]
+        if not 0 <= n <= fed:
+            raise ValueError(f"can rewind 0..{fed} image tokens, got {n}")
+        self.cache.rewind(n)
+
+    def _logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # only the image-code rows of lm_head (32768 of ~184k); a slice when the ids are contiguous
+        weight = self._model.module.lm_head.weight[self._model.code_rows]
+        logits = F.linear(hidden, weight)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return logits[: self._batch], logits[self._batch:]
+
+
+class Emu3Model:
+    """A loaded Emu3-Gen: TokenModel for the engine, plus encode/decode for prompts and pixels."""
+
+    family = "emu3"
+    default_cfg_scale = 3.0  # the authors' classifier_free_guidance
+    default_top_k = 2048
+    default_temperature = 1.0
+
+    def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer, code_ids: torch.Tensor) -> None:
+        self.module = module
+        self._tokenizer = tokenizer
+        self.code_ids = code_ids
+        self.vocab_size = code_ids.numel()
+        first = int(code_ids[0])
+        contiguous = torch.equal(code_ids, torch.arange(first, first + self.vocab_size))
+        self.code_rows: Union[slice, torch.Tensor] = slice(first, first + self.vocab_size) if contiguous else code_ids
+        self._code_of = torch.zeros(module.config.text_config.vocab_size, dtype=torch.long)
+        self._code_of[code_ids] = torch.arange(self.vocab_size)  # id -> code; non-code ids decode as code 0
+        self._bos = tokenizer.special_id("bos_token", BOS)
+        self._eos = tokenizer.special_id("eos_token", EOS)
+        self._image_start, self._image_wrapper, self._image_end, self._row_end, self._frame_end = (
+            tokenizer.token_id(t) for t in (IMAGE_START, IMAGE_WRAPPER, IMAGE_END, ROW_END, FRAME_END))
+        self.set_resolution(DEFAULT_RATIO, DEFAULT_AREA)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def set_resolution(self, ratio: str = DEFAULT_RATIO, image_area: int = DEFAULT_AREA) -> None:
+        """Image aspect ("W:H") and pixel area for the next encode/generate; 1:1 at 720 x 720 by default."""
+        rows, cols = grid_size(ratio, image_area)
+        self.size = (rows, cols)
+        self.grid = (rows, cols + 1)  # the row-end column included, so `above` lands on the same column
+        self.num_tokens = rows * (cols + 1) + 3
+        forced = {row * (cols + 1) + cols: self._row_end for row in range(rows)}
+        closing = (self._frame_end, self._image_end, self._eos)
+        forced.update({self.num_tokens - 3 + i: token for i, token in enumerate(closing)})
+        self.forced_tokens = forced
+        self.image_shape = (rows * DOWNSAMPLE, cols * DOWNSAMPLE)
+
+    def encode(self, prompt: str, negative_prompt: Optional[str] = None, *, quality_suffix: bool = True
+               ) -> Emu3Prompt:
+        """Prefix ids for the current resolution; None as negative prompt means the authors' negative prompt."""
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+        if negative_prompt is not None and not isinstance(negative_prompt, str):
+            raise ValueError(f"negative_prompt must be a string or None, got {type(negative_prompt).__name__}")
+        text = prompt.strip() + (QUALITY_SUFFIX if quality_suffix else "")
+        negative = NEGATIVE_PROMPT if negative_prompt is None else negative_prompt.strip()
+        return Emu3Prompt(cond=self._prefix_ids(text), uncond=self._prefix_ids(negative), size=self.size)
+
+    def _prefix_ids(self, text: str) -> tuple[int, ...]:
+        rows, cols = self.size
+        return (self._bos, *self._tokenizer.encode(text), self._image_start,
+                *self._tokenizer.encode(f"{rows}*{cols}"), self._image_wrapper)
+
+    def start(self, cond: Emu3Prompt, batch_size: int) -> Emu3Session:
+        if not isinstance(cond, Emu3Prompt):
+            raise ValueError(f"cond must come from Emu3Model.encode(), got {type(cond).__name__}")
+        if cond.size != self.size:
+            raise ValueError(f"cond was encoded for a {cond.size[0]}x{cond.size[1]} grid but the model is set to "
+                             f"{self.size[0]}x{self.size[1]}; encode again after set_resolution()")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        width = max(len(cond.cond), len(cond.uncond))
+        limit = self.module.config.text_config.max_position_embeddings
+        if width + self.num_tokens > limit:
+            raise ValueError(f"prompt ({width} tokens) plus image ({self.num_tokens}) exceed the model's "
+                             f"{limit} positions: use a shorter prompt or a smaller image_area")
+        rows, masks = [], []
+        for ids in (cond.cond, cond.uncond):
+            padding = width - len(ids)  # left padding, masked out
+            rows.append([self._bos] * padding + list(ids))
+            masks.append([0] * padding + [1] * len(ids))
+        device = self.device
+        prefix = torch.tensor(rows, device=device).repeat_interleave(batch_size, dim=0)
+        mask = torch.tensor(masks, device=device).repeat_interleave(batch_size, dim=0)
+        return Emu3Session(self, prefix, mask)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1 via Emu3's VQ decoder."""
+        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
+            raise ValueError(f"tokens must be (batch, {self.num_tokens}), got shape {tuple(tokens.shape)}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self._code_of.numel()):
+            raise ValueError(f"token ids must lie in 0..{self._code_of.numel() - 1}")
+        rows, cols = self.size
+        grid = tokens[:, : rows * (cols + 1)].reshape(-1, rows, cols + 1)[..., :cols]
+        codes = self._code_of[grid.cpu()].to(self.device)
+        images = self.module.model.vqmodel.decode(codes)
+        return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
+
+
+def _config_type(folder: Path) -> Optional[str]:
+    path = folder / "config.json"
+    return read_json(path).get("model_type") if path.is_file() else None
+
+
+def detect(folder: Path) -> bool:
+    """An Emu3 folder: config.json of model_type "emu3", or the original layout ("Emu3"), to explain it."""
+    try:
+        return str(_config_type(Path(folder))).lower() == MODEL_TYPE
+    except ModelLoadError:
+        return False
+
+
+def _check_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{folder} has no config.json; expected an Emu3-Gen folder in the transformers "
+                             f"format (config.json, *.safetensors, tokenizer.json): {HF_FORMAT_HINT}")
+    config = read_json(path)
+    model_type = config.get("model_type")
+    if (model_type != MODEL_TYPE and str(model_type).lower() == MODEL_TYPE) or "auto_map" in config:
+        raise ModelLoadError(f"{folder} holds the original BAAI/Emu3-Gen layout (custom code, no VQ decoder); "
+                             f"{HF_FORMAT_HINT}")
+    if model_type != MODEL_TYPE:
+        raise ModelLoadError(f"{path} has model_type {model_type!r}, not {MODEL_TYPE!r}: not an Emu3 folder")
+    return config
+
+
+def code_ids_from(config: dict, tokenizer: TextTokenizer, folder: Path) -> torch.Tensor:
+    """Ids of the visual tokens in code order, from config.json's vocabulary_map, checked against the tokenizer."""
+    vocabulary = config.get("vocabulary_map") or {}
+    codebook = int((config.get("vq_config") or {}).get("codebook_size", 32768))
+    try:
+        ids = [int(vocabulary[VISUAL_TOKEN.format(code)]) for code in range(codebook)]
+    except KeyError as err:
+        raise ModelLoadError(f"{folder / 'config.json'}: vocabulary_map lacks the visual token {err.args[0]} "
+                             f"of a {codebook}-code VQ; {HF_FORMAT_HINT}") from None
+    for code in (0, codebook - 1):
+        if tokenizer.token_id(VISUAL_TOKEN.format(code)) != ids[code]:
+            raise ModelLoadError(f"{folder}: tokenizer.json and config.json disagree on the id of "
+                                 f"{VISUAL_TOKEN.format(code)}; the folder mixes files of different models")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def load(folder: Path, device: torch.device, dtype: torch.dtype) -> Emu3Model:
+    """Load a transformers-format Emu3-Gen folder onto `device` in `dtype`."""
+    from transformers import Emu3ForConditionalGeneration
+
+    folder = Path(folder)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
+    config = _check_config(folder)
+    tokenizer = TextTokenizer(folder)
+    code_ids = code_ids_from(config, tokenizer, folder)
+    check_safetensors_weights(folder, HF_FORMAT_HINT)
+    module = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, "Emu3-Gen", HF_FORMAT_HINT)
+    return Emu3Model(module.to(device), tokenizer, code_ids)
