@@ -1,20 +1,33 @@
-"""The SCD Stats chart, drawn with PIL: tokens committed per model call (bars) and draft acceptance (line)."""
+"""The SCD Stats chart, drawn with PIL: tokens committed per model call (bars) and draft acceptance (line).
+
+Drawn for the ~250-300 px a node gives an image preview: a small canvas with large type, so the text
+stays readable when the frontend scales it down (about 0.6x at 280 px wide).
+"""
 
 from __future__ import annotations
 
 from PIL import Image, ImageDraw, ImageFont
 
-WIDTH, HEIGHT = 768, 384
-MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 48, 56, 36, 36
+WIDTH, HEIGHT = 480, 300
+TITLE_SIZE, LABEL_SIZE = 26, 20  # pixels; about 15 and 12 px on screen at a 280 px wide node
+MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 44, 60, 84, 34
 BAR_FILL = 0.8  # share of an iteration's slot its bar covers, so neighbouring bars stay apart
 BACKGROUND, AXIS, BAR, LINE, TEXT = "#1e1e1e", "#9a9a9a", "#4c9be8", "#f2a541", "#e6e6e6"
+
+
+def _font(size: int) -> ImageFont.ImageFont:
+    # Pillow >= 10.1 ships a scalable default font; older Pillow has only the small bitmap one
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:
+        return ImageFont.load_default()
 
 
 def committed_chart(committed: list[int], acceptance: list[float], title: str) -> Image.Image:
     """Bars: tokens committed per iteration (left axis); line: mean draft acceptance 0..1 (right axis)."""
     image = Image.new("RGB", (WIDTH, HEIGHT), BACKGROUND)
     draw = ImageDraw.Draw(image)
-    font = ImageFont.load_default()
+    title_font, label_font = _font(TITLE_SIZE), _font(LABEL_SIZE)
     left, top = MARGIN_LEFT, MARGIN_TOP
     right, bottom = WIDTH - MARGIN_RIGHT, HEIGHT - MARGIN_BOTTOM
     plot_w, plot_h = right - left, bottom - top
@@ -29,15 +42,20 @@ def committed_chart(committed: list[int], acceptance: list[float], title: str) -
     if len(acceptance) > 1:
         points = [(left + (i + 0.5) * step, bottom - plot_h * min(max(a, 0.0), 1.0))
                   for i, a in enumerate(acceptance)]
-        draw.line(points, fill=LINE, width=2)
+        draw.line(points, fill=LINE, width=3)
 
-    draw.line([(left, top), (left, bottom), (right, bottom), (right, top)], fill=AXIS)
-    draw.text((left - 6, top), str(peak), fill=BAR, font=font, anchor="ra")
-    draw.text((left - 6, bottom), "0", fill=BAR, font=font, anchor="rs")
-    draw.text((right + 6, top), "100%", fill=LINE, font=font, anchor="la")
-    draw.text((right + 6, bottom), "0%", fill=LINE, font=font, anchor="ls")
-    draw.text((left, bottom + 8), f"model call 1 .. {len(committed)}", fill=AXIS, font=font)
-    draw.text((left, 10), title, fill=TEXT, font=font)
-    draw.text((right, 10), "tokens/call", fill=BAR, font=font, anchor="ra")
-    draw.text((right, 22), "acceptance", fill=LINE, font=font, anchor="ra")
+    draw.line([(left, top), (left, bottom), (right, bottom), (right, top)], fill=AXIS, width=2)
+    draw.text((left - 6, top), str(peak), fill=BAR, font=label_font, anchor="ra")
+    draw.text((left - 6, bottom), "0", fill=BAR, font=label_font, anchor="rs")
+    draw.text((right + 6, top), "100%", fill=LINE, font=label_font, anchor="la")
+    draw.text((right + 6, bottom), "0%", fill=LINE, font=label_font, anchor="ls")
+    draw.text((left, bottom + 6), f"model call 1 .. {len(committed)}", fill=AXIS, font=label_font)
+
+    draw.text((12, 10), title, fill=TEXT, font=title_font)
+    legend_y = 48
+    draw.rectangle([12, legend_y + 3, 28, legend_y + 19], fill=BAR)
+    draw.text((34, legend_y), "tokens/call", fill=BAR, font=label_font)
+    line_x = 34 + draw.textlength("tokens/call", font=label_font) + 24
+    draw.line([(line_x, legend_y + 11), (line_x + 18, legend_y + 11)], fill=LINE, width=3)
+    draw.text((line_x + 24, legend_y), "acceptance", fill=LINE, font=label_font)
     return image

@@ -11,14 +11,21 @@ from .chart import committed_chart
 from .sockets import SamplingStats, SCDStats
 
 
+# ComfyUI's text preview renders Markdown, which joins plain newlines into one line; two trailing spaces
+# make a line break there and change nothing in plain text.
+LINE_BREAK = "  \n"
+
+
 def summary_text(stats: SamplingStats) -> str:
     result, config = stats.result, stats.config
     tokens = result.tokens.shape[1]  # autoregressive decoding needs one call per token
-    return (f"{stats.model_name}: {tokens} tokens x {stats.batch_size} in {result.nfe} model calls "
-            f"(autoregressive: {tokens}) - {tokens / result.nfe:.2f}x fewer calls\n"
-            f"coupler {config.coupler}, window {config.window}, draft init {config.draft_init or 'auto'}, seed {config.seed}\n"
-            f"wall {result.total_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "
-            f"sampling {result.sample_s:.2f} s")
+    return LINE_BREAK.join([
+        f"{stats.model_name}: {tokens} tokens x {stats.batch_size} in {result.nfe} model calls "
+        f"(autoregressive: {tokens}) - {tokens / result.nfe:.2f}x fewer calls",
+        f"coupler {config.coupler}, window {config.window}, draft init {config.draft_init or 'auto'}, "
+        f"seed {config.seed}",
+        f"wall {result.total_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "
+        f"sampling {result.sample_s:.2f} s"])
 
 
 class SCDStatsNode(io.ComfyNode):
@@ -37,7 +44,7 @@ class SCDStatsNode(io.ComfyNode):
     @classmethod
     def execute(cls, stats: SamplingStats) -> io.NodeOutput:
         result = stats.result
-        title = f"{result.nfe} calls for {result.tokens.shape[1]} tokens ({result.tokens_per_call:.2f} tokens/call)"
+        title = f"{result.nfe} calls for {result.tokens.shape[1]} tokens"  # short: it must fit at node size
         chart = committed_chart(result.committed, result.acceptance, title)
         pixels = torch.from_numpy(np.asarray(chart, dtype=np.float32) / 255.0).unsqueeze(0)
         return io.NodeOutput(pixels.to(mm.intermediate_device()), summary_text(stats))

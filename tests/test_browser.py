@@ -41,6 +41,15 @@ COUNT_BAR_PIXELS = """(canvas) => {
 }"""
 SAMPLER_CHARTS = """() => app.graph.nodes.filter((n) => n.type === "SCDSampler").map((n) => ({
     id: String(n.id), state: {...n.scdChart.canvas.dataset}}))"""
+# What each node needs: its widgets and slots (the frontend's computeSize) and room for the whole title
+# (the frontend truncates a title wider than the node less twice the title height).
+NODE_NEEDS = """() => app.graph.nodes.map((n) => {
+    const ctx = app.canvas.ctx;
+    ctx.font = n.titleFontStyle;
+    const title = n.getTitle() ?? n.type;
+    return {id: n.id, title, min: [...n.computeSize()],
+            titleWidth: ctx.measureText(title).width + 2 * LiteGraph.NODE_TITLE_HEIGHT};
+})"""
 
 
 def read_workflow(name: str) -> dict[str, Any]:
@@ -80,11 +89,15 @@ def page(browser: Browser, comfy_server: Any) -> Iterator[Page]:
     page = context.new_page()
     page_errors: list[str] = []
     page.on("pageerror", lambda error: page_errors.append(str(error)))
+    page.on("console", lambda message: page_errors.append(message.text)
+            if "already registered" in message.text and "scd" in message.text.lower() else None)
     # A first visit opens the template browser over the canvas; mark the tour as done for this server.
     requests.post(f"{comfy_server.url}/settings/Comfy.TutorialCompleted", json=True, timeout=10).raise_for_status()
     page.goto(comfy_server.url)
     page.wait_for_function(f"window.app?.graph && window.app.extensions.some((e) => e.name === {EXTENSION_NAME!r})",
                            timeout=60_000)
+    registered = page.evaluate(f"window.app.extensions.filter((e) => e.name === {EXTENSION_NAME!r}).length")
+    assert registered == 1, f"{EXTENSION_NAME} registered {registered} times"
     yield page
     context.close()
     assert not page_errors, f"uncaught errors in the page: {page_errors}"
@@ -159,6 +172,19 @@ def test_ui_workflows_load_in_the_frontend_as_their_api_twins(page: Page, comfy_
         assert comparable(prompt) == comparable(twin), f"{ui_file.name} differs from its API twin"
 
 
+def test_shipped_workflows_size_nodes_so_titles_and_widgets_show(page: Page) -> None:
+    """The sizes saved in the files, not the loaded ones: the frontend grows a node to its widgets on load,
+    but a title wider than the node is cut off ("SCD VQ De...")."""
+    for ui_file in ui_workflows():
+        saved = {node["id"]: node["size"] for node in read_workflow(ui_file.name)["nodes"]}
+        load_ui_workflow(page, ui_file.name)
+        for node in page.evaluate(NODE_NEEDS):
+            width, height = saved[node["id"]]
+            assert width >= node["titleWidth"], f"{ui_file.name}: title {node['title']!r} cut off at width {width}"
+            assert width >= node["min"][0] and height >= node["min"][1], \
+                f"{ui_file.name}: {node['title']!r} is {width}x{height}, its widgets need {node['min']}"
+
+
 def test_chart_routes_events_by_node_and_resets_on_a_new_run(page: Page) -> None:
     load_ui_workflow(page, "scd_demo_ar_vs_scd.json")
     first, second = page.evaluate(SAMPLER_CHARTS)
@@ -215,6 +241,10 @@ def test_demo_workflow_draws_live_acceptance_bars(page: Page) -> None:
     assert int(state["callsSaved"]) == total - nfe
     assert nfe < total, "window 32 on the demo model should commit more than one token per call"
     assert chart.evaluate(COUNT_BAR_PIXELS) > 50, "no bars on the chart"
+    # the Stats summary keeps its three lines in PreviewAny's Markdown display
+    breaks = page.evaluate("""() => app.graph.nodes.find((n) => n.type === "PreviewAny")
+        .widgets.find((w) => w.name === "preview").element.querySelectorAll("br").length""")
+    assert breaks == 2, f"the summary shows {breaks + 1} lines, not 3"
 
     ARTIFACTS.mkdir(exist_ok=True)
     chart.screenshot(path=ARTIFACTS / "browser_scd_chart.png")

@@ -261,8 +261,24 @@ def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any],
     assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0
 
     chart, summary = run_node(node_classes["SCDStats"], stats=stats)
-    assert chart.shape == (1, 384, 768, 3) and 0.0 <= float(chart.min()) <= float(chart.max()) <= 1.0
+    assert chart.shape == (1, 300, 480, 3) and 0.0 <= float(chart.min()) <= float(chart.max()) <= 1.0
     assert f"in {stats.result.nfe} model calls" in summary and "fewer calls" in summary
+    # three lines that stay lines in the frontend's Markdown text preview (a hard break ends each)
+    lines = summary.split("\n")
+    assert len(lines) == 3 and all(line.endswith("  ") for line in lines[:-1])
+
+
+def test_stats_chart_is_legible_at_node_size(pack: ModuleType) -> None:
+    import numpy as np
+
+    chart = sys.modules[f"{pack.__name__}.nodes.chart"]
+    image = np.asarray(chart.committed_chart([1, 4, 3, 6], [1.0, 0.5, 0.7, 0.9], "4 calls for 14 tokens"))
+    node_width = 280  # a node shows the preview scaled to its width
+    scale = node_width / image.shape[1]
+    title_rows = np.nonzero((image == (0xE6, 0xE6, 0xE6)).all(-1).any(1))[0]  # the title's text colour
+    assert len(title_rows) and (title_rows.max() - title_rows.min() + 1) * scale >= 10, "title too small"
+    label_rows = np.nonzero((image == (0x9A, 0x9A, 0x9A)).all(-1)[image.shape[0] * 9 // 10:].any(1))[0]
+    assert len(label_rows) and (label_rows.max() - label_rows.min() + 1) * scale >= 8, "axis label too small"
 
 
 def test_sampler_is_thin_over_generate(node_classes: dict[str, Any], janus: Any, fake_server: FakeServer,
