@@ -40,12 +40,12 @@ def _token_content(value: Any) -> Optional[str]:
 class TextTokenizer:
     """A tokenizer.json plus the special-token names from the folder's config files."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, filename: str = TOKENIZER_FILE) -> None:
         from tokenizers import Tokenizer
 
-        path = Path(folder) / TOKENIZER_FILE
+        path = Path(folder) / filename
         if not path.is_file():
-            raise ModelLoadError(f"{folder} has no {TOKENIZER_FILE}; download the complete model folder "
+            raise ModelLoadError(f"{folder} has no {filename}; download the complete model folder "
                                  "(the tokenizer files sit next to config.json)")
         try:
             self._tokenizer = Tokenizer.from_file(str(path))
@@ -63,6 +63,10 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` without any special tokens added."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def vocabulary(self) -> dict[str, int]:
+        """Every token string and its id, special tokens included."""
+        return self._tokenizer.get_vocab(with_added_tokens=True)
 
     def token_id(self, token: str) -> int:
         """The id of one token string; ModelLoadError if the vocabulary lacks it."""

@@ -1,0 +1,451 @@
+"""Lumina-mGPT (7B; 512/768/1024 px) and Lumina-mGPT 2.0, through transformers' Chameleon classes.
+
+Sequence layout at R px (R/32 = g grid cells of 32 px per side; d = 16 for
+Lumina-mGPT 1, 8 for 2.0, so rows = cols = R/d)::
+
+    BOS "Generate an image of RxR according to the following prompt:\\n{prompt}" <reserved08706>
+    <racm3:break> <reserved{8800+g}> <reserved{8800+g}>   |  rows x (cols codes, <reserved08799>)  <eoss>
+    ------------------------- prompt ------------------------   ------- generated: rows * (cols + 1) + 1 -------
+
+The row-end and end-of-image positions are forced; every other position samples
+among the image codes only (`code_ids`; only their lm_head rows are computed):
+Chameleon's `IMGIMG*` tokens (8192, ids 4..8195) for Lumina-mGPT 1, ids
+155000 + code (16384) for 2.0.  The special tokens are looked up by name: 2.0's
+tokenizer gives the same names other ids.  The unconditional context is only
+[begin-of-image, height, width] (positions from 0), as in the authors' CFG;
+the cond and uncond rows are left-padded to one length and batched.
+
+Weights: the published shards come from the authors' fork of an older
+transformers Chameleon, which stores each q/k-norm weight and bias with one row
+per model-parallel shard ([1, 128] for the 7B) where transformers keeps one row
+per head.  The shapes are read from the safetensors headers, the rows repeated
+over the heads of their shard, and every tensor must then match the model:
+nothing is re-initialised, nothing is skipped except what is listed in
+UNUSED_PREFIXES.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
+from ..tokenizer_files import TextTokenizer, read_json
+from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
+from .janus import cache_keyword
+from .movqgan import CHECKPOINT as MOVQGAN_CHECKPOINT, load_movqgan
+from .taming import VQDecoder
+
+MODEL_TYPE = "chameleon"
+BOI, EOI, ROW_END, END_OF_TURN, BOS = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<s>"
+PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
+GRID_CELL = 32  # pixels per height/width token
+IMAGE_TOKEN = re.compile(r"^IMGIMG([A-J]+)Z$")  # Chameleon's image tokens: the code index spelled with A=0 .. J=9
+MOVQ_CODE_OFFSET = 155000
+# Set aside on purpose: the image encoder (no published weights; generation never encodes
+# images) and rotary tables (recomputed from config.json).
+UNUSED_PREFIXES = ("model.vqmodel.",)
+UNUSED_SUFFIXES = ("rotary_emb.inv_freq",)
+HINT = ("a Lumina-mGPT folder is the Hugging Face repository (Alpha-VLLM/Lumina-mGPT-7B-768 or -512/-1024, "
+        "or Alpha-VLLM/Lumina-mGPT-2.0) plus its image tokenizer (Chameleon's vqgan.ckpt, or movqgan_270M.ckpt "
+        "for 2.0); see the README's 'Model folders' table")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What differs between Lumina-mGPT 1 and 2.0."""
+
+    family: str
+    vq_file: str
+    vq_places: tuple[str, ...]  # subfolders searched for the VQ checkpoint, the model folder first
+    downsample: int             # pixels per image token side
+    cfg_scale: float
+    top_k: int
+    default_resolution: Optional[int]
+
+
+LUMINA_1 = Variant("lumina-mgpt", VQGAN_CHECKPOINT, (".", "chameleon", "chameleon/tokenizer"), 16,
+                   cfg_scale=3.0, top_k=2000, default_resolution=None)  # CFG 3 as in the authors' code
+LUMINA_2 = Variant("lumina-mgpt-2", MOVQGAN_CHECKPOINT, (".", "movqgan", "movqgan/270M"), 8,
+                   cfg_scale=4.0, top_k=4096, default_resolution=768)  # the 2.0 README's settings
+# Chameleon's text tokenizer, for the 512 px repository that ships none.
+TOKENIZER_PLACES = ((".", "tokenizer.json"), (".", "text_tokenizer.json"), ("chameleon", "text_tokenizer.json"),
+                    ("chameleon/tokenizer", "text_tokenizer.json"))
+
+
+@dataclass(frozen=True)
+class LuminaPrompt:
+    """Token ids of the cond prefix (prompt + image header) and the uncond one (image header alone)."""
+
+    cond: tuple[int, ...]
+    uncond: tuple[int, ...]
+
+
+class LuminaSession:
+    """One generation: 2 x batch rows (cond, then uncond) sharing one DynamicCache."""
+
+    def __init__(self, model: "LuminaModel", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
+        from transformers import DynamicCache
+
+        self._model = model
+        self._prefix = prefix
+        self._prefix_mask = prefix_mask
+        self._pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
+        self._batch = prefix.shape[0] // 2
+        self._cache = DynamicCache()
+        self._cache_keyword = cache_keyword()
+        self._fed = 0  # positions in the cache, prefix included
+
+    @torch.no_grad()
+    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._fed:
+            raise RuntimeError("prefill() was already called for this session")
+        return self._run(self._prefix, last_only=True)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed (batch, T) token ids (codes, row-end, end-of-image) after the cached ones."""
+        if not self._fed:
+            raise RuntimeError("call prefill() before forward()")
+        if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
+            raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
+        if self._fed + tokens.shape[1] > self._prefix.shape[1] + self._model.num_tokens:
+            raise ValueError(f"feeding {tokens.shape[1]} tokens would pass the image's {self._model.num_tokens} "
+                             "positions")
+        return self._run(tokens.to(self._prefix.device).repeat(2, 1))  # the same drafts for both branches
+
+    def rewind(self, n: Union[int, torch.Tensor]) -> None:
+        n = int(n)
+        fed_images = self._fed - self._prefix.shape[1]
+        if not 0 <= n <= fed_images:
+            raise ValueError(f"can rewind 0..{fed_images} image tokens, got {n}")
+        if n > 0:  # crop(-n) drops n tokens in every supported transformers release
+            self._cache.crop(-n)
+            self._fed -= n
+
+    def _run(self, ids: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        length, device = ids.shape[1], ids.device
+        positions = (torch.arange(self._fed, self._fed + length, device=device).unsqueeze(0) - self._pads).clamp(min=0)
+        tail = torch.ones(ids.shape[0], self._fed + length - self._prefix.shape[1], dtype=self._prefix_mask.dtype,
+                          device=device)
+        mask = torch.cat([self._prefix_mask, tail], dim=1)
+        out = self._model.module["lm"].model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                             use_cache=True, **{self._cache_keyword: self._cache})
+        self._fed += length
+        hidden = out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
+        logits = F.linear(hidden, self._model.code_head())  # transformers' own head would mask the image rows
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return logits[: self._batch], logits[self._batch:]
+
+
+class LuminaModel:
+    """A loaded Lumina-mGPT: TokenModel for the engine, plus encode/decode for prompts and pixels."""
+
+    default_temperature = 1.0
+
+    def __init__(self, net: torch.nn.Module, vq: VQDecoder, tokenizer: TextTokenizer, code_ids: torch.Tensor,
+                 variant: Variant, resolution: int) -> None:
+        self.module = torch.nn.ModuleDict({"lm": net, "vq": vq}).eval()
+        self.family = variant.family
+        self.default_cfg_scale = variant.cfg_scale
+        self.default_top_k = variant.top_k
+        self._tokenizer = tokenizer
+        self.code_ids = code_ids
+        self.vocab_size = code_ids.numel()
+        first = int(code_ids[0])
+        contiguous = torch.equal(code_ids, torch.arange(first, first + self.vocab_size))
+        self._code_rows: Union[slice, torch.Tensor] = slice(first, first + self.vocab_size) if contiguous else code_ids
+        self._code_of = torch.full((net.config.vocab_size,), -1, dtype=torch.long)
+        self._code_of[code_ids] = torch.arange(self.vocab_size)  # token id -> code index, -1 for other ids
+        self._bos = tokenizer.special_id("bos_token", BOS)
+        self._end_of_turn, self._boi, self._eoi, self._row_end = (
+            tokenizer.token_id(t) for t in (END_OF_TURN, BOI, EOI, ROW_END))
+        cells = resolution // GRID_CELL
+        self._size_token = tokenizer.token_id(f"<reserved{8800 + cells:05d}>")
+        self.resolution = resolution
+        side = resolution // variant.downsample
+        self.size = (side, side)
+        self.grid = (side, side + 1)  # the row-end column included, so `above` lands on the same image column
+        self.num_tokens = side * (side + 1) + 1
+        forced = {row * (side + 1) + side: self._row_end for row in range(side)}
+        forced[self.num_tokens - 1] = self._eoi
+        self.forced_tokens = forced
+
+    @property
+    def device(self) -> torch.device:
+        return self.module["lm"].lm_head.weight.device
+
+    def code_head(self) -> torch.Tensor:
+        """The lm_head rows of the image codes, in code_ids order (a view when the ids are contiguous)."""
+        return self.module["lm"].lm_head.weight[self._code_rows]
+
+    def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> LuminaPrompt:
+        """Prefix ids; without a negative prompt the uncond context is the bare image header, as the authors run it."""
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+        if negative_prompt is not None and not isinstance(negative_prompt, str):
+            raise ValueError(f"negative_prompt must be a string or None, got {type(negative_prompt).__name__}")
+        header = (self._boi, self._size_token, self._size_token)
+        cond = self._prompt_ids(prompt) + header
+        uncond = header if negative_prompt is None or not negative_prompt.strip() else \
+            self._prompt_ids(negative_prompt) + header
+        return LuminaPrompt(cond=cond, uncond=uncond)
+
+    def _prompt_ids(self, text: str) -> tuple[int, ...]:
+        body = PROMPT_TEMPLATE.format(width=self.resolution, height=self.resolution, prompt=text.strip())
+        return (self._bos, *self._tokenizer.encode(body), self._end_of_turn)
+
+    def start(self, cond: LuminaPrompt, batch_size: int) -> LuminaSession:
+        if not isinstance(cond, LuminaPrompt):
+            raise ValueError(f"cond must come from LuminaModel.encode(), got {type(cond).__name__}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        width = max(len(cond.cond), len(cond.uncond))
+        limit = self.module["lm"].config.max_position_embeddings
+        if width + self.num_tokens > limit:
+            raise ValueError(f"prompt ({width} tokens) plus image ({self.num_tokens}) exceed the model's {limit} "
+                             "positions: use a shorter prompt")
+        rows, masks = [], []
+        for ids in (cond.cond, cond.uncond):
+            padding = width - len(ids)  # left padding, masked out
+            rows.append([self._bos] * padding + list(ids))
+            masks.append([0] * padding + [1] * len(ids))
+        device = self.device
+        prefix = torch.tensor(rows, device=device).repeat_interleave(batch_size, dim=0)
+        mask = torch.tensor(masks, device=device).repeat_interleave(batch_size, dim=0)
+        return LuminaSession(self, prefix, mask)
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1."""
+        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
+            raise ValueError(f"tokens must be (batch, {self.num_tokens}), got shape {tuple(tokens.shape)}")
+        rows, cols = self.size
+        grid = tokens.cpu().long()[:, : rows * (cols + 1)].reshape(-1, rows, cols + 1)[..., :cols]
+        if grid.numel() and (int(grid.min()) < 0 or int(grid.max()) >= self._code_of.numel()):
+            raise ValueError(f"token ids must lie in 0..{self._code_of.numel() - 1}")
+        codes = self._code_of[grid]
+        if codes.numel() and int(codes.min()) < 0:
+            raise ValueError("an image position holds a token that is not an image code")
+        vq = self.module["vq"]
+        images = vq.decode(codes.flatten(1).to(vq.post_quant_conv.weight.device), rows, cols)
+        return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
+
+
+# ----------------------------------------------------------------------------- folders
+
+def detect(folder: Path) -> bool:
+    """A Chameleon-architecture folder: config.json of model_type "chameleon"."""
+    try:
+        return read_json(Path(folder) / "config.json").get("model_type") == MODEL_TYPE
+    except ModelLoadError:
+        return False
+
+
+def _find(folder: Path, places: tuple[str, ...], name: str) -> Optional[Path]:
+    for place in places:
+        path = folder / place / name
+        if path.is_file():
+            return path
+    return None
+
+
+def _variant(folder: Path) -> tuple[Variant, Path]:
+    """Which Lumina-mGPT the folder holds, told by its image tokenizer, and that tokenizer's checkpoint."""
+    for variant in (LUMINA_2, LUMINA_1):
+        path = _find(folder, variant.vq_places, variant.vq_file)
+        if path is not None:
+            return variant, path
+    raise ModelLoadError(f"{folder} has no image tokenizer checkpoint: put Chameleon's {VQGAN_CHECKPOINT} (with "
+                         f"vqgan.yaml) in the folder or in chameleon/ for Lumina-mGPT 1, or {MOVQGAN_CHECKPOINT} in "
+                         "the folder or in movqgan/ for Lumina-mGPT 2.0")
+
+
+def _tokenizer(folder: Path, variant: Variant) -> TextTokenizer:
+    places = TOKENIZER_PLACES if variant is LUMINA_1 else TOKENIZER_PLACES[:1]
+    for place, name in places:
+        if (folder / place / name).is_file():
+            return TextTokenizer(folder / place, name)
+    wanted = "tokenizer.json (or Chameleon's text_tokenizer.json in the folder or in chameleon/)" \
+        if variant is LUMINA_1 else "tokenizer.json"
+    raise ModelLoadError(f"{folder} has no text tokenizer: expected {wanted}")
+
+
+def _resolution(folder: Path, variant: Variant) -> int:
+    """Pixels per side, from the folder name as the repositories spell it (…-512, …-768-Omni, …-1024)."""
+    numbers = [int(n) for n in re.findall(r"(?:^|[-_])(\d{2,4})(?=[-_]|$)", folder.name)]
+    sizes = [n for n in numbers if n % GRID_CELL == 0 and n >= GRID_CELL]
+    if sizes:
+        return sizes[-1]
+    if variant.default_resolution is not None:
+        return variant.default_resolution
+    raise ModelLoadError(f"cannot tell the resolution of {folder}: keep the repository's name, which ends in "
+                         "the resolution (Lumina-mGPT-7B-512, -768, -768-Omni or -1024)")
+
+
+def _code_ids(tokenizer: TextTokenizer, variant: Variant, codebook_size: int, vocab_size: int,
+              folder: Path) -> torch.Tensor:
+    """The token id of each image code, in code order."""
+    if variant is LUMINA_2:
+        ids = torch.arange(MOVQ_CODE_OFFSET, MOVQ_CODE_OFFSET + codebook_size)
+    else:
+        code_to_id: dict[int, int] = {}
+        for token, token_id in tokenizer.vocabulary().items():
+            match = IMAGE_TOKEN.match(token)
+            if match:
+                code_to_id[int(match.group(1).translate(str.maketrans("ABCDEFGHIJ", "0123456789")))] = token_id
+        if sorted(code_to_id) != list(range(codebook_size)):
+            raise ModelLoadError(f"{folder}: the tokenizer has {len(code_to_id)} image tokens (IMGIMG...) but the "
+                                 f"VQGAN has {codebook_size} codes; the tokenizer and vqgan.ckpt do not belong together")
+        ids = torch.tensor([code_to_id[code] for code in range(codebook_size)])
+    if int(ids.max()) >= vocab_size:
+        raise ModelLoadError(f"{folder}: image code ids reach {int(ids.max())} but config.json's vocabulary has "
+                             f"{vocab_size} entries; the image tokenizer does not belong to this model")
+    return ids
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Build modules with parameters on the meta device (no memory, no random init) but real buffers.
+
+    Buffers such as rotary tables are computed in the constructors and never stored
+    in checkpoints, so they must be real; every parameter is replaced by a
+    checkpoint tensor afterwards.
+    """
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module: torch.nn.Module, name: str, param: Optional[torch.nn.Parameter]) -> None:
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def _shard_files(folder: Path) -> list[Path]:
+    """The weight shards the index names (all *.safetensors without an index); pickles are never opened."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = [folder / name for name in sorted(set(read_json(index).get("weight_map", {}).values()))]
+        missing = [path.name for path in shards if not path.is_file()]
+        if missing:
+            raise ModelLoadError(f"{folder} lacks weight shards {', '.join(missing)}; download them again")
+    else:
+        shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES and p.name != VQGAN_CHECKPOINT
+                         and p.name != MOVQGAN_CHECKPOINT)
+        found = f"only pickled weights ({', '.join(pickles)}), which are not loaded for safety" if pickles \
+            else "no *.safetensors weights"
+        raise ModelLoadError(f"{folder} has {found}; {HINT}")
+    return shards
+
+
+def _checkpoint_plan(folder: Path, expected: dict[str, torch.Size], heads: dict[str, int]
+                     ) -> dict[str, tuple[Path, int]]:
+    """From the safetensors headers: each expected tensor's file and how often to repeat its rows.
+
+    `heads` maps q/k-norm keys to the heads they cover: their stored rows (one per
+    model-parallel shard) are repeated over the heads of each shard.
+    """
+    from safetensors import safe_open
+
+    plan: dict[str, tuple[Path, int]] = {}
+    unexpected: list[str] = []
+    for path in _shard_files(folder):
+        try:
+            handle = safe_open(str(path), framework="pt")
+        except Exception as err:  # SafetensorError for truncated or corrupt headers
+            raise ModelLoadError(f"{path} is not a readable safetensors file ({err}); it may be truncated: "
+                                 "download it again") from err
+        with handle:
+            for key in handle.keys():
+                if key.startswith(UNUSED_PREFIXES) or key.endswith(UNUSED_SUFFIXES):
+                    continue
+                if key not in expected:
+                    unexpected.append(key)
+                    continue
+                shape, want = tuple(handle.get_slice(key).get_shape()), tuple(expected[key])
+                repeat = 1
+                if key in heads and len(shape) == 2 and shape[1:] == want[1:] and shape[0] and \
+                        heads[key] % shape[0] == 0:
+                    repeat = heads[key] // shape[0]
+                if (shape[0] * repeat, *shape[1:]) != want:
+                    raise ModelLoadError(f"{path}: {key} has shape {list(shape)} where config.json implies "
+                                         f"{list(want)}; the folder may mix files of different models")
+                plan[key] = (path, repeat)
+    missing = sorted(set(expected) - set(plan))
+    if missing or unexpected:
+        raise ModelLoadError(f"{folder}: the weights do not match config.json (missing {missing[:4]}, unexpected "
+                             f"{sorted(unexpected)[:4]}); {HINT}")
+    return plan
+
+
+def _read_network(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """ChameleonForConditionalGeneration with every weight from the shards, q/k norms expanded to one row per head."""
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    config = ChameleonConfig.from_pretrained(str(folder))
+    if config.vocabulary_map is None:  # only used to encode input images, which generation never does
+        config.vocabulary_map = {}
+    config._attn_implementation = "sdpa"
+    with _parameters_on_meta():
+        net = ChameleonForConditionalGeneration(config)
+    del net.model.vqmodel  # the image encoder: no published weights, never called here (see UNUSED_PREFIXES)
+    expected = {key: value.shape for key, value in net.state_dict().items()}
+    heads = {}
+    for key in expected:
+        if ".self_attn.q_norm." in key:
+            heads[key] = config.num_attention_heads
+        elif ".self_attn.k_norm." in key:
+            heads[key] = config.num_key_value_heads
+    plan = _checkpoint_plan(folder, expected, heads)
+    state: dict[str, torch.Tensor] = {}
+    for path in sorted({path for path, _ in plan.values()}):
+        for key, tensor in read_safetensors(path).items():
+            if key in plan:
+                state[key] = tensor.repeat_interleave(plan[key][1], dim=0).to(dtype)
+    net.load_state_dict(state, strict=True, assign=True)
+    return net.eval().requires_grad_(False)
+
+
+def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LuminaModel:
+    """Load a Lumina-mGPT 1 or 2.0 folder onto `device` in `dtype`."""
+    folder = Path(folder)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
+    config = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    if config.get("model_type") != MODEL_TYPE:
+        raise ModelLoadError(f"{folder / 'config.json'} is missing or not of model_type {MODEL_TYPE!r}; {HINT}")
+    variant, vq_path = _variant(folder)
+    tokenizer = _tokenizer(folder, variant)
+    resolution = _resolution(folder, variant)
+    vq = load_chameleon_vqgan(vq_path) if variant is LUMINA_1 else load_movqgan(vq_path)
+    code_ids = _code_ids(tokenizer, variant, vq.spec.codebook_size, int(config.get("vocab_size", 0)), folder)
+    failure: Optional[str] = None
+    try:
+        model = LuminaModel(_read_network(folder, dtype), vq.to(dtype), tokenizer, code_ids, variant, resolution)
+        model.module.to(device)
+    except ModelLoadError as err:
+        failure = str(err)
+    except Exception as err:  # transformers raises many types for bad configs
+        failure = f"{folder} could not be loaded as Lumina-mGPT ({type(err).__name__}: {err}); {HINT}"
+    if failure is not None:
+        # Raised outside the except block, so no traceback keeps the half-built model alive.
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise ModelLoadError(failure)
+    return model
+

@@ -1,0 +1,307 @@
+"""Lumina-mGPT 1 and 2.0 on tiny random checkpoints written in the real on-disk layouts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from lumina_fixture import (BOI, CODES_1, CODES_2, END_OF_TURN, EOI, HEAD_DIM, HEADS, MOVQ_OFFSET, NUM_TOKENS,
+                            RESOLUTION_1, RESOLUTION_2, ROW_END, SHARDS, SIDE, SPECIAL_IDS_1, SPECIAL_IDS_2,
+                            fork_config, tiny_lumina2_dir, tiny_lumina_dir, write_tiny_lumina)  # noqa: F401
+
+from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
+from scd_core.models import lumina
+from scd_core.tokenizer_files import TextTokenizer
+
+PROMPT = "a red cube on a wooden table"
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def model32(tiny_lumina_dir: Path) -> lumina.LuminaModel:
+    return load_model(tiny_lumina_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def model64(tiny_lumina_dir: Path) -> lumina.LuminaModel:
+    return load_model(tiny_lumina_dir, device="cpu", dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def model2(tiny_lumina2_dir: Path) -> lumina.LuminaModel:
+    return load_model(tiny_lumina2_dir, device="cpu", dtype="float32")
+
+
+def forced_layout(row_end: int, end_of_image: int) -> dict[int, int]:
+    forced = {row * (SIDE + 1) + SIDE: row_end for row in range(SIDE)}
+    forced[NUM_TOKENS - 1] = end_of_image
+    return forced
+
+
+def test_lumina1_describes_itself(model32: lumina.LuminaModel) -> None:
+    assert isinstance(model32, TokenModel) and isinstance(model32.module, torch.nn.Module)
+    assert model32.family == "lumina-mgpt" and model32.resolution == RESOLUTION_1
+    assert (model32.grid, model32.num_tokens, model32.vocab_size) == ((SIDE, SIDE + 1), NUM_TOKENS, CODES_1)
+    assert torch.equal(model32.code_ids, torch.arange(4, 4 + CODES_1))  # Chameleon's IMGIMG ids, in code order
+    assert model32.forced_tokens == forced_layout(SPECIAL_IDS_1[ROW_END], SPECIAL_IDS_1[EOI])
+    assert (model32.default_cfg_scale, model32.default_top_k, model32.default_temperature) == (3.0, 2000, 1.0)
+    assert model32.device == CPU and all(p.dtype == torch.float32 for p in model32.module.parameters())
+    assert not model32.module.training  # the fork's config carries dropout 0.05
+
+
+def test_lumina2_describes_itself(model2: lumina.LuminaModel) -> None:
+    assert model2.family == "lumina-mgpt-2" and model2.resolution == RESOLUTION_2
+    assert (model2.grid, model2.num_tokens, model2.vocab_size) == ((SIDE, SIDE + 1), NUM_TOKENS, CODES_2)
+    assert torch.equal(model2.code_ids, torch.arange(MOVQ_OFFSET, MOVQ_OFFSET + CODES_2))
+    assert model2.forced_tokens == forced_layout(SPECIAL_IDS_2[ROW_END], SPECIAL_IDS_2[EOI])
+    assert (model2.default_cfg_scale, model2.default_top_k) == (4.0, 4096)
+
+
+@pytest.mark.parametrize("which", ["1", "2"])
+def test_prompt_layout_follows_the_authors(which: str, model32: lumina.LuminaModel, model2: lumina.LuminaModel,
+                                           tiny_lumina_dir: Path, tiny_lumina2_dir: Path) -> None:
+    model, folder, ids, size = ((model32, tiny_lumina_dir, SPECIAL_IDS_1, RESOLUTION_1) if which == "1" else
+                                (model2, tiny_lumina2_dir, SPECIAL_IDS_2, RESOLUTION_2))
+    text = TextTokenizer(folder).encode(f"Generate an image of {size}x{size} according to the following prompt:\n"
+                                        f"{PROMPT}")
+    size_token = ids[f"<reserved{8800 + size // 32:05d}>"]  # height and width, in 32 px cells
+    header = [ids[BOI], size_token, size_token]
+    prompt = model.encode(PROMPT)
+    assert list(prompt.cond) == [ids["<s>"], *text, ids[END_OF_TURN], *header]
+    assert list(prompt.uncond) == header  # the authors' unconditional context: the image header alone
+    assert model.encode(PROMPT, negative_prompt="  ") == prompt
+    negative = model.encode(PROMPT, negative_prompt="blurry")
+    assert negative.uncond[-3:] == tuple(header) and len(negative.uncond) > 3
+
+
+def test_qk_norm_rows_are_repeated_over_the_heads_of_their_shard(model32: lumina.LuminaModel,
+                                                                  tiny_lumina_dir: Path) -> None:
+    from safetensors import safe_open
+
+    key = "model.layers.0.self_attn.q_norm.weight"
+    with safe_open(str(tiny_lumina_dir / "model-00001-of-00002.safetensors"), framework="pt") as handle:
+        stored = handle.get_tensor(key)
+    assert stored.shape == (SHARDS, HEAD_DIM)  # the fork's layout: one row per model-parallel shard
+    loaded = model32.module["lm"].state_dict()[key]
+    assert loaded.shape == (HEADS, HEAD_DIM)
+    per_shard = HEADS // SHARDS
+    for head in range(HEADS):
+        assert torch.equal(loaded[head], stored[head // per_shard])
+
+
+def reference_logits(folder: Path, model: lumina.LuminaModel, ids: list[int]) -> torch.Tensor:
+    """Plain transformers forward of one unpadded sequence, code rows of lm_head, in float64."""
+    from safetensors.torch import load_file
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    config = ChameleonConfig.from_pretrained(str(folder))
+    reference = ChameleonForConditionalGeneration(config).double().eval()
+    state = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        for key, value in load_file(str(shard)).items():
+            if "_norm." in key and "self_attn" in key:
+                value = value.repeat_interleave(HEADS // value.shape[0], dim=0)
+            state[key] = value.double()
+    missing, unexpected = reference.load_state_dict(state, strict=False)
+    assert not unexpected and all(key.startswith("model.vqmodel.") for key in missing)
+    with torch.no_grad():
+        hidden = reference.model(input_ids=torch.tensor([ids])).last_hidden_state
+    return hidden @ reference.lm_head.weight[model.code_ids].T
+
+
+def test_session_equals_plain_forward_of_each_branch(model64: lumina.LuminaModel, tiny_lumina_dir: Path) -> None:
+    """Left padding, position ids, the shared cache and the code rows change nothing in either branch."""
+    prompt = model64.encode(PROMPT)
+    tokens = [int(model64.code_ids[i]) for i in (5, 900, 17, 4000)] + [model64.forced_tokens[SIDE], 4 + 77]
+    session = model64.start(prompt, batch_size=1)
+    first = session.prefill()
+    window = session.forward(torch.tensor([tokens]))
+    for branch, prefix in ((0, prompt.cond), (1, prompt.uncond)):
+        expected = reference_logits(tiny_lumina_dir, model64, list(prefix) + tokens)[:, len(prefix) - 1:]
+        got = torch.cat([first[branch], window[branch]], dim=1)
+        assert torch.allclose(got, expected, atol=1e-9, rtol=1e-9), (got - expected).abs().max()
+
+
+def window_and_stepwise_logits(model: lumina.LuminaModel) -> tuple:
+    codes = torch.randint(0, model.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    tokens = model.code_ids[codes]
+    tokens[:, SIDE] = model.forced_tokens[SIDE]  # a row-end inside the window, as the engine feeds it
+    session = model.start(model.encode(PROMPT), batch_size=2)
+    session.prefill()
+    window = session.forward(tokens)
+    session.rewind(8)
+    steps = [session.forward(tokens[:, i:i + 1]) for i in range(8)]
+    stepwise = tuple(torch.cat([step[branch] for step in steps], dim=1) for branch in (0, 1))
+    return window, stepwise
+
+
+def test_window_forward_equals_token_by_token(model32: lumina.LuminaModel, model64: lumina.LuminaModel) -> None:
+    for model, tolerance in ((model32, 1e-4), (model64, 1e-10)):
+        window, stepwise = window_and_stepwise_logits(model)
+        for branch in (0, 1):
+            assert window[branch].shape == (2, 8, CODES_1) and window[branch].dtype == model.module["lm"].dtype
+            assert torch.allclose(window[branch], stepwise[branch], atol=tolerance, rtol=0)
+
+
+def test_faithful_window_gives_the_autoregressive_tokens(model64: lumina.LuminaModel) -> None:
+    prompt = model64.encode(PROMPT)
+    ar = generate(model64, prompt, SamplerConfig(coupler="faithful", window=1, seed=5), batch_size=2)
+    for window in (3, 8):
+        result = generate(model64, prompt, SamplerConfig(coupler="faithful", window=window, seed=5), batch_size=2)
+        assert torch.equal(result.tokens, ar.tokens)
+        assert result.nfe < ar.nfe
+
+
+def test_cfg_branches_differ_and_scale_matters(model32: lumina.LuminaModel) -> None:
+    session = model32.start(model32.encode(PROMPT), batch_size=1)
+    cond, uncond = session.prefill()
+    assert (cond - uncond).abs().max() > 0.1
+    prompt = model32.encode(PROMPT)
+    plain = generate(model32, prompt, SamplerConfig(coupler="faithful", window=4, seed=1, cfg_scale=1.0))
+    guided = generate(model32, prompt, SamplerConfig(coupler="faithful", window=4, seed=1, cfg_scale=3.0))
+    assert not torch.equal(plain.tokens, guided.tokens)
+
+
+@pytest.mark.parametrize("which", ["1", "2"])
+@pytest.mark.parametrize("coupler", COUPLERS)
+def test_generate_places_forced_tokens_and_decodes(which: str, coupler: str, model32: lumina.LuminaModel,
+                                                   model2: lumina.LuminaModel) -> None:
+    model, pixels = (model32, RESOLUTION_1) if which == "1" else (model2, RESOLUTION_2)
+    result = generate(model, model.encode(PROMPT), SamplerConfig(coupler=coupler, window=6, seed=2), batch_size=2)
+    assert result.tokens.shape == (2, NUM_TOKENS) and sum(result.committed) == NUM_TOKENS
+    for position in range(NUM_TOKENS):
+        column = result.tokens[:, position]
+        if position in model.forced_tokens:
+            assert (column == model.forced_tokens[position]).all()
+        else:
+            assert torch.isin(column, model.code_ids).all()
+    images = model.decode(result.tokens)
+    assert images.shape == (2, pixels, pixels, 3) and images.dtype == torch.float32 and images.device == CPU
+    assert 0 <= float(images.min()) and float(images.max()) <= 1 and float(images.std()) > 0
+
+
+def test_decode_rejects_tokens_that_are_not_codes(model32: lumina.LuminaModel) -> None:
+    tokens = torch.tensor([[int(model32.code_ids[0])] * NUM_TOKENS])
+    model32.decode(tokens)  # row-end and end-of-image columns are not read
+    tokens[0, 0] = SPECIAL_IDS_1[BOI]
+    with pytest.raises(ValueError, match="not an image code"):
+        model32.decode(tokens)
+    with pytest.raises(ValueError, match="tokens must be"):
+        model32.decode(tokens[:, :5])
+
+
+def test_512_layout_with_chameleon_subfolder(tiny_lumina_dir: Path, model32: lumina.LuminaModel,
+                                             tmp_path: Path) -> None:
+    """Lumina-mGPT-7B-512 ships no tokenizer: Chameleon's text_tokenizer.json and VQGAN sit in chameleon/."""
+    folder = tmp_path / "Lumina-mGPT-7B-64"
+    shutil.copytree(tiny_lumina_dir, folder)
+    chameleon = folder / "chameleon"
+    chameleon.mkdir()
+    (folder / "tokenizer.json").rename(chameleon / "text_tokenizer.json")
+    (folder / "tokenizer_config.json").unlink()
+    for name in ("vqgan.ckpt", "vqgan.yaml"):
+        (folder / name).rename(chameleon / name)
+    model = load_model(folder, device="cpu", dtype="float32")
+    assert model.encode(PROMPT) == model32.encode(PROMPT)
+
+
+def broken_copy(source: Path, tmp_path: Path, name: str | None = None) -> Path:
+    folder = tmp_path / (name or source.name)
+    shutil.copytree(source, folder)
+    return folder
+
+
+def test_missing_vq_checkpoint(tiny_lumina_dir: Path, tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina_dir, tmp_path)
+    (folder / "vqgan.ckpt").unlink()
+    with pytest.raises(ModelLoadError, match="vqgan.ckpt.*movqgan_270M.ckpt"):
+        load_model(folder, device="cpu")
+
+
+@pytest.mark.parametrize("which", ["1", "2"])
+def test_vq_checkpoint_with_wrong_keys(which: str, tiny_lumina_dir: Path, tiny_lumina2_dir: Path,
+                                       tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina_dir if which == "1" else tiny_lumina2_dir, tmp_path)
+    name = "vqgan.ckpt" if which == "1" else "movqgan_270M.ckpt"
+    data = torch.load(str(folder / name), weights_only=True)
+    state = data["state_dict"] if which == "1" else data
+    state["decoder.mid.attn_1.proj.weight"] = state.pop("decoder.mid.attn_1.proj_out.weight")
+    torch.save(data, str(folder / name))
+    with pytest.raises(ModelLoadError, match=rf"{name}.*proj_out.weight"):
+        load_model(folder, device="cpu")
+
+
+def test_vq_checkpoint_with_pickled_code_is_refused(tiny_lumina_dir: Path, tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina_dir, tmp_path)
+    torch.save({"state_dict": {"x": torch.zeros(1)}, "hook": print}, str(folder / "vqgan.ckpt"))
+    with pytest.raises(ModelLoadError, match="vqgan.ckpt.*refused"):
+        load_model(folder, device="cpu")
+
+
+def test_missing_tokenizer(tiny_lumina_dir: Path, tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina_dir, tmp_path)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match="tokenizer.json.*text_tokenizer.json"):
+        load_model(folder, device="cpu")
+
+
+def test_truncated_shard(tiny_lumina_dir: Path, tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina_dir, tmp_path)
+    shard = folder / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match="model-00002-of-00002.safetensors.*truncated"):
+        load_model(folder, device="cpu")
+
+
+def test_missing_shard(tiny_lumina_dir: Path, tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina_dir, tmp_path)
+    (folder / "model-00001-of-00002.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="lacks weight shards model-00001-of-00002.safetensors"):
+        load_model(folder, device="cpu")
+
+
+def test_weights_that_do_not_fit_config(tiny_lumina_dir: Path, tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina_dir, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_attention_heads"] = 8  # q/k-norm rows no longer divide into the heads, projections still fit
+    config["num_key_value_heads"] = 8
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"self_attn\.[qk]_norm\.(weight|bias) has shape \[2, 8\]"):
+        load_model(folder, device="cpu")
+    config = fork_config(8500)  # the code ids still fit, the embedding table does not
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="embed_tokens.weight has shape"):
+        load_model(folder, device="cpu")
+
+
+def test_resolution_must_come_from_the_folder_name(tiny_lumina_dir: Path, tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina_dir, tmp_path, "my-lumina")
+    with pytest.raises(ModelLoadError, match="resolution of .*my-lumina"):
+        load_model(folder, device="cpu")
+
+
+def test_bad_arguments(model32: lumina.LuminaModel, model2: lumina.LuminaModel) -> None:
+    with pytest.raises(ValueError, match="prompt must be a string"):
+        model32.encode(7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="LuminaModel.encode"):
+        model32.start("text", 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_size"):
+        model32.start(model32.encode(PROMPT), 0)
+    session = model32.start(model32.encode(PROMPT), 1)
+    with pytest.raises(RuntimeError, match="prefill"):
+        session.forward(torch.tensor([[4]]))
+    session.prefill()
+    with pytest.raises(ValueError, match="rewind"):
+        session.rewind(1)
+
+
+def test_shape_benchmark_lumina_one_layer() -> None:
+    from scd_core.bench_models import shape_benchmark
+
+    rows = shape_benchmark("lumina-7b", windows=(2, 1), device="cpu", layers=1, prefix=8, repeats=1)
+    assert [row["window"] for row in rows] == [1, 2]
+    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] > 0
+    assert rows[0]["layers"] == 1 and rows[0]["full_layers"] == 32
