@@ -73,7 +73,7 @@ def test_context_conditions_the_logits(folders):
     assert (nine - one).abs().max() > 1e-3 and (nine - other).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("draft_init", [None, "previous_frame", "above"])
+@pytest.mark.parametrize("draft_init", ["previous_frame", "above"])
 def test_faithful_window_reproduces_autoregressive_tokens(folders, draft_init):
     model = load_model(folders["4B"], "cpu", torch.float64)
     cond = _context(model)
@@ -104,7 +104,7 @@ def test_generate_and_decode(folders):
     model = load_model(folders["4B"], "cpu", torch.float32)
     cond = _context(model)
     result = generate(model, cond, SamplerConfig(coupler="maximal", window=8), batch_size=3)
-    assert result.tokens.shape == (3, NUM_TOKENS) and sum(result.committed) == NUM_TOKENS
+    assert result.tokens.shape == (3, NUM_TOKENS) and result.nfe < NUM_TOKENS
     continuation = model.decode(result.tokens)  # 2 generated latent frames -> 1 + 8 frames per row
     assert continuation.shape == (3 * 9, *FRAME_SIZE, 3) and continuation.dtype == torch.float32
     clip = model.decode(result.tokens, cond)  # context (2 latent frames) in front -> 1 + 3 * 8 frames per row

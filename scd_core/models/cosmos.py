@@ -44,7 +44,8 @@ import torch.nn.functional as F
 
 from ..checkpoints import ModelLoadError, read_torch_checkpoint
 from ..tokenizer_files import read_json
-from .llamagen import FeedForward, KVCache, RMSNorm, T5Captioner, _find_t5
+from ..row_cache import RowCache
+from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
 WEIGHTS = "model.pt"
 ENCODER, DECODER = "encoder.jit", "decoder.jit"
@@ -179,11 +180,11 @@ def rope_table_3d(cfg: CosmosConfig) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """x (B, T, heads, D) rotated rotate-half style by angles (T, D); computed in float32."""
+    """x (B, T, heads, D) rotated rotate-half style by angles (B or 1, T, D); computed in float32."""
     xf = x.float()
     first, second = xf.chunk(2, dim=-1)
     rotated = torch.cat([-second, first], dim=-1)
-    cos, sin = angles.cos()[None, :, None], angles.sin()[None, :, None]
+    cos, sin = angles.cos()[:, :, None], angles.sin()[:, :, None]
     return (xf * cos + rotated * sin).type_as(x)
 
 
@@ -251,10 +252,10 @@ class TransformerBlock(nn.Module):
             self.cross_attention = Attention(cfg, cfg.context_dim)
             self.cross_attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
-    def forward(self, x: torch.Tensor, angles: torch.Tensor, mask: torch.Tensor, cache: KVCache, layer: int,
-                start: int, text_kv: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, angles: torch.Tensor, mask: torch.Tensor, cache: RowCache, layer: int,
+                text_kv: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         normed = self.attention_norm(x)
-        k, v = cache.write(layer, start, *self.attention.keys_values(normed, angles))
+        k, v = cache.write(layer, *self.attention.keys_values(normed, angles))
         h = x + self.attention.attend(normed, k, v, angles, mask)
         if text_kv is not None:
             h = h + self.cross_attention.attend(self.cross_attention_norm(h), *text_kv, None, None)
@@ -277,20 +278,18 @@ class CosmosTransformer(nn.Module):
         """Cross-attention keys/values of the T5 features (B, S, context_dim), once per generation."""
         return [layer.cross_attention.keys_values(text.to(self.output.weight.dtype), None) for layer in self.layers]
 
-    def forward(self, tokens: torch.Tensor, start: int, cache: KVCache,
+    def forward(self, tokens: torch.Tensor, cache: RowCache,
                 text_kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None) -> torch.Tensor:
-        """Codes (B, T) at sequence positions start..start+T -> float32 logits (B, T, vocab)."""
-        t = tokens.shape[1]
-        if start + t > self.rope.shape[0]:
-            raise ValueError(f"sequence position {start + t} beyond the {self.rope.shape[0]} this model covers")
-        angles = self.rope[start:start + t]
-        query = torch.arange(start, start + t, device=tokens.device)[:, None]
-        mask = (torch.arange(start + t, device=tokens.device)[None, :] <= query)[None, None]
+        """Codes (B, T) after each row's cached positions -> float32 logits (B, T, vocab)."""
+        positions, visible = cache.begin(tokens.shape[1])
+        # positions past the last (a finished row's window) only give logits that are never used
+        positions = positions.clamp(max=self.rope.shape[0] - 1)
+        angles = self.rope[positions]
         h = self.tok_embeddings(tokens)
         for i, layer in enumerate(self.layers):
             if self.config.abs_pos_emb:
-                h = h + self.pos_emb[start:start + t].to(h.dtype)
-            h = layer(h, angles, mask, cache, i, start, None if text_kv is None else text_kv[i])
+                h = h + self.pos_emb[positions].to(h.dtype)
+            h = layer(h, angles, visible[:, None], cache, i, None if text_kv is None else text_kv[i])
         return self.output(self.norm(h)).float()
 
 
@@ -398,7 +397,9 @@ class CosmosT5(T5Captioner):
 # ----------------------------------------------------------------------------- adapter
 
 class CosmosSession:
-    """One generation: batch rows share the context; no CFG branch."""
+    """One generation: batch rows share the context, each advances at its own pace; no CFG branch."""
+
+    rows_per_cache = 1
 
     def __init__(self, model: "CosmosModel", cond: VideoContext, batch_size: int):
         if not isinstance(cond, VideoContext):
@@ -412,9 +413,10 @@ class CosmosSession:
         self.context = cond.codes.to(self.device).expand(batch_size, -1)
         self.prefix = self.context.shape[1]
         self.prefix_tokens = cond.codes  # the context frames: the engine copies previous-frame drafts from them
-        self.cache = KVCache(cfg.n_layers, batch_size, cfg.n_kv_heads, self.prefix + model.num_tokens, cfg.head_dim,
-                             self.device, net.output.weight.dtype)
-        self.fed = 0
+        if self.prefix + model.num_tokens > net.rope.shape[0]:
+            raise ValueError(f"a context of {self.prefix // cfg.frame_tokens} latent frames leaves no room for "
+                             f"{model.num_tokens} generated tokens in the model's {cfg.latent_shape} positions")
+        self.cache = RowCache(batch_size, self.prefix + model.num_tokens, self.prefix, self.device)
         self.text_kv = None
         if cfg.cross_attention:
             if cond.text is None:
@@ -424,30 +426,26 @@ class CosmosSession:
 
     def _run(self, tokens: torch.Tensor) -> tuple[torch.Tensor, None]:
         with torch.no_grad():
-            logits = self.net(tokens, self.fed, self.cache, self.text_kv)
-        self.fed += tokens.shape[1]
+            logits = self.net(tokens, self.cache, self.text_kv)
         return logits, None
 
     def prefill(self) -> tuple[torch.Tensor, None]:
-        if self.fed:
+        if self.cache.longest:
             raise ValueError("prefill() was already called for this session")
         logits, _ = self._run(self.context)
         return logits[:, -1:], None
 
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, None]:
-        if not self.fed:
+        """Feed (batch, T) codes, each row after its own cached tokens."""
+        if not self.cache.longest:
             raise ValueError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self.batch:
             raise ValueError(f"expected codes of shape ({self.batch}, T), got {tuple(tokens.shape)}")
-        if self.fed + tokens.shape[1] > self.cache.max_len:
-            raise ValueError(f"feeding {tokens.shape[1]} tokens would pass the video's {self.cache.max_len} positions")
         return self._run(tokens.to(self.device))
 
     def rewind(self, n: int | torch.Tensor) -> None:
-        n = int(n)
-        if not 0 <= n <= self.fed - self.prefix:
-            raise ValueError(f"cannot rewind {n} tokens; {self.fed - self.prefix} generated tokens are cached")
-        self.fed -= n
+        """Drop the last n codes of every row (an int) or of each row (a (batch,) tensor)."""
+        self.cache.rewind(n)
 
 
 class CosmosModel:
@@ -458,6 +456,7 @@ class CosmosModel:
     default_top_k = None
     default_temperature = 1.0
     default_draft_init = "previous_frame"
+    decodes_context = True  # decode(tokens, cond) puts the context frames in front
 
     def __init__(self, net: CosmosTransformer, encoder: nn.Module, decoder: nn.Module, size: str,
                  t5: Optional[CosmosT5] = None):
