@@ -3,6 +3,7 @@
     python -m scd_core.bench                 # synthetic grid model, three entropy levels
     python -m scd_core.bench --model demo    # any folder load_model accepts (NFE + latency split)
     python -m scd_core.bench --shape 1B      # cost of one window forward vs window size, Janus-Pro-1B shape
+    python -m scd_core.bench --video         # synthetic video model: previous-frame drafts vs random / above
     ... --readme README.md                   # also write the tables between the README's bench markers
 
 Wall times are only comparable within one run on one machine; on a CPU quote the ratios.
@@ -155,6 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--model", help="a model folder (or 'demo') instead of the synthetic grid model")
     parser.add_argument("--prompt", default="7", help="prompt or class label for --model")
     parser.add_argument("--shape", choices=("1B", "7B"), help="window cost of a Janus-Pro-shaped model")
+    parser.add_argument("--video", action="store_true", help="synthetic video model (AR / SJD / SCD x draft init)")
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--device")
@@ -166,6 +168,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     started = time.perf_counter()
     if args.shape:
         section, text = f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype)
+    elif args.video:
+        from .bench_video import video_tables
+
+        section, text = "video", video_tables(seeds, args.windows)
     elif args.model:
         section = "demo" if args.model == "demo" else "model"
         text = model_tables(args.model, args.prompt, args.windows, seeds, args.device, args.dtype)
