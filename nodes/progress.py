@@ -38,7 +38,10 @@ def event_data(node_id: str, stats: IterationStats) -> dict[str, Any]:
 def partial_image(model: Any, prefix: torch.Tensor, num_tokens: int) -> Image.Image:
     """Decode the first row's committed prefix; the rows still being sampled are shown gray."""
     done = prefix.shape[1]
-    tokens = torch.zeros(1, num_tokens, dtype=torch.long, device=prefix.device)
+    # pending positions hold a token the decoder accepts: the first image code where the model names its codes
+    code_ids = getattr(model, "code_ids", None)
+    filler = 0 if code_ids is None else int(code_ids[0])
+    tokens = torch.full((1, num_tokens), filler, dtype=torch.long, device=prefix.device)
     tokens[:, :done] = prefix[:1]
     image = model.decode(tokens)[0]
     grid_rows = model.grid[0] if getattr(model, "grid", None) else None

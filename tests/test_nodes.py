@@ -22,6 +22,7 @@ import torch
 from scd_core.checkpoints import ModelLoadError
 
 from comfy_server import REPO_ROOT, comfyui_main
+from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
 
 CONTRACT_NODES = {
     "SCDModelLoader": ("SCD Model Loader", ["SCD_MODEL"]),
@@ -330,3 +331,25 @@ def test_bad_inputs_give_actionable_errors(node_classes: dict[str, Any], janus: 
         run_node(node_classes["SCDSampler"], **sampler_inputs(other, cond))
     with pytest.raises(ValueError, match=r"do not fit model 'tiny-janus'"):
         run_node(node_classes["SCDVQDecode"], model=janus, tokens=torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_tiny_lumina_runs_through_the_nodes(node_classes: dict[str, Any], comfy: SimpleNamespace,
+                                            tiny_lumina_dir: Path, fake_server: FakeServer) -> None:
+    """Loader lists and loads the folder; forced row-end/end-of-image ids survive; previews decode mid-run."""
+    models = Path(tiny_lumina_dir).parent / "models_scd"
+    models.mkdir(exist_ok=True)
+    link = models / tiny_lumina_dir.name
+    if not link.exists():
+        link.symlink_to(tiny_lumina_dir, target_is_directory=True)
+    comfy.folder_paths.add_model_folder_path("scd", str(models))
+    (model,) = node_classes["SCDModelLoader"].execute(tiny_lumina_dir.name, "auto", "auto").result
+    assert model.model.family == "lumina-mgpt"
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a red square", negative_prompt="")
+    tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond, window=3, batch_size=2))
+    n = model.model.num_tokens
+    assert tokens.shape == (2, n) and sum(stats.result.committed) == n
+    for position, token in model.model.forced_tokens.items():
+        assert (tokens[:, position] == token).all()
+    assert len(fake_server.previews) == stats.result.nfe and fake_server.previews[-1][1].size == (64, 64)
+    (image,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
+    assert image.shape == (2, 64, 64, 3) and 0.0 <= float(image.min()) <= float(image.max()) <= 1.0
