@@ -14,6 +14,7 @@ import requests
 from PIL import Image
 
 from comfy_server import REPO_ROOT, ComfyServer, PromptRejected
+from lumina_fixture import RESOLUTION_1, tiny_lumina_dir  # noqa: F401  (fixture)
 
 WORKFLOWS = REPO_ROOT / "workflows" / "api"
 NODE_IDS = ("SCDModelLoader", "SCDPromptEncode", "SCDSampler", "SCDVQDecode", "SCDStats")
@@ -107,6 +108,17 @@ def test_tiny_janus_runs_with_progress_events_that_agree(comfy_server: ComfyServ
     assert run.previews >= 1
     progress = [p for p in run.of_type("progress") if p["node"] == "3"]
     assert len(progress) == nfe and progress[-1]["value"] == progress[-1]["max"] == 16
+
+
+def test_tiny_lumina_runs_in_the_server(comfy_server: ComfyServer, tiny_lumina_dir: Path) -> None:
+    # the repository's name carries the resolution, so the folder keeps it under models/scd/
+    name = comfy_server.add_model(tiny_lumina_dir.name, tiny_lumina_dir)
+    run = comfy_server.run(pipeline(name, "a green field", seed=7, window=6))
+    assert run.status == "success", run.events[-3:]
+    images = output_images(comfy_server, run, ["5"])
+    assert [im.size for im in images] == [(RESOLUTION_1, RESOLUTION_1)]
+    events = [data for data in run.of_type("scd.progress") if data["node"] == "3"]
+    assert sum(e["committed"] for e in events) == events[-1]["num_tokens"] == 21  # 4 rows of 4 codes + row-end, EOI
 
 
 @pytest.mark.parametrize("workflow", sorted(WORKFLOWS.glob("*.json")), ids=lambda p: p.stem)
