@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from janus_fixture import BOI, BOS, CFG_PAD, IMAGE_CODES, IMAGE_SIZE
+from pace import PaceRecorder, staggered_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import janus
@@ -95,6 +96,44 @@ def test_faithful_window_gives_the_autoregressive_tokens(model64: janus.JanusMod
         jacobi = generate(model64, prompt, SamplerConfig(coupler="faithful", window=8, seed=seed), batch_size=2)
         assert ar.nfe == 16  # window 8 may need as many calls on a random model; its tokens must not change
         assert torch.equal(ar.tokens, jacobi.tokens)
+
+
+@pytest.mark.parametrize("negative", [None, "blurry"])
+def test_rows_at_different_positions_give_each_rows_sequential_logits(model64: janus.JanusModel,
+                                                                       negative: str | None) -> None:
+    """Rows at different lengths in one call, over slots they rejected; "blurry" left-pads the uncond rows."""
+    tokens = torch.randint(0, IMAGE_CODES, (3, 13), generator=torch.Generator().manual_seed(2))
+    calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 0])]
+    for batched, sequential in staggered_logits(model64, model64.encode(PROMPT, negative), calls):
+        for a, b in zip(batched, sequential):
+            assert a.shape == b.shape
+            assert float((a - b).abs().max()) <= 1e-12
+
+
+def test_cache_is_allocated_once_and_rewound_in_place(model32: janus.JanusModel) -> None:
+    session = model32.start(model32.encode(PROMPT), 2)
+    session.prefill()
+    rows = session._rows
+    prefix = rows.prefix
+    keys = rows.keys[0]
+    assert keys.shape[0] == 4 and keys.shape[2] == prefix + 16
+    session.forward(torch.zeros(2, 5, dtype=torch.long))
+    session.rewind(torch.tensor([4, 1]))
+    session.forward(torch.ones(2, 5, dtype=torch.long))
+    assert rows.keys[0] is keys and rows.lengths.tolist() == [prefix + 6, prefix + 9] * 2
+    with pytest.raises(ValueError, match="rewind"):
+        session.rewind(torch.tensor([7, 0]))  # row 0 holds 6 image tokens
+
+
+def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(model64: janus.JanusModel) -> None:
+    prompt = model64.encode(PROMPT)
+    ar = generate(model64, prompt, SamplerConfig(coupler="faithful", window=1, seed=0), batch_size=3)
+    recorder = PaceRecorder(model64)
+    fast = generate(recorder, prompt, SamplerConfig(coupler="faithful", window=8, seed=0), batch_size=3)
+    assert torch.equal(fast.tokens, ar.tokens)
+    assert recorder.rows_finished_at_different_calls()
+    alone = generate(model64, prompt, SamplerConfig(coupler="faithful", window=8, seed=0), batch_size=1)
+    assert torch.equal(alone.tokens[0], fast.tokens[0])
 
 
 def test_cfg_branches_differ_and_scale_matters(model32: janus.JanusModel) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pace import PaceRecorder, staggered_logits
 from llamagen_fixture import (IMAGE_SIZE, TINY_GPT, original_gpt_keys, write_original_c2i, write_safetensors_c2i,
                               write_t2i, write_training_c2i)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
@@ -91,6 +92,45 @@ def test_faithful_window_reproduces_autoregressive_tokens(folders):
         assert fast.nfe <= ar.nfe
     other_seed = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=12), batch_size=2)
     assert not torch.equal(other_seed.tokens, ar.tokens)
+
+
+@pytest.mark.parametrize("kind", ["pt", "t2i"])
+def test_rows_at_different_positions_give_each_rows_sequential_logits(folders, kind):
+    model = load_model(folders[kind], "cpu", torch.float64)
+    tokens = torch.randint(0, TINY_GPT["vocab_size"], (3, 13), generator=torch.Generator().manual_seed(2))
+    # rows hold 1 / 4 / 6 image tokens after the first call, then 3 / 3 / 7 after the second
+    calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 0])]
+    for batched, sequential in staggered_logits(model, model.encode(_prompt(model)), calls):
+        for a, b in zip(batched, sequential):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_cache_is_allocated_once_and_rewound_in_place(folders):
+    model = load_model(folders["t2i"], "cpu", torch.float32)
+    session = model.start(model.encode(_prompt(model)), 2)
+    session.prefill()
+    keys = session.cache.keys[0]
+    assert keys.shape == (4, TINY_GPT["n_kv_head"], 8 + 16, TINY_GPT["dim"] // TINY_GPT["n_head"])
+    session.forward(torch.zeros(2, 5, dtype=torch.long))
+    session.rewind(torch.tensor([4, 1]))
+    session.forward(torch.ones(2, 5, dtype=torch.long))
+    assert session.cache.keys[0] is keys and session.cache.lengths.tolist() == [8 + 6, 8 + 9] * 2
+    with pytest.raises(ValueError, match="rewind"):
+        session.rewind(torch.tensor([7, 0]))  # row 0 holds 6 image tokens
+
+
+def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(folders):
+    model = load_model(folders["pt"], "cpu", torch.float64)
+    cond = model.encode("7")
+    ar = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=11), batch_size=3)
+    for window in (4, 8):
+        recorder = PaceRecorder(model)
+        fast = generate(recorder, cond, SamplerConfig(coupler="faithful", window=window, seed=11), batch_size=3)
+        assert torch.equal(fast.tokens, ar.tokens)
+        assert recorder.rows_finished_at_different_calls()
+        alone = generate(model, cond, SamplerConfig(coupler="faithful", window=window, seed=11), batch_size=1)
+        assert torch.equal(alone.tokens[0], fast.tokens[0])
 
 
 def test_generate_and_decode(folders):

@@ -1,0 +1,79 @@
+"""Checks shared by the family tests for samples that advance at their own pace.
+
+`staggered_logits` feeds windows to batch rows that sit at different positions
+and returns, next to each call's logits, what a batch-1 session gives for the
+same row fed one token at a time.  `PaceRecorder` wraps a model and records how
+many image tokens each row holds after every call of a generation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+
+def _sequential(model: Any, cond: Any, tokens: list[int], last: int) -> tuple[torch.Tensor, ...]:
+    """(cond, uncond) logits of the last `last` tokens, fed one at a time to a fresh batch-1 session."""
+    session = model.start(cond, 1)
+    session.prefill()
+    steps = [session.forward(torch.tensor([[token]])) for token in tokens]
+    return tuple(torch.cat([step[branch] for step in steps[-last:]], dim=1) for branch in (0, 1))
+
+
+def staggered_logits(model: Any, cond: Any, calls: Sequence[tuple[torch.Tensor, Sequence[int]]]
+                     ) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """For each (tokens (B, T), rewind per row) call: (batched logits, each row's sequential logits).
+
+    The rewind after a call drops a different number of tokens per row, so the next
+    call feeds rows at different positions over slots they rejected.
+    """
+    batch = calls[0][0].shape[0]
+    session = model.start(cond, batch)
+    session.prefill()
+    kept: list[list[int]] = [[] for _ in range(batch)]
+    pairs = []
+    for tokens, rewind in calls:
+        batched = session.forward(tokens)
+        rows = [_sequential(model, cond, kept[r] + tokens[r].tolist(), tokens.shape[1]) for r in range(batch)]
+        pairs.append((batched, tuple(torch.cat([row[branch] for row in rows]) for branch in (0, 1))))
+        session.rewind(torch.tensor(rewind))
+        kept = [(k + t)[:len(k) + len(t) - n] for k, t, n in zip(kept, tokens.tolist(), rewind)]
+    return pairs
+
+
+class _RecordingSession:
+    def __init__(self, session: Any, held: list[list[int]], batch: int) -> None:
+        self._session, self._held = session, held
+        self._fed = torch.zeros(batch, dtype=torch.long)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def forward(self, tokens: torch.Tensor) -> Any:
+        self._fed += tokens.shape[1]
+        return self._session.forward(tokens)
+
+    def rewind(self, n: Any) -> None:
+        self._session.rewind(n)
+        self._fed -= n.cpu() if isinstance(n, torch.Tensor) else n
+        self._held.append(self._fed.tolist())
+
+
+class PaceRecorder:
+    """The wrapped model, recording each row's held image tokens after every call (`held`)."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.held: list[list[int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def start(self, cond: Any, batch_size: int) -> _RecordingSession:
+        return _RecordingSession(self._model.start(cond, batch_size), self.held, batch_size)
+
+    def rows_finished_at_different_calls(self) -> bool:
+        """Some call ended with one row complete (it holds all but the last token) and another not."""
+        last = self._model.num_tokens - 1
+        return any(last in held and min(held) < last for held in self.held)
