@@ -9,6 +9,7 @@ from typing import Optional
 COUPLERS = ("maximal", "gumbel", "independent", "faithful")
 DRAFT_INITS = ("random", "left", "above", "previous_frame")
 MAX_WINDOW = 1024
+AUTO_WINDOW = "auto"
 MAX_SEED = 2**64 - 1
 
 
@@ -33,7 +34,12 @@ class SamplerConfig:
       "gumbel" (SCD, Gumbel coupling with position-fixed noise), "independent"
       (SJD) or "faithful" (Gumbel-max AR solved by Jacobi iteration: the same
       tokens as window 1 for the same seed).
-    window: positions decoded per model call; 1 is plain autoregressive sampling.
+    window: positions decoded per model call; 1 is plain autoregressive sampling.  "auto" picks it per call
+      from the model's measured cost of each window size and the commit counts observed so far
+      (scd_core.auto_window).
+    fixed_shapes: feed every call after the first at the full window width, re-feeding committed tokens
+      where the window would shrink at the end, so that a captured CUDA graph or a compiled model sees one
+      input shape per window size.  Same tokens; one rewind more per call at the end.
     draft_init: the first draft of a position entering the window -- "random", "left", "above" (same
       column, previous row) or "previous_frame" (same place one frame earlier; video models); None uses the
       model's `default_draft_init`, else "above".
@@ -42,7 +48,7 @@ class SamplerConfig:
     """
 
     coupler: str = "maximal"
-    window: int = 32
+    window: int | str = 32
     cfg_scale: Optional[float] = None
     temperature: float = 1.0
     top_k: Optional[int] = None
@@ -50,11 +56,12 @@ class SamplerConfig:
     seed: int = 0
     draft_init: Optional[str] = None
     alpha: float = 1.0
+    fixed_shapes: bool = False
 
     def __post_init__(self) -> None:
         _check(self.coupler in COUPLERS, "coupler", f"one of {', '.join(COUPLERS)}", self.coupler)
-        _check(_is_int(self.window) and 1 <= self.window <= MAX_WINDOW, "window",
-               f"an integer in 1..{MAX_WINDOW}", self.window)
+        _check(self.window == AUTO_WINDOW or (_is_int(self.window) and 1 <= self.window <= MAX_WINDOW), "window",
+               f"{AUTO_WINDOW!r} or an integer in 1..{MAX_WINDOW}", self.window)
         _check(self.cfg_scale is None or (_is_real(self.cfg_scale) and 0 <= self.cfg_scale <= 100),
                "cfg_scale", "None or a number in 0..100", self.cfg_scale)
         _check(_is_real(self.temperature) and 0 < self.temperature <= 100, "temperature",
@@ -68,3 +75,4 @@ class SamplerConfig:
         _check(_is_real(self.alpha) and 0 <= self.alpha <= 1, "alpha", "a number in 0..1", self.alpha)
         _check(self.alpha == 1 or self.coupler in ("maximal", "gumbel"), "alpha",
                "1 unless coupler is maximal or gumbel", self.alpha)
+        _check(isinstance(self.fixed_shapes, bool), "fixed_shapes", "True or False", self.fixed_shapes)

@@ -24,7 +24,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import rng
-from .config import SamplerConfig
+from . import auto_window
+from .config import AUTO_WINDOW, SamplerConfig
 from .model import Logits, TokenModel, model_default
 from .sampling import gumbel_argmax, modified_rejection, sample, to_probs
 
@@ -57,6 +58,7 @@ class GenerationResult:
     committed: list[int] = field(default_factory=list)
     acceptance: list[float] = field(default_factory=list)
     draft_changes: list[float] = field(default_factory=list)
+    windows: list[int] = field(default_factory=list)  # width of each call (1 for the prefill)
     forward_s: float = 0.0
     sample_s: float = 0.0
     prefill_s: float = 0.0
@@ -155,11 +157,11 @@ class _Decoder:
     tensor spans the codes only.  Forced framing ids need not be codes.
     """
 
-    def __init__(self, model: TokenModel, config: SamplerConfig, batch: int, device: torch.device,
+    def __init__(self, model: TokenModel, config: SamplerConfig, window: int, batch: int, device: torch.device,
                  rows_per_cache: int, prefix: Optional[torch.Tensor], copy_back: Optional[int]) -> None:
         self.config = config
         self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
-        self.window = min(config.window, self.n)
+        self.window = min(window, self.n)  # the widest call; buffers are sized for it
         self.device = device
         self.noise = rng.KeyedRandom(config.seed, device)
         self.rows_per_cache = rows_per_cache
@@ -197,9 +199,10 @@ class _Decoder:
                                        f"expected {expected}")
         return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), *self.sampling)
 
-    def window_inputs(self, width: int) -> torch.Tensor:
-        """The last committed token and the drafts after it, (B, width)."""
-        index = (self.committed - 1).unsqueeze(1) + self.slots[:width]
+    def window_inputs(self, width: int, pad: int = 0) -> torch.Tensor:
+        """The last committed token and the drafts after it, (B, pad + width), after the `pad` committed
+        tokens before it (fed again to keep a call's shape)."""
+        index = (self.committed - 1 - pad).unsqueeze(1) + self.slots[:pad + width]
         return self.seq.gather(1, index)
 
     def gumbel(self, positions: torch.Tensor, start: Optional[int]) -> Optional[torch.Tensor]:
@@ -304,32 +307,54 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     if batch_size % rows_per_cache:
         raise ValueError(f"session.rows_per_cache={rows_per_cache} must divide batch_size={batch_size}")
 
+    def rewind_all(count: int) -> None:
+        session.rewind(count if rows_per_cache == batch_size else torch.full((batch_size,), count))
+
     result = GenerationResult(tokens=torch.empty(0), nfe=0)
     decoder: Optional[_Decoder] = None
+    chooser: Optional[auto_window.WindowChooser] = None
     done, iteration = 0, 0
     n = model.num_tokens
     while done < n:
         if should_cancel is not None and should_cancel():
             raise GenerationCancelled(f"generation cancelled after {done} of {n} tokens")
+        if decoder is not None and config.window == AUTO_WINDOW and chooser is None:
+            # once per model, dtype, device and batch in a process: a few timed calls, each rewound
+            chooser = auto_window.session_chooser(model, session, decoder.window_inputs, decoder.probs, rewind_all,
+                                                  batch_size, decoder.window)
         t0 = time.perf_counter()
         if decoder is None:
             logits, width = session.prefill(), 1
-            decoder = _Decoder(model, config, batch_size, logits[0].device, rows_per_cache,
+            window = min(auto_window.CANDIDATES[-1] if config.window == AUTO_WINDOW else config.window, n)
+            decoder = _Decoder(model, config, window, batch_size, logits[0].device, rows_per_cache,
                                getattr(session, "prefix_tokens", None), copy_back)
         else:
-            width = min(decoder.window, n - done)
-            logits = session.forward(decoder.window_inputs(width))
+            window = decoder.window if chooser is None else chooser.choose(n - done)
+            width = min(window, n - done)
+            # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
+            pad = min(window - width, done - 1) if config.fixed_shapes else 0
+            if pad:
+                rewind_all(pad)
+            logits = session.forward(decoder.window_inputs(width, pad))
+            if pad:
+                logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
         if sync_timing and decoder.device.type == "cuda":
             torch.cuda.synchronize(decoder.device)
         t1 = time.perf_counter()
 
         p = decoder.probs(logits, width)
         shared, accepted, changes = decoder.step(p, iteration, done if rows_per_cache == batch_size else None)
-        # the one host synchronisation of the iteration
+        # the one host synchronisation of the iteration: counts, flags, the chooser's commit histogram
+        # (one count per cache group) and the per-slot acceptance, as float32 (exact for these integers)
+        counts = (torch.bincount(shared[::rows_per_cache], minlength=width + 1) if chooser is not None
+                  else shared[:0])
         summary = torch.cat([torch.stack([shared.min(), decoder.committed.min(), torch.isnan(p).any().long()]),
-                             changes]).tolist()
-        acceptance = accepted.float().mean(0).tolist()
-        committed, done, has_nan, changed, carried = summary
+                             changes, counts]).float()
+        summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
+        committed, done, has_nan, changed, carried = map(int, summary[:5])
+        acceptance = summary[5 + counts.numel():]
+        if chooser is not None:
+            chooser.observe(width, summary[5:5 + counts.numel()])
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")
@@ -339,6 +364,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         t2 = time.perf_counter()
 
         result.nfe += 1
+        result.windows.append(width)
         result.committed.append(committed)
         result.acceptance.append(sum(acceptance) / len(acceptance) if acceptance else 1.0)
         result.draft_changes.append(changed / carried if carried else 0.0)

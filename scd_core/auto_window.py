@@ -1,0 +1,144 @@
+"""The automatic window: the width of each call that maximises expected tokens per second.
+
+Two numbers decide it.  cost(L): the seconds of one call at width L on this
+device (the model's forward plus turning its logits into the sampling
+distribution), measured once per model, dtype, device and batch with a few
+timed calls right after the prefill and kept for the process.  E[c(L)]: the
+tokens a call at width L is expected to commit, estimated from the commit
+counts observed so far in the run.
+
+A call at width L commits c = min(K, L) tokens, K being the slot of the first
+rejection plus one, so a call that accepted every draft only says K >= L (a
+censored count).  The chooser estimates the survival S(k) = P(K > k) from the
+counts with the Kaplan-Meier product, each hazard shrunk towards the pooled one
+so that widths never observed are extrapolated geometrically, and picks
+
+    argmax_L  E[min(K, L)] / cost(L),   E[min(K, L)] = S(0) + ... + S(L-1).
+
+Only whole-call commit counts are used: the acceptance of slots after the first
+rejection is correlated with the drafts they carry into the next call and would
+bias the estimate.  With no counts yet S = 1 (optimism): the first call tries
+the widest window the costs favour, and the counts then pull it back.
+
+Exactness does not depend on any of this: the width of a call is fixed before
+the call from earlier calls only, and every call's verification is exact for
+any width given that history.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # few distinct widths: few kernels to warm up or graphs to capture
+TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each width's fastest call counts
+PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
+
+# model -> {(dtype, device, batch): {width: seconds}}; a model that cannot be weakly referenced is not cached
+_COSTS: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[int, float]]]" = weakref.WeakKeyDictionary()
+
+
+def candidate_widths(num_tokens: int, largest: int = CANDIDATES[-1]) -> list[int]:
+    """The widths the chooser considers for a sequence of `num_tokens`."""
+    return [w for w in CANDIDATES if w <= min(largest, num_tokens)] or [1]
+
+
+def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
+                  rounds: int = TIMED_ROUNDS) -> dict[int, float]:
+    """Seconds of `call(width)` for each width: one warm-up at the widest, then `rounds` passes over all
+    widths (interleaved, so a burst of load elsewhere hits one pass, not one width), the fastest counting.
+
+    A narrower call never needs more work than a wider one, so each cost is then lowered to the cheapest
+    wider width's: a stall during one timing cannot make a width look dearer than it is.  `call` returns
+    a tensor computed on the device; reading one element back waits for it, on any backend.
+    """
+    def timed(width: int) -> float:
+        started = time.perf_counter()
+        call(width).flatten()[:1].tolist()
+        return time.perf_counter() - started
+
+    widths = sorted(widths)
+    timed(widths[-1])
+    samples = [[timed(width) for width in widths] for _ in range(rounds)]
+    fastest = [min(column) for column in zip(*samples)]
+    return {width: min(fastest[i:]) for i, width in enumerate(widths)}
+
+
+def call_costs(model: Any, key: tuple, widths: Sequence[int], call: Callable[[int], torch.Tensor]
+               ) -> dict[int, float]:
+    """cost(width) for `model` under `key` (dtype, device, batch), measured with `call` on a cache miss."""
+    try:
+        per_model = _COSTS.setdefault(model, {})
+    except TypeError:
+        per_model = {}
+    known = per_model.get(key, {})
+    if any(w not in known for w in widths):
+        known = per_model[key] = {**known, **measure_costs(call, widths)}
+    return {w: known[w] for w in widths}
+
+
+def session_chooser(model: Any, session: Any, inputs: Callable[[int], torch.Tensor],
+                    probs: Callable[[Any, int], torch.Tensor], rewind: Callable[[int], None], batch_size: int,
+                    largest: int) -> "WindowChooser":
+    """A chooser for one run, with costs measured on `session` (right after its prefill) when not cached.
+
+    A timed call feeds `inputs(width)`, turns the logits into sampling distributions with `probs` and
+    rewinds the session by `width`, so the run continues exactly as if it had not happened.
+    """
+    def call(width: int) -> torch.Tensor:
+        p = probs(session.forward(inputs(width)), width)
+        rewind(width)
+        return p
+
+    widths = candidate_widths(model.num_tokens, largest)
+    key = (str(getattr(model, "dtype", None)), str(getattr(model, "device", None)), batch_size)
+    return WindowChooser(call_costs(model, key, widths, call))
+
+
+class WindowChooser:
+    """Picks each call's width from the costs and the commit counts seen so far in one run."""
+
+    def __init__(self, costs: dict[int, float]) -> None:
+        if not costs or min(costs.values()) <= 0:
+            raise ValueError(f"window costs must be positive seconds per width, got {costs}")
+        self.costs = dict(sorted(costs.items()))
+        self.largest = max(self.costs)
+        # events[k]: calls whose first rejection made them commit exactly k; at_risk[k]: calls that got to
+        # slot k, i.e. committed >= k (censored calls count as at risk up to their width)
+        self.events = [0.0] * (self.largest + 1)
+        self.at_risk = [0.0] * (self.largest + 1)
+
+    def observe(self, width: int, counts: Sequence[int]) -> None:
+        """Record one call at `width`: counts[c] = how many rows (or row groups) committed c tokens."""
+        for committed, number in enumerate(counts):
+            if committed == 0 or not number:
+                continue  # a finished row commits nothing: no information
+            for k in range(1, committed + 1):
+                self.at_risk[k] += number
+            if committed < width:
+                self.events[committed] += number
+
+    def survival(self) -> list[float]:
+        """S(k) = P(K > k) for k = 0 .. largest - 1."""
+        exposure = sum(self.at_risk)
+        pooled = sum(self.events) / exposure if exposure else 0.0
+        survival, alive = [1.0], 1.0
+        for k in range(1, self.largest):
+            hazard = (self.events[k] + PRIOR_WEIGHT * pooled) / (self.at_risk[k] + PRIOR_WEIGHT)
+            alive *= 1.0 - hazard
+            survival.append(alive)
+        return survival
+
+    def expected_commits(self, remaining: Optional[int] = None) -> dict[int, float]:
+        """E[min(K, width, remaining)] for each candidate width."""
+        survival = self.survival()
+        limit = self.largest if remaining is None else remaining
+        return {width: sum(survival[:min(width, limit)]) for width in self.costs}
+
+    def choose(self, remaining: Optional[int] = None) -> int:
+        """The width with the most expected tokens per second (the narrower one on a tie)."""
+        expected = self.expected_commits(remaining)
+        return max(self.costs, key=lambda w: (expected[w] / self.costs[w], -w))
