@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from scd_core import SamplerConfig, engine, generate
+from scd_core import SamplerConfig, auto_window, engine, generate
 from toy_models import TablePrefixModel
 
 SAMPLES = 200_000
@@ -80,6 +80,22 @@ def test_output_law_equals_ar(coupler, case):
 def test_alpha_mixing_is_lossless(coupler):
     result, law = sample_case(coupler, dict(vocab_size=3, num_tokens=5, cfg=True),
                               dict(window=3, cfg_scale=2.0, draft_init="random"), 1, alpha=0.5)
+    assert chi_square_pvalue(result.tokens, law) > P_MIN
+
+
+@pytest.mark.parametrize("coupler", COUPLERS)
+def test_window_chosen_from_commit_counts_is_lossless(coupler, monkeypatch):
+    """window="auto" with fixed costs: the widths (4, 1, 2, ...) follow the commit counts seen so far.
+
+    The law stays exact because the width of a call is fixed before the call from earlier calls' commit
+    counts only, and given that history a call is an ordinary fixed-width call, whose verification is
+    exact for any width; drafts outside the window are re-initialised after every call, so a window that
+    grows never feeds a draft without its recorded proposal.
+    """
+    monkeypatch.setattr(auto_window, "measure_costs", lambda call, widths: {1: 1.0, 2: 1.4, 4: 2.6})
+    result, law = sample_case(coupler, dict(vocab_size=3, num_tokens=6, cfg=True, grid=(2, 3)),
+                              dict(window="auto", cfg_scale=2.0, draft_init="above"), 2)
+    assert len(set(result.windows[1:])) > 1
     assert chi_square_pvalue(result.tokens, law) > P_MIN
 
 
