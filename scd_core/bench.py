@@ -4,6 +4,7 @@
     python -m scd_core.bench --model demo    # any folder load_model accepts (NFE + latency split)
     python -m scd_core.bench --shape 1B      # cost of one window forward vs window size, Janus-Pro-1B shape
     python -m scd_core.bench --video         # synthetic video model: previous-frame drafts vs random / above
+    python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 --shape 1B   # shared vs per-row pace
     ... --readme README.md                   # also write the tables between the README's bench markers
 
 Wall times are only comparable within one run on one machine; on a CPU quote the ratios.
@@ -161,12 +162,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--device")
     parser.add_argument("--dtype")
+    parser.add_argument("--batches", type=int, nargs="+",
+                        help="--model (default demo): calls per batch and time per image at these batch sizes, "
+                             "shared pace vs per-row pace, at the first window; with --shape 1B/7B also the "
+                             "per-row cache's call cost at that Janus-Pro shape")
     parser.add_argument("--readme", type=Path, help="write the tables into this README between bench markers")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     seeds = list(range(args.seeds))
     started = time.perf_counter()
-    if args.shape:
+    if args.batches:
+        from .bench_pace import pace_tables
+
+        section = "batches"
+        text = pace_tables(args.model or "demo", args.prompt, args.batches, args.windows[0], seeds, args.shape,
+                           args.device, args.dtype)
+    elif args.shape:
         section, text = f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype)
     elif args.video:
         from .bench_video import video_tables

@@ -88,6 +88,30 @@ def _row_cache_view() -> type:
     return RowCacheView
 
 
+class RowBackbone:
+    """A transformers Llama backbone run over a RowCache: each row's tokens after its own cached slots.
+
+    `pads` (rows, 1) is each row's left padding, subtracted from the slot to give
+    its position id.
+    """
+
+    def __init__(self, backbone: torch.nn.Module, rows: RowCache, pads: torch.Tensor) -> None:
+        self.backbone, self.rows, self.pads = backbone, rows, pads
+        self._cache = _row_cache_view()(rows)
+        self._cache_keyword = cache_keyword()
+
+    def __call__(self, embeds: torch.Tensor) -> torch.Tensor:
+        """(rows, T, hidden) input embeddings -> last hidden states, same shape."""
+        slots, visible = self.rows.begin(embeds.shape[1])
+        positions = (slots - self.pads).clamp(min=0)  # left padding takes no position
+        # additive, in the model's dtype: what both sdpa and eager attention take as a 4-D mask
+        mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=embeds.device)
+        mask = mask.masked_fill_(~visible, torch.finfo(embeds.dtype).min).unsqueeze(1)
+        out = self.backbone(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, use_cache=True,
+                            **{self._cache_keyword: self._cache})
+        return out.last_hidden_state
+
+
 class JanusSession:
     """One generation: 2 x batch rows (cond, then uncond); each sample advances at its own pace."""
 
@@ -96,12 +120,11 @@ class JanusSession:
     def __init__(self, model: "JanusModel", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
         self._model = model
         self._prefix = prefix
-        self._pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
         self._batch = prefix.shape[0] // 2
         width = prefix.shape[1]
         self._rows = RowCache(prefix.shape[0], width + model.num_tokens, width, prefix.device, real=prefix_mask)
-        self._cache = _row_cache_view()(self._rows)
-        self._cache_keyword = cache_keyword()
+        pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
+        self._backbone = RowBackbone(model.module.model.language_model, self._rows, pads)
 
     @torch.no_grad()
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,16 +151,10 @@ class JanusSession:
         self._rows.rewind(n)
 
     def _run(self, embeds: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        net = self._model.module
-        slots, visible = self._rows.begin(embeds.shape[1])
-        positions = (slots - self._pads).clamp(min=0)  # left padding takes no position
-        # additive, in the model's dtype: what both sdpa and eager attention take as a 4-D mask
-        mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=embeds.device)
-        mask = mask.masked_fill_(~visible, torch.finfo(embeds.dtype).min).unsqueeze(1)
-        out = net.model.language_model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                                       use_cache=True, **{self._cache_keyword: self._cache})
-        hidden = out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
-        logits = net.model.generation_head(hidden)
+        hidden = self._backbone(embeds)
+        if last_only:
+            hidden = hidden[:, -1:]
+        logits = self._model.module.model.generation_head(hidden)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return logits[: self._batch], logits[self._batch:]
 

@@ -1,0 +1,140 @@
+"""Batches at a shared pace against batches whose rows each advance at their own pace.
+
+    python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 [--shape 1B]
+
+At a shared pace every row of a batch moves by the smallest commit count among
+them (what a cache with one length for the batch allows), so the calls a batch
+needs grow with its size; at a per-row pace (the adapters' `RowCache`) each row
+moves by its own.  `pace_rows` measures calls per batch and time per image on a
+real model; `row_cache_call_cost` measures one window call of the Janus adapter's
+cache at a Janus-Pro shape with random weights, rows level or spread over a window.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from .config import SamplerConfig
+from .engine import generate
+
+PACES = ("shared", "per-row")
+
+
+class SharedPace:
+    """`model` with every session's rows advancing together, by the slowest row's count."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def start(self, cond: Any, batch_size: int) -> Any:
+        session = self._model.start(cond, batch_size)
+        session.rows_per_cache = batch_size
+        return session
+
+
+def pace_rows(model: Any, cond: Any, batches: Sequence[int], window: int, seeds: Sequence[int]) -> list[dict]:
+    """Calls per batch and seconds per image, SCD with maximal coupling, for each batch size and pace.
+
+    `calls_ratio` is calls per batch over the per-row calls of the first batch size.
+    """
+    rows = []
+    for batch in batches:
+        for pace in PACES:
+            runner = SharedPace(model) if pace == "shared" else model
+            runs = [generate(runner, cond, SamplerConfig(coupler="maximal", window=window, seed=seed),
+                             batch_size=batch, sync_timing=True) for seed in seeds]
+            calls = statistics.mean(run.nfe for run in runs)
+            rows.append(dict(batch=batch, pace=pace, calls=calls, speedup=model.num_tokens / calls,
+                             s_per_image=statistics.mean(run.total_s for run in runs) / batch))
+    base = next(row["calls"] for row in rows if row["pace"] == "per-row")
+    for row in rows:
+        row["calls_ratio"] = row["calls"] / base
+    return rows
+
+
+def row_cache_call_cost(size: str, batches: Sequence[int], window: int,
+                        device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None,
+                        *, layers: int = 1, prefix: int = 64, repeats: int = 1) -> list[dict]:
+    """Seconds of one window call (CFG double batch) through the Janus adapter's RowCache at a Janus-Pro shape.
+
+    `shared`: every row holds `prefix` tokens; `per-row`: rows spread over one
+    window below it.  `layers` of the backbone are built; `call_s` scales them
+    to full depth and adds the image head once.
+    """
+    from .bench_models import JANUS_SHAPES, _build_backbone, _sync
+    from .loading import pick_device, pick_dtype
+    from .models.janus import RowBackbone
+    from .row_cache import RowCache
+
+    shape = JANUS_SHAPES[size]
+    device = pick_device(device)
+    dtype = pick_dtype(dtype, device)
+    full_depth = shape["num_hidden_layers"]
+    backbone, head = _build_backbone(shape, layers, device, dtype)
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    with torch.no_grad():
+        for batch in batches:
+            count = 2 * batch
+            embeds = (torch.randn(count, prefix + window, shape["hidden_size"], generator=generator) * 0.02)
+            embeds = embeds.to(device, dtype)
+            cache = RowCache(count, prefix + window, 0, device)
+            run = RowBackbone(backbone, cache, torch.zeros(count, 1, dtype=torch.long, device=device))
+            run(embeds[:, :prefix])
+            for pace in PACES:
+                if pace == "per-row":
+                    cache.rewind(torch.arange(count, device=device) % window)
+                body, tail = [], []
+                for attempt in range(repeats + 1):  # the first call warms up kernels and allocator
+                    _sync(device)
+                    started = time.perf_counter()
+                    hidden = run(embeds[:, prefix:])
+                    _sync(device)
+                    middle = time.perf_counter()
+                    head(hidden)
+                    _sync(device)
+                    if attempt:
+                        body.append(middle - started)
+                        tail.append(time.perf_counter() - middle)
+                    cache.rewind(window)
+                seconds = statistics.median(body) * full_depth / layers + statistics.median(tail)
+                rows.append(dict(batch=batch, pace=pace, call_s=seconds, layers=layers, full_layers=full_depth,
+                                 prefix=prefix, device=str(device), dtype=str(dtype).replace("torch.", "")))
+    return rows
+
+
+def pace_tables(path: str, prompt: str, batches: Sequence[int], window: int, seeds: Sequence[int],
+                shape: Optional[str], device: Optional[str], dtype: Optional[str]) -> str:
+    """The README tables: the model's calls and time per image; with `shape`, the Janus-Pro-shaped call cost."""
+    from .bench import markdown
+    from .bench_models import JANUS_SHAPES
+    from .loading import load_model
+
+    if shape is not None and shape not in JANUS_SHAPES:
+        raise ValueError(f"--batches measures the Janus adapter's cache: --shape must be one of "
+                         f"{', '.join(JANUS_SHAPES)}, got {shape!r}")
+    model = load_model(path, device=device, dtype=dtype)
+    rows = pace_rows(model, model.encode(prompt), batches, window, seeds)
+    parts = [f"**{path}**, prompt {prompt!r}, SCD (maximal coupling), window {window}, {len(seeds)} seeds; "
+             f"calls per batch of {model.num_tokens}-token images, calls_ratio against batch {batches[0]}\n\n"
+             + markdown(rows, ("batch", "pace", "calls", "speedup", "calls_ratio", "s_per_image"))]
+    if shape:
+        cost = row_cache_call_cost(shape, batches, window, device, dtype)
+        calls = {(row["batch"], row["pace"]): row["calls"] for row in rows}
+        for row in cost:
+            row["calls"] = calls[row["batch"], row["pace"]]
+            row["s_per_image"] = row["call_s"] * row["calls"] / row["batch"]
+        first = cost[0]
+        parts.append(f"**Janus-Pro-{shape}-shaped** backbone + image head, random weights: one {window}-token "
+                     f"call of the adapter's per-row cache after a {first['prefix']}-token prefix, CFG double "
+                     f"batch, {first['device']} {first['dtype']}, {first['layers']} of {first['full_layers']} "
+                     f"layers timed and scaled to full depth; s_per_image uses the calls above\n\n"
+                     + markdown(cost, ("batch", "pace", "call_s", "calls", "s_per_image")))
+    return "\n\n".join(parts)
