@@ -5,7 +5,7 @@ from __future__ import annotations
 import comfy.model_management as mm
 from comfy_api.latest import io
 from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate
-from scd_core.config import MAX_SEED, MAX_WINDOW
+from scd_core.config import AUTO_WINDOW, MAX_SEED, MAX_WINDOW
 
 from .checks import CheckedCombo, check_same_model
 from .progress import ProgressReporter
@@ -13,6 +13,7 @@ from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDMode
 
 RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scale"
 RECOMMENDED_TOP_K = 0
+AUTOMATIC_WINDOW = 0  # widget value meaning window "auto": the width with the most tokens per second, per call
 MODEL_DRAFT_INIT = "auto"  # widget value meaning "the model's default" (previous_frame for video, else above)
 DRAFT_INIT_CHOICES = (MODEL_DRAFT_INIT, *DRAFT_INITS)
 MAX_TOP_K = 1_000_000
@@ -21,13 +22,13 @@ MAX_BATCH = 16
 
 def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, temperature: float, top_k: int,
                    top_p: float, draft_init: str) -> SamplerConfig:
-    """Widget values -> SamplerConfig; the widgets' "recommended" sentinels become None."""
+    """Widget values -> SamplerConfig; the widgets' "recommended" sentinels become None, window 0 "auto"."""
     if cfg_scale != RECOMMENDED_CFG and cfg_scale < 0:
         raise ValueError(f"cfg_scale must be -1 (the model's recommended value) or a number in 0..100, "
                          f"got {cfg_scale}")
     if top_k < 0:
         raise ValueError(f"top_k must be 0 (the model's recommended value) or a positive integer, got {top_k}")
-    return SamplerConfig(coupler=coupler, window=window,
+    return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window,
                          cfg_scale=None if cfg_scale == RECOMMENDED_CFG else cfg_scale,
                          temperature=temperature, top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
                          top_p=top_p, seed=seed, draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init)
@@ -48,8 +49,10 @@ class SCDSampler(io.ComfyNode):
                 CheckedCombo("coupler", options=list(COUPLERS), default="maximal",
                              tooltip="maximal / gumbel: coupled drafts (SCD); independent: SJD; faithful: "
                                      "exactly the autoregressive output for the same seed."),
-                io.Int.Input("window", default=32, min=1, max=MAX_WINDOW,
-                             tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling."),
+                io.Int.Input("window", default=AUTOMATIC_WINDOW, min=0, max=MAX_WINDOW,
+                             tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling. 0 picks "
+                                     "it per call: the width with the most tokens per second, from what a call "
+                                     "costs on this device and how many tokens the calls so far committed."),
                 io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
                                tooltip="Classifier-free guidance scale; -1 uses the model's recommended value."),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True),

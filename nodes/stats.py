@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import collections
+
 import comfy.model_management as mm
 import numpy as np
 import torch
 from comfy_api.latest import io
+from scd_core.config import AUTO_WINDOW
 
 from .chart import committed_chart
 from .sockets import SamplingStats, SCDStats
@@ -16,13 +19,21 @@ from .sockets import SamplingStats, SCDStats
 LINE_BREAK = "  \n"
 
 
+def window_text(stats: SamplingStats) -> str:
+    """The window setting; for "auto" also the widths it chose, with how many calls each."""
+    if stats.config.window != AUTO_WINDOW:
+        return str(stats.config.window)
+    used = collections.Counter(stats.result.windows[1:])  # the first call is the prefill
+    return "auto (" + ", ".join(f"{width} x {calls}" for width, calls in sorted(used.items())) + ")"
+
+
 def summary_text(stats: SamplingStats) -> str:
     result, config = stats.result, stats.config
     tokens = result.tokens.shape[1]  # autoregressive decoding needs one call per token
     return LINE_BREAK.join([
         f"{stats.model_name}: {tokens} tokens x {stats.batch_size} in {result.nfe} model calls "
         f"(autoregressive: {tokens}) - {tokens / result.nfe:.2f}x fewer calls",
-        f"coupler {config.coupler}, window {config.window}, draft init {config.draft_init or 'auto'}, "
+        f"coupler {config.coupler}, window {window_text(stats)}, draft init {config.draft_init or 'auto'}, "
         f"seed {config.seed}",
         f"wall {result.total_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "
         f"sampling {result.sample_s:.2f} s"])

@@ -7,6 +7,7 @@ random Janus checkpoint of janus_fixture.py (real loader, adapter and VQ decoder
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import gc
 import importlib.util
@@ -164,7 +165,7 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
     expect = {"conditioning": ("SCD_COND", {}),
               "coupler": (["maximal", "gumbel", "independent", "faithful"],
                           {"options": ["maximal", "gumbel", "independent", "faithful"], "default": "maximal"}),
-              "window": ("INT", {"min": 1, "max": 1024, "default": 32}),
+              "window": ("INT", {"min": 0, "max": 1024, "default": 0}),  # 0: automatic
               "cfg_scale": ("FLOAT", {"min": -1.0, "max": 100.0, "default": -1.0}),
               "seed": ("INT", {"min": 0, "control_after_generate": True}),
               "temperature": ("FLOAT", {"default": 1.0}),
@@ -232,8 +233,9 @@ def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> N
     assert sampler_config("maximal", 8, 2.5, 1, 1.0, 50, 1.0, "left").top_k == 50
     with pytest.raises(ValueError, match="cfg_scale must be -1"):
         sampler_config("maximal", 8, -0.5, 1, 1.0, 0, 1.0, "left")
+    assert sampler_config("maximal", 0, -1.0, 1, 1.0, 0, 1.0, "left").window == "auto"
     with pytest.raises(ValueError, match="window"):
-        sampler_config("maximal", 0, -1.0, 1, 1.0, 0, 1.0, "left")
+        sampler_config("maximal", -1, -1.0, 1, 1.0, 0, 1.0, "left")
 
 
 # -- executing the nodes on the tiny Janus --------------------------------------------------------
@@ -267,6 +269,18 @@ def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any],
     # three lines that stay lines in the frontend's Markdown text preview (a hard break ends each)
     lines = summary.split("\n")
     assert len(lines) == 3 and all(line.endswith("  ") for line in lines[:-1])
+
+
+def test_window_0_picks_the_width_per_call_and_the_summary_lists_the_widths(node_classes: dict[str, Any],
+                                                                            janus: Any,
+                                                                            fake_server: FakeServer) -> None:
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a red square", negative_prompt="")
+    tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, window=0))
+    assert stats.config.window == "auto" and tokens.shape == (1, janus.model.num_tokens)
+    assert len(stats.result.windows) == stats.result.nfe
+    _, summary = run_node(node_classes["SCDStats"], stats=stats)
+    used = collections.Counter(stats.result.windows[1:])
+    assert "window auto (" + ", ".join(f"{w} x {c}" for w, c in sorted(used.items())) + ")" in summary
 
 
 def test_stats_chart_is_legible_at_node_size(pack: ModuleType) -> None:
