@@ -326,3 +326,19 @@ def test_mismatched_weights_leave_nothing_loaded(tiny_emu3_dir: Path, tmp_path: 
     with pytest.raises(ModelLoadError, match="do not match"):
         load_model(folder, device="cpu")
     assert live() == before
+
+
+# ---- the long-sequence benchmark ----
+
+def test_long_benchmark_rows_and_memory() -> None:
+    from scd_core.bench_long import kv_cache_bytes, long_benchmark
+
+    rows, memory = long_benchmark(device="cpu", window=8, positions=(1, 40), hidden=32, layers=1,
+                                  image_area=64 * 64)  # 8 x 8 codes: 8 * 9 + 3 = 75 tokens
+    assert memory["tokens"] == 75 and memory["positions"] == 75 + 40  # the 40-token prompt plus the image
+    assert [(row["method"], row["position"]) for row in rows] == [("AR", 1), ("AR", 40), ("SCD-maximal", 1),
+                                                                 ("SCD-maximal", 40)]
+    assert rows[0]["nfe"] == 75 and rows[2]["nfe"] < 75
+    assert all(row["calls"] >= 1 and row["forward_ms"] > 0 and row["sample_ms"] > 0 for row in rows)
+    # Emu3-Gen 8B, bfloat16, CFG: 2 x 32 layers x 2 rows x 8 KV heads x 128 x positions x 2 bytes
+    assert kv_cache_bytes(32, 8, 128, 8233, rows=2, dtype_bytes=2) == 2 * 32 * 2 * 8 * 128 * 8233 * 2
