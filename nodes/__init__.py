@@ -7,8 +7,9 @@ from .encode import SCDPromptEncode
 from .loader import SCDModelLoader
 from .sampler import SCDSampler
 from .stats import SCDStatsNode
+from .video_context import SCDVideoContext
 
-NODES = [SCDModelLoader, SCDPromptEncode, SCDSampler, SCDVQDecode, SCDStatsNode]
+NODES = [SCDModelLoader, SCDPromptEncode, SCDSampler, SCDVQDecode, SCDStatsNode, SCDVideoContext]
 
 
 class SCDExtension(ComfyExtension):

@@ -1,4 +1,4 @@
-"""Where the loader finds models: ComfyUI's models/scd/, models/Janus-Pro/ and models/LlamaGen/.
+"""Where the loader finds models: ComfyUI's models/scd/, models/Janus-Pro/, models/LlamaGen/ and models/Cosmos/.
 
 Hugging Face style models are folders, which folder_paths.get_filename_list does not
 list, so the folders under each registered path are enumerated here.
@@ -14,7 +14,9 @@ import folder_paths
 
 DEMO = "demo"
 # folder_paths names; each is models/<name>/ by default (extra_model_paths.yaml may add more paths).
-MODEL_ROOTS = ("scd", "Janus-Pro", "LlamaGen")
+MODEL_ROOTS = ("scd", "Janus-Pro", "LlamaGen", "Cosmos")
+# folders next to the models that hold a part of one, not a model: Cosmos's sibling tokenizer folder
+HELPER_FOLDERS = ("Cosmos-1.0-Tokenizer-DV8x16x16",)
 MODEL_FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin")
 
 
@@ -46,7 +48,7 @@ def model_choices() -> dict[str, Optional[Path]]:
             if _holds_model_files(root):
                 choices.setdefault(_label(root_name, None), root)
             for child in sorted(root.iterdir()):
-                if child.is_dir() and not child.name.startswith("."):
+                if child.is_dir() and not child.name.startswith(".") and child.name not in HELPER_FOLDERS:
                     choices.setdefault(_label(root_name, child.name), child)
     return choices
 

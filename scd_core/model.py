@@ -60,6 +60,9 @@ class TokenModel(Protocol):
     Loaded families (see `scd_core.load_model`) also offer
       encode(prompt, negative_prompt=None) -> conditioning for `start`, and
       decode(tokens (batch, N)) -> images (batch, H, W, 3) float in 0..1.
+    Video families (Cosmos) instead take context frames, encode_video(frames (F, H, W, 3), prompt=None),
+      return frames (batch * F, H, W, 3) from decode, and with `decodes_context = True` accept
+      decode(tokens, cond) to decode the context frames in front of the continuation.
     """
 
     vocab_size: int

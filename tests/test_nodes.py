@@ -31,6 +31,7 @@ CONTRACT_NODES = {
     "SCDSampler": ("SCD Sampler", ["SCD_TOKENS", "SCD_STATS"]),
     "SCDVQDecode": ("SCD VQ Decode", ["IMAGE"]),
     "SCDStats": ("SCD Stats", ["IMAGE", "STRING"]),
+    "SCDVideoContext": ("SCD Video Context", ["SCD_COND"]),
 }
 
 
@@ -184,7 +185,10 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
 
 
 def test_decode_and_stats_schema(node_classes: dict[str, Any]) -> None:
-    assert inputs_of(node_classes["SCDVQDecode"]) == {"model": ("SCD_MODEL", {}), "tokens": ("SCD_TOKENS", {})}
+    decode = inputs_of(node_classes["SCDVQDecode"])
+    assert {name: kind for name, (kind, _) in decode.items()} == {"model": "SCD_MODEL", "tokens": "SCD_TOKENS",
+                                                                  "conditioning": "SCD_COND"}
+    assert "conditioning" in node_classes["SCDVQDecode"].GET_NODE_INFO_V1()["input"]["optional"]
     assert inputs_of(node_classes["SCDStats"]) == {"stats": ("SCD_STATS", {})}
 
 

@@ -1,0 +1,39 @@
+"""SCD Video Context: context frames (an IMAGE batch from any video or image loader) -> SCD_COND."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from comfy_api.latest import io
+
+from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
+
+
+class SCDVideoContext(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SCDVideoContext",
+            display_name="SCD Video Context",
+            category="SCD",
+            description="Turns the frames a video model continues (Cosmos: 1 or 9 frames, resized to the "
+                        "model's frame size) into conditioning for the SCD Sampler.",
+            inputs=[
+                SCDModel.Input("model"),
+                io.Image.Input("frames", tooltip="Context frames in order, e.g. from Load Video + Get Video "
+                                                 "Components + Image From Batch (9 frames) or Load Image (1)."),
+                io.String.Input("prompt", multiline=True, default="", optional=True,
+                                tooltip="What happens next; only the Video2World models read a prompt."),
+            ],
+            outputs=[SCDCond.Output(display_name="conditioning")],
+        )
+
+    @classmethod
+    def execute(cls, model: LoadedModel, frames: torch.Tensor, prompt: Optional[str] = None) -> io.NodeOutput:
+        encode_video = getattr(model.model, "encode_video", None)
+        if encode_video is None:
+            raise ValueError(f"model '{model.name}' is not a video model; use SCD Prompt Encode for it")
+        model.to_compute_device()
+        cond = encode_video(frames[..., :3].float().cpu(), prompt if prompt and prompt.strip() else None)
+        return io.NodeOutput(EncodedPrompt(model_name=model.name, cond=cond))
