@@ -2,11 +2,11 @@
 for autoregressive image models.  ComfyUI-free; the node pack is a thin layer on top."""
 
 from .checkpoints import ModelLoadError
-from .config import COUPLERS, DRAFT_INITS, SamplerConfig
+from .config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .engine import GenerationCancelled, GenerationResult, IterationStats, ModelOutputError, generate
 from .loading import load_model
 from .model import Session, TokenModel
 
 __all__ = ["COUPLERS", "DRAFT_INITS", "GenerationCancelled", "GenerationResult", "IterationStats",
-           "ModelLoadError", "ModelOutputError", "SamplerConfig", "Session", "TokenModel", "generate",
-           "load_model"]
+           "ModelLoadError", "ModelOutputError", "SamplerConfig", "Session", "TokenModel", "VERIFICATIONS",
+           "generate", "load_model"]

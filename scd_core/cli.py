@@ -20,7 +20,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from .checkpoints import ModelLoadError
-from .config import COUPLERS, DRAFT_INITS, SamplerConfig
+from .config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .engine import GenerationResult, IterationStats, ModelOutputError, generate
 from .loading import load_model, pick_device
 
@@ -74,6 +74,8 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     sampler.add_argument("--draft-init", choices=DRAFT_INITS, default=DEFAULTS.draft_init,
                          help="initial draft of a position entering the window (default: the model's, "
                               "previous_frame for video, else above)")
+    sampler.add_argument("--verification", choices=VERIFICATIONS, default=DEFAULTS.verification,
+                         help="token: draft by draft; block: a joint rule over the window (independent coupler)")
     sampler.add_argument("--batch-size", type=_positive_int, default=1, help="images per run")
     out = parser.add_argument_group("output")
     out.add_argument("-o", "--output", required=True, type=Path,
@@ -85,7 +87,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 def sampler_config(args: argparse.Namespace) -> SamplerConfig:
     return SamplerConfig(coupler=args.coupler, window=args.window, cfg_scale=args.cfg,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                         draft_init=args.draft_init)
+                         draft_init=args.draft_init, verification=args.verification)
 
 
 def check_device(name: Optional[str]) -> None:

@@ -8,6 +8,7 @@ from typing import Optional
 
 COUPLERS = ("maximal", "gumbel", "independent", "faithful")
 DRAFT_INITS = ("random", "left", "above", "previous_frame")
+VERIFICATIONS = ("token", "block")
 MAX_WINDOW = 1024
 AUTO_WINDOW = "auto"
 MAX_SEED = 2**64 - 1
@@ -45,6 +46,9 @@ class SamplerConfig:
       model's `default_draft_init`, else "above".
     alpha: probability of using the coupled draft instead of an independent one
       (maximal and gumbel only; 0 is SJD, 1 is full SCD).
+    verification: "token" (modified rejection sampling draft by draft, stopping at the first rejection) or
+      "block" (block verification: a joint rule over the whole window that accepts at least as many drafts
+      in expectation; independent drafts only).
     """
 
     coupler: str = "maximal"
@@ -56,6 +60,7 @@ class SamplerConfig:
     seed: int = 0
     draft_init: Optional[str] = None
     alpha: float = 1.0
+    verification: str = "token"
     fixed_shapes: bool = False
 
     def __post_init__(self) -> None:
@@ -75,4 +80,11 @@ class SamplerConfig:
         _check(_is_real(self.alpha) and 0 <= self.alpha <= 1, "alpha", "a number in 0..1", self.alpha)
         _check(self.alpha == 1 or self.coupler in ("maximal", "gumbel"), "alpha",
                "1 unless coupler is maximal or gumbel", self.alpha)
+        _check(self.verification in VERIFICATIONS, "verification", f"one of {', '.join(VERIFICATIONS)}",
+               self.verification)
+        # Block verification decides on every draft of the window, so a carried draft coupled to its old value
+        # is no longer distributed as its proposal given that decision: exact with independent drafts only
+        # (tests/test_lossless.py shows the coupled variants biased).
+        _check(self.verification == "token" or self.coupler == "independent", "verification",
+               "'token' unless coupler is independent", self.verification)
         _check(isinstance(self.fixed_shapes, bool), "fixed_shapes", "True or False", self.fixed_shapes)

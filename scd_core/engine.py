@@ -27,7 +27,7 @@ from . import rng
 from . import auto_window
 from .config import AUTO_WINDOW, SamplerConfig
 from .model import Logits, TokenModel, model_default
-from .sampling import gumbel_argmax, modified_rejection, sample, to_probs
+from .sampling import block_verify, gumbel_argmax, modified_rejection, sample, to_probs
 
 
 class GenerationCancelled(RuntimeError):
@@ -78,6 +78,7 @@ class _Window:
     drafts: torch.Tensor     # (B, T-1) drafts that were fed for positions c .. c+T-2
     proposals: torch.Tensor  # (B, T-1, V) the distributions those drafts were drawn from
     gumbel: Optional[torch.Tensor]  # (B, T, V) position-fixed noise, for the gumbel and faithful couplers
+    free: torch.Tensor       # (B, T) False at forced slots
 
 
 def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
@@ -129,6 +130,15 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
     if config.alpha < 1.0:
         use_coupled = noise.uniform(rng.ALPHA, rows, pos, iteration) < config.alpha
         coupled = torch.where(use_coupled, coupled, fresh())
+    if config.verification == "block":
+        # the joint decision draws on streams of its own, apart from the independent next drafts
+        tau, replacement = block_verify(p, window.proposals, x, window.free,
+                                        noise.uniform(rng.BLOCK, rows, pos, iteration),
+                                        noise.uniform(rng.BLOCK_RESIDUAL, rows, pos, iteration))
+        slots = torch.arange(p.shape[1], device=p.device).unsqueeze(0)
+        accepted = slots[:, :n_drafts] < tau.unsqueeze(1)
+        verified = torch.where(slots < tau.unsqueeze(1), torch.cat([x, replacement.unsqueeze(1)], dim=1),
+                               replacement.unsqueeze(1))
     return accepted, verified, coupled
 
 
@@ -232,12 +242,12 @@ class _Decoder:
         width = p.shape[1]
         positions = self.committed.unsqueeze(1) + self.slots[:width]
         drafts = self.seq.gather(1, positions[:, :width - 1])
-        window = _Window(p, positions, self.to_index(drafts), self.proposals[:, :width - 1],
-                         self.gumbel(positions, start))
-        accepted, verified, coupled = propose_next(self.config, self.noise, window, iteration)
-
         forced = self.forced[positions]
-        accepted = accepted | forced[:, :width - 1]
+        window = _Window(p, positions, self.to_index(drafts), self.proposals[:, :width - 1],
+                         self.gumbel(positions, start), ~forced)
+        accepted, verified, coupled = propose_next(self.config, self.noise, window, iteration)
+        if self.config.verification == "token":  # block verification accounts for forced slots itself
+            accepted = accepted | forced[:, :width - 1]
         verified = torch.where(forced, self.forced_ids[positions], self.code_ids[verified])
         coupled = torch.where(forced, self.forced_ids[positions], self.code_ids[coupled])
 

@@ -14,7 +14,7 @@ import torch
 M32 = 0xFFFFFFFF
 
 # What a draw is for; each purpose gets its own independent stream.
-ACCEPT, RESIDUAL, FRESH, ALPHA, INIT, GUMBEL = range(6)
+ACCEPT, RESIDUAL, FRESH, ALPHA, INIT, GUMBEL, BLOCK, BLOCK_RESIDUAL = range(8)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

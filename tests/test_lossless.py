@@ -76,6 +76,27 @@ def test_output_law_equals_ar(coupler, case):
     assert chi_square_pvalue(result.tokens, law) > P_MIN
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_block_verification_output_law_equals_ar(case):
+    _, model_kwargs, sampler_kwargs, rows_per_cache = case
+    result, law = sample_case("independent", model_kwargs, sampler_kwargs, rows_per_cache, verification="block")
+    assert chi_square_pvalue(result.tokens, law) > P_MIN
+
+
+@pytest.mark.parametrize("coupler", ["maximal", "gumbel"])
+def test_block_verification_with_coupled_drafts_is_biased(coupler, monkeypatch):
+    """Why SamplerConfig refuses it: the block decision looks at every draft, so a next draft coupled to its
+    old value is no longer distributed as p given the decision.  The suite sees it (p ~ 1e-14 .. 1e-66)."""
+    _, model_kwargs, sampler_kwargs, rows_per_cache = CASES[2]
+    config_check = SamplerConfig.__post_init__
+    monkeypatch.setattr(SamplerConfig, "__post_init__", lambda self: None)  # let the refused pairing through
+    result, law = sample_case(coupler, model_kwargs, sampler_kwargs, rows_per_cache, verification="block")
+    monkeypatch.setattr(SamplerConfig, "__post_init__", config_check)
+    assert chi_square_pvalue(result.tokens, law) < 1e-6
+    with pytest.raises(ValueError, match="verification"):
+        SamplerConfig(coupler=coupler, verification="block")
+
+
 @pytest.mark.parametrize("coupler", ["maximal", "gumbel"])
 def test_alpha_mixing_is_lossless(coupler):
     result, law = sample_case(coupler, dict(vocab_size=3, num_tokens=5, cfg=True),
