@@ -67,6 +67,17 @@ def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
     return {width: min(fastest[i:]) for i, width in enumerate(widths)}
 
 
+def cost_key(model: Any, batch_size: int) -> tuple:
+    """What a call's cost depends on besides the model: its dtype, its device and the batch."""
+    return str(getattr(model, "dtype", None)), str(getattr(model, "device", None)), batch_size
+
+
+def remember_costs(model: Any, batch_size: int, costs: dict[int, float]) -> None:
+    """Use `costs` (seconds per call by width) for `model` from now on instead of measuring them,
+    e.g. costs measured on another model of the same shape."""
+    _COSTS.setdefault(model, {})[cost_key(model, batch_size)] = dict(costs)
+
+
 def call_costs(model: Any, key: tuple, widths: Sequence[int], call: Callable[[int], torch.Tensor]
                ) -> dict[int, float]:
     """cost(width) for `model` under `key` (dtype, device, batch), measured with `call` on a cache miss."""
@@ -94,8 +105,7 @@ def session_chooser(model: Any, session: Any, inputs: Callable[[int], torch.Tens
         return p
 
     widths = candidate_widths(model.num_tokens, largest)
-    key = (str(getattr(model, "dtype", None)), str(getattr(model, "device", None)), batch_size)
-    return WindowChooser(call_costs(model, key, widths, call))
+    return WindowChooser(call_costs(model, cost_key(model, batch_size), widths, call))
 
 
 class WindowChooser:

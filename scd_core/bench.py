@@ -5,6 +5,7 @@
     python -m scd_core.bench --shape 1B      # cost of one window forward vs window size, Janus-Pro-1B shape
     python -m scd_core.bench --video         # synthetic video model: previous-frame drafts vs random / above
     python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 --shape 1B   # shared vs per-row pace
+    python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
     ... --readme README.md                   # also write the tables between the README's bench markers
 
 Wall times are only comparable within one run on one machine; on a CPU quote the ratios.
@@ -158,6 +159,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--prompt", default="7", help="prompt or class label for --model")
     parser.add_argument("--shape", choices=("1B", "7B"), help="window cost of a Janus-Pro-shaped model")
     parser.add_argument("--video", action="store_true", help="synthetic video model (AR / SJD / SCD x draft init)")
+    parser.add_argument("--device-check", action="store_true",
+                        help="window cost, sampling share, memory, AR vs transformers and predicted time per image "
+                             "for random-weight models at the published shapes (scd_core.device_check); needs --out")
+    parser.add_argument("--out", type=Path, help="--device-check: folder for device_check.md and .json")
+    parser.add_argument("--tiny", action="store_true", help="--device-check: tiny shapes (tests the same code path)")
+    parser.add_argument("--auto", action="store_true",
+                        help="time per image, automatic window against fixed ones: demo and Janus-Pro-1B-shaped")
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--device")
@@ -177,6 +185,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         section = "batches"
         text = pace_tables(args.model or "demo", args.prompt, args.batches, args.windows[0], seeds, args.shape,
                            args.device, args.dtype)
+    elif args.auto:
+        from .bench_auto import auto_tables
+
+        section, text = "auto", auto_tables(seeds)
+    elif args.device_check:
+        from .device_check import run
+
+        if args.out is None:
+            parser.error("--device-check needs --out DIR")
+        section, text = "device-check", run(args.out, args.device, args.dtype, args.tiny)
     elif args.shape:
         section, text = f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype)
     elif args.video:

@@ -1,0 +1,258 @@
+"""One prepared device check: what a window costs on this accelerator, and what that makes of an image.
+
+    python -m scd_core.bench --device-check --out DIR               # one GPU, the published shapes
+    python -m scd_core.bench --device-check --out DIR --device cpu --tiny   # the same code path, tiny shapes
+
+No weights are read or downloaded: each family's language model is built by transformers from a config with
+the published layer sizes and random weights (one family at a time, freed before the next).  For each it
+measures, with the prompt and half the image already in the KV cache and the CFG double batch:
+
+  - cost(L) / cost(1) of one call (backbone + the head rows of the image codes) for L = 1, 2, 4, ..., 64,
+    timed like the automatic window times them (scd_core.auto_window.measure_costs);
+  - the sampling and verification time per call (the engine on a synthetic grid model with the family's
+    vocabulary of codes, whose own call is nearly free) and its share of a call;
+  - peak memory;
+  - AR time per token: this pack's call at width 1 plus sampling, against transformers' own `generate`;
+  - the wall time per image predicted from those costs and the calls the engine measurably makes on a
+    synthetic grid model of the family's token layout (medium entropy) at windows 16, 32, 64 and auto.
+
+It writes device_check.md (two tables) and device_check.json to DIR.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import auto_window
+from .bench import markdown
+from .bench_models import peak_memory_mb
+from .config import SamplerConfig
+from .engine import generate
+from .loading import pick_device, pick_dtype
+from .synthetic import GridModel
+
+WIDTHS = auto_window.CANDIDATES
+SCD_WINDOWS = (16, 32, 64, "auto")
+MEDIUM_SHARPNESS = 1.5  # the synthetic grid model's medium-entropy setting (scd_core.bench)
+GENERATE_TOKENS = 32    # new tokens timed in transformers' generate
+COST_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    family: str            # "llama" (Janus-Pro's language model), "chameleon" (Lumina-mGPT), "emu3"
+    config: dict[str, Any]  # the transformers text-config fields that set the size
+    codes: int             # image codes: the rows of the output head a call computes
+    grid: tuple[int, int]  # token rows x columns (a row-end column included) of one image
+    prefix: int            # prompt tokens before the image
+
+
+# Published sizes: DeepSeek-LLM 1.5B / 7B under Janus-Pro, Chameleon-7B under Lumina-mGPT (768 px: 48 rows of
+# 48 codes + row end), Emu3-Gen (720 px: 90 rows of 90 codes + row end).
+SHAPES = (
+    Shape("Janus-Pro-1B", "llama", dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=16,
+                                        num_key_value_heads=16, intermediate_size=5632, vocab_size=102400),
+          16384, (24, 24), 64),
+    Shape("Janus-Pro-7B", "llama", dict(hidden_size=4096, num_hidden_layers=30, num_attention_heads=32,
+                                        num_key_value_heads=32, intermediate_size=11008, vocab_size=102400),
+          16384, (24, 24), 64),
+    Shape("Lumina-mGPT-7B", "chameleon", dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                              num_key_value_heads=32, intermediate_size=11008, vocab_size=65536),
+          8192, (48, 49), 64),
+    Shape("Emu3-8B", "emu3", dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                  num_key_value_heads=8, intermediate_size=14336, vocab_size=184622),
+          32768, (90, 91), 64),
+)
+TINY_CONFIG = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                   intermediate_size=128, vocab_size=512)
+TINY_SHAPES = tuple(Shape(f"{s.name} (tiny)", s.family, TINY_CONFIG, 256, (6, 7), 8) for s in SHAPES[1:])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) -> tuple[Any, torch.nn.Module]:
+    """(transformers causal LM with random weights, image head over the codes) at `shape`'s sizes."""
+    import transformers
+
+    from .models.janus import dtype_keyword
+
+    if shape.family == "llama":
+        cls, config = transformers.LlamaForCausalLM, transformers.LlamaConfig(**shape.config)
+    elif shape.family == "chameleon":
+        # the VQ tokenizer is part of the model class; tiny shapes get a tiny one
+        vq = dict(embed_dim=8, num_embeddings=32, base_channels=32, channel_multiplier=[1, 1], num_res_blocks=1,
+                  resolution=32, latent_channels=8) if tiny else None
+        cls = transformers.ChameleonForConditionalGeneration
+        config = transformers.ChameleonConfig(**shape.config, vocabulary_map={"<image>": 8711}, vq_config=vq)
+    elif shape.family == "emu3":
+        cls, config = transformers.Emu3ForCausalLM, transformers.Emu3TextConfig(**shape.config, pad_token_id=0)
+    else:
+        raise ValueError(f"unknown family {shape.family!r}")
+    hidden = shape.config["hidden_size"]
+    with torch.device(device):
+        model = cls._from_config(config, **{dtype_keyword(): dtype}).eval()
+        if shape.family == "llama":  # Janus-Pro's generation head: an MLP from the hidden state to the codes
+            head = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.GELU(),
+                                       torch.nn.Linear(hidden, shape.codes))
+        else:  # the rows of the LM head that belong to image codes
+            head = torch.nn.Linear(hidden, shape.codes, bias=False)
+    return model, head.to(dtype).eval()
+
+
+def window_costs(model: Any, head: torch.nn.Module, shape: Shape, context: int,
+                 device: torch.device) -> dict[int, float]:
+    """Seconds of one call per width, two rows (CFG), `context` tokens already cached."""
+    from .models.janus import cache_keyword, new_cache
+
+    backbone = model.model
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(shape.config["vocab_size"], (2, context + max(WIDTHS)), generator=generator).to(device)
+    cache = new_cache()
+    keyword = cache_keyword()
+    backbone(input_ids=ids[:, :context], use_cache=True, **{keyword: cache})
+
+    def call(width: int) -> torch.Tensor:
+        out = backbone(input_ids=ids[:, context:context + width], use_cache=True, **{keyword: cache})
+        logits = head(out.last_hidden_state)
+        cache.crop(-width)
+        return logits
+
+    return auto_window.measure_costs(call, WIDTHS, rounds=COST_ROUNDS)
+
+
+def generate_ms_per_token(model: Any, shape: Shape, context: int, device: torch.device) -> float:
+    """transformers' own sampling loop: ms per new token after a `context`-token prompt, two rows."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(shape.config["vocab_size"], (2, context), generator=generator).to(device)
+
+    def seconds(new: int) -> float:
+        _sync(device)
+        started = time.perf_counter()
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                       min_new_tokens=new, do_sample=True, pad_token_id=0)
+        _sync(device)
+        return time.perf_counter() - started
+
+    seconds(2)  # warm-up
+    return 1000 * (seconds(GENERATE_TOKENS + 1) - seconds(1)) / GENERATE_TOKENS
+
+
+def _cost_of(costs: dict[int, float], width: int) -> float:
+    """A call of a width between candidates costs what the next candidate costs (as with fixed shapes)."""
+    return costs[min((w for w in costs if w >= width), default=max(costs))]
+
+
+def image_runs(shape: Shape, costs: dict[int, float], device: torch.device) -> dict[str, dict[str, Any]]:
+    """Calls the engine makes on a synthetic grid model of the family's layout, and the predicted seconds."""
+    rows, cols = shape.grid
+    runs = {}
+    ar_probe = generate(GridModel(rows=4, cols=4, vocab_size=shape.codes, sharpness=MEDIUM_SHARPNESS,
+                                  device=str(device)), None, SamplerConfig(window=1), sync_timing=True)
+    ar_sample = ar_probe.sample_s / ar_probe.nfe
+    runs["AR"] = dict(window=1, nfe=rows * cols, sample_ms=1000 * ar_sample, widths={1: rows * cols},
+                      predicted_s=rows * cols * (costs[1] + ar_sample))
+    for window in SCD_WINDOWS:
+        grid = GridModel(rows=rows, cols=cols, vocab_size=shape.codes, sharpness=MEDIUM_SHARPNESS,
+                         device=str(device))
+        auto_window.remember_costs(grid, 1, costs)  # the chooser sees the family's costs, not the toy's
+        result = generate(grid, None, SamplerConfig(window=window, seed=0), sync_timing=True)
+        model_s = sum(_cost_of(costs, w) for w in result.windows)
+        widths: dict[int, int] = {}
+        for w in result.windows[1:]:
+            widths[w] = widths.get(w, 0) + 1
+        runs[f"SCD {window}"] = dict(window=window, nfe=result.nfe, sample_ms=1000 * result.sample_s / result.nfe,
+                                     widths=widths, predicted_s=model_s + result.sample_s)
+    return runs
+
+
+def check_shape(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) -> dict[str, Any]:
+    started = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model, head = build(shape, device, dtype, tiny)
+    tokens = shape.grid[0] * shape.grid[1]
+    context = shape.prefix + tokens // 2  # mid-image: the cache a typical call attends to
+    with torch.no_grad():
+        costs = window_costs(model, head, shape, context, device)
+        peak_mb = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
+                   else peak_memory_mb(device))
+        hf_ms = generate_ms_per_token(model, shape, context, device)
+    del model, head
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    with torch.no_grad():
+        runs = image_runs(shape, costs, device)
+    parameters = _parameter_count(shape)
+    return dict(name=shape.name, family=shape.family, parameters_b=parameters / 1e9, codes=shape.codes,
+                tokens=tokens, context=context, costs_s=costs, ratios={w: c / costs[1] for w, c in costs.items()},
+                peak_mem_mb=peak_mb, ar_ms_per_token=1000 * costs[1] + runs["AR"]["sample_ms"],
+                transformers_generate_ms_per_token=hf_ms, runs=runs, seconds=time.perf_counter() - started)
+
+
+def _parameter_count(shape: Shape) -> int:
+    c = shape.config
+    hidden, inner, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    kv = hidden * c["num_key_value_heads"] // c["num_attention_heads"]
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inner
+    return layers * per_layer + 2 * c["vocab_size"] * hidden
+
+
+def tables(results: list[dict[str, Any]], header: str) -> str:
+    cost_rows, image_rows = [], []
+    for r in results:
+        cost_rows.append(dict(model=r["name"], params_b=round(r["parameters_b"], 1), context=r["context"],
+                              ms_at_1=1000 * r["costs_s"][1],
+                              **{f"x{w}": r["ratios"][w] for w in WIDTHS[1:]},
+                              sample_ms_32=r["runs"]["SCD 32"]["sample_ms"],
+                              sample_share_32=r["runs"]["SCD 32"]["sample_ms"]
+                              / (r["runs"]["SCD 32"]["sample_ms"] + 1000 * r["costs_s"][32]),
+                              peak_gb=r["peak_mem_mb"] / 1024))
+        runs = r["runs"]
+        auto = runs["SCD auto"]
+        common = sorted(auto["widths"].items(), key=lambda item: -item[1])[:2]
+        image_rows.append(dict(model=r["name"], tokens=r["tokens"], ar_ms_token=r["ar_ms_per_token"],
+                               hf_generate_ms_token=r["transformers_generate_ms_per_token"],
+                               ar_s=runs["AR"]["predicted_s"],
+                               **{f"scd{w}_s": runs[f"SCD {w}"]["predicted_s"] for w in (16, 32, 64)},
+                               auto_s=auto["predicted_s"], auto_widths=" ".join(f"{w}x{n}" for w, n in common),
+                               speedup=runs["AR"]["predicted_s"] / auto["predicted_s"]))
+    return (f"{header}\n\nCost of one call by window width (ratio to width 1), sampling per call, peak memory\n\n"
+            + markdown(cost_rows, list(cost_rows[0]))
+            + "\n\nAR per token (this pack; transformers' generate) and predicted seconds per image "
+              "(calls measured on a synthetic grid of the model's layout, medium entropy)\n\n"
+            + markdown(image_rows, list(image_rows[0])))
+
+
+def run(out: Path, device: Optional[str] = None, dtype: Optional[str] = None, tiny: bool = False) -> str:
+    """Run every shape, write device_check.md and device_check.json to `out`; returns the markdown."""
+    import transformers
+
+    started = time.perf_counter()
+    torch_device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, torch_device)
+    results = []
+    for shape in TINY_SHAPES if tiny else SHAPES:
+        results.append(check_shape(shape, torch_device, torch_dtype, tiny))
+        print(f"{shape.name}: {results[-1]['seconds']:.0f} s", flush=True)
+    name = torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else platform.processor() or "cpu"
+    header = (f"{time.strftime('%Y-%m-%d')}, {name} ({torch_device.type}), {str(torch_dtype).replace('torch.', '')}, "
+              f"torch {torch.__version__}, transformers {transformers.__version__}, random weights"
+              f"{', tiny shapes' if tiny else ''}; {time.perf_counter() - started:.0f} s in all")
+    text = tables(results, header)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "device_check.md").write_text(text + "\n")
+    (out / "device_check.json").write_text(json.dumps(dict(header=header, results=results), indent=1, default=str))
+    return text
