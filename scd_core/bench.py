@@ -3,7 +3,9 @@
     python -m scd_core.bench                 # synthetic grid model, three entropy levels
     python -m scd_core.bench --model demo    # any folder load_model accepts (NFE + latency split)
     python -m scd_core.bench --shape 1B      # cost of one window forward vs window size, Janus-Pro-1B shape
+    python -m scd_core.bench --shape lumina-7b --layers 2   # the same at Lumina-mGPT-7B's 768 px sequence length
     python -m scd_core.bench --video         # synthetic video model: previous-frame drafts vs random / above
+    python -m scd_core.bench --long          # time per call at positions ~100 / 2000 / 8000 of an 8k-token image
     python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 --shape 1B   # shared vs per-row pace
     python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
     ... --readme README.md                   # also write the tables between the README's bench markers
@@ -29,6 +31,9 @@ from .synthetic import GridModel
 
 METHODS = (("AR", "independent"), ("SJD", "independent"), ("SCD-MC", "maximal"), ("SCD-GS", "gumbel"),
            ("faithful", "faithful"))
+# The NFE tables also show SJD with block verification (exact with independent drafts only).
+NFE_METHODS = METHODS[:2] + (("SJD-block", "independent"),) + METHODS[2:]
+VERIFICATION = {"SJD-block": "block"}
 SHARPNESS = (("high", 0.5), ("medium", 1.5), ("low", 2.5))  # per-token entropy about 6.5 / 4 / 2.2 nats
 
 
@@ -58,9 +63,10 @@ def measure(model: Any, cond: Any, config: SamplerConfig, seeds: Iterable[int], 
 def method_rows(model: Any, cond: Any, windows: Sequence[int], seeds: Sequence[int], draft_init: str,
                 **sampling: Any) -> list[dict]:
     rows = []
-    for label, coupler in METHODS:
+    for label, coupler in NFE_METHODS:
         for window in ([1] if label == "AR" else windows):
-            config = SamplerConfig(coupler=coupler, window=window, draft_init=draft_init, **sampling)
+            config = SamplerConfig(coupler=coupler, window=window, draft_init=draft_init,
+                                   verification=VERIFICATION.get(label, "token"), **sampling)
             rows.append(dict(method=label, window=window, **measure(model, cond, config, seeds)))
     ar_nfe = rows[0]["nfe"]
     for row in rows:
@@ -134,11 +140,11 @@ def model_tables(path: str, prompt: str, windows: Sequence[int], seeds: Sequence
     return "\n\n".join(parts)
 
 
-def shape_table(size: str, device: Optional[str], dtype: Optional[str]) -> str:
-    from .bench_models import shape_benchmark
+def shape_table(size: str, device: Optional[str], dtype: Optional[str], layers: Optional[int] = None) -> str:
+    from .bench_models import SHAPE_NAMES, shape_benchmark
 
-    rows = shape_benchmark(size, device=device, dtype=dtype)
-    return (f"Janus-Pro-{size}-shaped backbone with random weights, one window after a {rows[0]['prefix']}-token "
+    rows = shape_benchmark(size, device=device, dtype=dtype, layers=layers)
+    return (f"{SHAPE_NAMES[size]}-shaped backbone with random weights, one window after a {rows[0]['prefix']}-token "
             f"prefix, CFG double batch, {rows[0]['device']} {rows[0]['dtype']}, {rows[0]['layers']} of "
             f"{rows[0]['full_layers']} layers\n\n"
             + markdown(rows, ("window", "seconds", "ratio", "per_layer_ms", "full_depth_s")))
@@ -157,8 +163,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m scd_core.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="a model folder (or 'demo') instead of the synthetic grid model")
     parser.add_argument("--prompt", default="7", help="prompt or class label for --model")
-    parser.add_argument("--shape", choices=("1B", "7B"), help="window cost of a Janus-Pro-shaped model")
+    parser.add_argument("--shape", choices=("1B", "7B", "lumina-7b"),
+                        help="window cost of a Janus-Pro- or Lumina-mGPT-shaped model")
+    parser.add_argument("--layers", type=int, help="--shape: layers to build (default: all that fit in memory)")
     parser.add_argument("--video", action="store_true", help="synthetic video model (AR / SJD / SCD x draft init)")
+    parser.add_argument("--long", action="store_true",
+                        help="time and sampling time per call along an 8193-token Emu3-shaped image (AR, SCD)")
     parser.add_argument("--device-check", action="store_true",
                         help="window cost, sampling share, memory, AR vs transformers and predicted time per image "
                              "for random-weight models at the published shapes (scd_core.device_check); needs --out")
@@ -196,7 +206,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             parser.error("--device-check needs --out DIR")
         section, text = "device-check", run(args.out, args.device, args.dtype, args.tiny)
     elif args.shape:
-        section, text = f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype)
+        section, text = f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype, args.layers)
+    elif args.long:
+        from .bench_long import long_table
+
+        section, text = "long", long_table(args.device, args.dtype)
     elif args.video:
         from .bench_video import video_tables
 
