@@ -38,6 +38,9 @@ def event_data(node_id: str, stats: IterationStats) -> dict[str, Any]:
 def partial_image(model: Any, prefix: torch.Tensor, num_tokens: int) -> Image.Image:
     """Decode the first row's committed prefix; the rows still being sampled are shown gray."""
     done = prefix.shape[1]
+    preview_frame = getattr(model, "preview_frame", None)
+    if preview_frame is not None:  # video: only the latent frame being sampled, which is cheap to decode
+        return to_pil(preview_frame(prefix[:1]))
     # pending positions hold a token the decoder accepts: the first image code where the model names its codes
     code_ids = getattr(model, "code_ids", None)
     filler = 0 if code_ids is None else int(code_ids[0])
@@ -49,6 +52,10 @@ def partial_image(model: Any, prefix: torch.Tensor, num_tokens: int) -> Image.Im
         # only complete token rows are meaningful pixels
         rows_done = done * grid_rows // num_tokens
         image[image.shape[0] * rows_done // grid_rows:] = PENDING_GRAY
+    return to_pil(image)
+
+
+def to_pil(image: torch.Tensor) -> Image.Image:
     return Image.fromarray((image.clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy())
 
 

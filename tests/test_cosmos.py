@@ -246,3 +246,14 @@ def test_detect_and_size_from_name(tmp_path, folders):
     (bad / "config.json").write_text('{"video_latent_shape": [4, 2]}')
     with pytest.raises(ModelLoadError, match="video_latent_shape"):
         load_model(bad, "cpu")
+
+
+def test_preview_shows_the_latent_frame_being_sampled(folders):
+    model = load_model(folders["4B"], "cpu", torch.float32)
+    tokens = generate(model, _context(model), SamplerConfig(window=8), batch_size=1).tokens
+    cols = TINY["video_latent_shape"][2]
+    partial = model.preview_frame(tokens[:, :FRAME_TOKENS + cols])  # frame 1: its first code row sampled
+    assert partial.shape == (*FRAME_SIZE, 3)
+    assert (partial[16:] == 0.5).all() and (partial[:16] != 0.5).any()
+    # the tiny decoder maps each latent frame on its own, so the finished preview is that frame of the clip
+    torch.testing.assert_close(model.preview_frame(tokens), model.decode(tokens)[1])

@@ -529,6 +529,27 @@ class CosmosModel:
         return CosmosSession(self, cond, batch_size)
 
     @torch.no_grad()
+    def preview_frame(self, prefix: torch.Tensor) -> torch.Tensor:
+        """The latent frame being sampled, from a row's committed codes (1, done): (H, W, 3), pending rows gray.
+
+        One latent frame decodes alone as one picture, so a preview costs a small share of a full decode.
+        """
+        done = prefix.shape[1]
+        frame_tokens = self.config.frame_tokens
+        frame = min(done, self.num_tokens - 1) // frame_tokens
+        codes = torch.zeros(1, frame_tokens, dtype=torch.long)
+        filled = prefix[0, frame * frame_tokens:done].cpu()
+        codes[0, :filled.numel()] = filled
+        decoder = self.module["decoder"]
+        device = next(iter(decoder.parameters()), self.module["transformer"].output.weight).device
+        image = (decoder(codes.to(device).view(1, 1, *self.grid[1:])).float()[0, :, 0] * 0.5 + 0.5).clamp(0, 1)
+        image = image.permute(1, 2, 0).cpu()
+        rows, cols = self.grid[1:]
+        rows_done = filled.numel() // cols
+        image[image.shape[0] * rows_done // rows:] = 0.5
+        return image
+
+    @torch.no_grad()
     def decode(self, tokens: torch.Tensor, cond: Optional[VideoContext] = None) -> torch.Tensor:
         """Codes (batch, N) -> frames (batch * F, H, W, 3) float32 CPU in 0..1, each row's frames in order.
 
