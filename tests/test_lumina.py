@@ -10,7 +10,7 @@ import pytest
 import torch
 from lumina_fixture import (BOI, CODES_1, CODES_2, END_OF_TURN, EOI, HEAD_DIM, HEADS, MOVQ_OFFSET, NUM_TOKENS,
                             RESOLUTION_1, RESOLUTION_2, ROW_END, SHARDS, SIDE, SPECIAL_IDS_1, SPECIAL_IDS_2,
-                            fork_config, tiny_lumina2_dir, tiny_lumina_dir, write_tiny_lumina)  # noqa: F401
+                            fork_config, tiny_lumina2_dir, tiny_lumina_dir, write_tokenizer)  # noqa: F401
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import lumina
@@ -208,6 +208,18 @@ def test_512_layout_with_chameleon_subfolder(tiny_lumina_dir: Path, model32: lum
     assert model.encode(PROMPT) == model32.encode(PROMPT)
 
 
+def test_lumina2_tokenizer_without_bos_starts_with_the_text(tiny_lumina2_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / tiny_lumina2_dir.name
+    shutil.copytree(tiny_lumina2_dir, folder)
+    write_tokenizer(folder, {k: v for k, v in SPECIAL_IDS_2.items() if k != "<s>"}, 0, {})  # Qwen-style: no BOS
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": None, "eos_token": "</s>"}))
+    model = load_model(folder, device="cpu", dtype="float32")
+    prompt = model.encode(PROMPT)
+    assert list(prompt.cond[:8]) == TextTokenizer(folder).encode("Generate")
+    cond, uncond = model.start(prompt, batch_size=1).prefill()
+    assert cond.shape == uncond.shape == (1, 1, CODES_2)
+
+
 def broken_copy(source: Path, tmp_path: Path, name: str | None = None) -> Path:
     folder = tmp_path / (name or source.name)
     shutil.copytree(source, folder)
@@ -298,10 +310,14 @@ def test_bad_arguments(model32: lumina.LuminaModel, model2: lumina.LuminaModel) 
         session.rewind(1)
 
 
-def test_shape_benchmark_lumina_one_layer() -> None:
-    from scd_core.bench_models import shape_benchmark
+def test_shape_benchmark_lumina_one_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scd_core import bench_models
 
-    rows = shape_benchmark("lumina-7b", windows=(2, 1), device="cpu", layers=1, prefix=8, repeats=1)
+    # the Chameleon build and the timing loop at a narrow width (the 4096-wide layer takes ~20 s to build here)
+    narrow = dict(bench_models.LUMINA_SHAPES["lumina-7b"], hidden_size=256, num_attention_heads=4, num_key_value_heads=4,
+                  intermediate_size=512)
+    monkeypatch.setitem(bench_models.LUMINA_SHAPES, "lumina-7b", narrow)
+    rows = bench_models.shape_benchmark("lumina-7b", windows=(2, 1), device="cpu", layers=1, prefix=8, repeats=1)
     assert [row["window"] for row in rows] == [1, 2]
     assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] > 0
     assert rows[0]["layers"] == 1 and rows[0]["full_layers"] == 32

@@ -151,7 +151,7 @@ class LuminaModel:
     default_temperature = 1.0
 
     def __init__(self, net: torch.nn.Module, vq: VQDecoder, tokenizer: TextTokenizer, code_ids: torch.Tensor,
-                 variant: Variant, resolution: int) -> None:
+                 variant: Variant, resolution: int, bos: Optional[int]) -> None:
         self.module = torch.nn.ModuleDict({"lm": net, "vq": vq}).eval()
         self.family = variant.family
         self.default_cfg_scale = variant.cfg_scale
@@ -164,7 +164,7 @@ class LuminaModel:
         self._code_rows: Union[slice, torch.Tensor] = slice(first, first + self.vocab_size) if contiguous else code_ids
         self._code_of = torch.full((net.config.vocab_size,), -1, dtype=torch.long)
         self._code_of[code_ids] = torch.arange(self.vocab_size)  # token id -> code index, -1 for other ids
-        self._bos = tokenizer.special_id("bos_token", BOS)
+        self._bos = bos
         self._end_of_turn, self._boi, self._eoi, self._row_end = (
             tokenizer.token_id(t) for t in (END_OF_TURN, BOI, EOI, ROW_END))
         cells = resolution // GRID_CELL
@@ -200,7 +200,8 @@ class LuminaModel:
 
     def _prompt_ids(self, text: str) -> tuple[int, ...]:
         body = PROMPT_TEMPLATE.format(width=self.resolution, height=self.resolution, prompt=text.strip())
-        return (self._bos, *self._tokenizer.encode(body), self._end_of_turn)
+        bos = () if self._bos is None else (self._bos,)
+        return (*bos, *self._tokenizer.encode(body), self._end_of_turn)
 
     def start(self, cond: LuminaPrompt, batch_size: int) -> LuminaSession:
         if not isinstance(cond, LuminaPrompt):
@@ -215,7 +216,7 @@ class LuminaModel:
         rows, masks = [], []
         for ids in (cond.cond, cond.uncond):
             padding = width - len(ids)  # left padding, masked out
-            rows.append([self._bos] * padding + list(ids))
+            rows.append([self._boi] * padding + list(ids))  # any id: padding is never attended
             masks.append([0] * padding + [1] * len(ids))
         device = self.device
         prefix = torch.tensor(rows, device=device).repeat_interleave(batch_size, dim=0)
@@ -288,6 +289,19 @@ def _resolution(folder: Path, variant: Variant) -> int:
         return variant.default_resolution
     raise ModelLoadError(f"cannot tell the resolution of {folder}: keep the repository's name, which ends in "
                          "the resolution (Lumina-mGPT-7B-512, -768, -768-Omni or -1024)")
+
+
+def _bos(tokenizer: TextTokenizer, variant: Variant) -> Optional[int]:
+    """The prompt's first token: Chameleon's <s> (id 0, not config.json's bos_token_id 1).
+
+    2.0's tokenizer may name no BOS (Qwen-style vocabularies have none); the prompt then starts with the text.
+    """
+    try:
+        return tokenizer.special_id("bos_token", BOS)
+    except ModelLoadError:
+        if variant is LUMINA_1:
+            raise
+        return None
 
 
 def _code_ids(tokenizer: TextTokenizer, variant: Variant, codebook_size: int, vocab_size: int,
@@ -433,9 +447,10 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LuminaModel:
     resolution = _resolution(folder, variant)
     vq = load_chameleon_vqgan(vq_path) if variant is LUMINA_1 else load_movqgan(vq_path)
     code_ids = _code_ids(tokenizer, variant, vq.spec.codebook_size, int(config.get("vocab_size", 0)), folder)
+    bos = _bos(tokenizer, variant)
     failure: Optional[str] = None
     try:
-        model = LuminaModel(_read_network(folder, dtype), vq.to(dtype), tokenizer, code_ids, variant, resolution)
+        model = LuminaModel(_read_network(folder, dtype), vq.to(dtype), tokenizer, code_ids, variant, resolution, bos)
         model.module.to(device)
     except ModelLoadError as err:
         failure = str(err)
