@@ -2,8 +2,9 @@
 
 `model_benchmark` runs AR, SJD and SCD on anything `load_model` accepts and
 reports NFE and where the time went.  `shape_benchmark` needs no weights: it
-builds the Llama backbone and image head of Janus-Pro-1B or -7B with random
-weights and measures what one L-token window costs after a cached prompt,
+builds the backbone and image head of Janus-Pro-1B or -7B (or Lumina-mGPT-7B's
+Chameleon backbone and image-code head) with random weights and measures what
+one L-token window costs after a cached prompt,
 relative to one token -- the number that turns an NFE saving into a speed-up.
 """
 
@@ -29,6 +30,16 @@ JANUS_SHAPES = {
     "7B": dict(hidden_size=4096, num_hidden_layers=30, num_attention_heads=32, intermediate_size=11008),
 }
 IMAGE_CODES = 16384
+# Lumina-mGPT-7B: Chameleon-7B (q/k norms); its image head is the 8192 image-code rows of lm_head.
+LUMINA_SHAPES = {
+    "lumina-7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                      intermediate_size=11008),
+}
+LUMINA_CODES = 8192
+# Cached tokens before the timed window: a Janus prompt plus part of the image, or Lumina-mGPT's 768 px
+# sequence (~70 prompt tokens + 2356 image tokens) near its end, where a call costs most.
+DEFAULT_PREFIX = {"1B": 600, "7B": 600, "lumina-7b": 2300}
+SHAPE_NAMES = {"1B": "Janus-Pro-1B", "7B": "Janus-Pro-7B", "lumina-7b": "Lumina-mGPT-7B (768 px sequence)"}
 MEMORY_SHARE = 0.5  # a shape benchmark may use at most this share of the free memory
 
 
@@ -118,9 +129,26 @@ def _build_backbone(shape: dict[str, int], layers: int, device: torch.device, dt
     return backbone, head
 
 
+def _build_chameleon(shape: dict[str, int], layers: int, device: torch.device, dtype: torch.dtype):
+    """A random Chameleon backbone plus a head over Lumina-mGPT's image codes, with the published layer sizes."""
+    from transformers import ChameleonConfig, ChameleonModel
+
+    from .models.janus import dtype_keyword
+
+    # the image encoder inside ChameleonModel is never run here: keep it tiny
+    vq = dict(embed_dim=4, num_embeddings=16, latent_channels=4, base_channels=32, channel_multiplier=[1],
+              num_res_blocks=1)
+    config = ChameleonConfig(**dict(shape, num_hidden_layers=layers), vocab_size=16, max_position_embeddings=16384,
+                             vq_config=vq, vocabulary_map={})
+    with torch.device(device):
+        backbone = ChameleonModel._from_config(config, **{dtype_keyword(): dtype}).eval()
+        head = torch.nn.Linear(shape["hidden_size"], LUMINA_CODES, bias=False).to(dtype).eval()
+    return backbone, head
+
+
 def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 32, 64),
                     device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None, *,
-                    layers: Optional[int] = None, prefix: int = 600, batch_size: int = 1,
+                    layers: Optional[int] = None, prefix: Optional[int] = None, batch_size: int = 1,
                     repeats: int = 5) -> list[dict[str, Any]]:
     """cost(L) / cost(1) of one L-token window forward (cond + uncond rows) after `prefix` cached tokens.
 
@@ -128,12 +156,13 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
     memory (a 7B in float32 needs ~24 GB); time per window scales linearly with
     depth, so rows also give the per-layer time and the full-depth estimate.
     """
-    if size not in JANUS_SHAPES:
-        raise ValueError(f"size must be one of {', '.join(JANUS_SHAPES)}, got {size!r}")
+    if size not in SHAPE_NAMES:
+        raise ValueError(f"size must be one of {', '.join(SHAPE_NAMES)}, got {size!r}")
     windows = sorted(set(windows))
     if not windows or windows[0] < 1:
         raise ValueError(f"windows must be positive integers, got {windows}")
-    shape = JANUS_SHAPES[size]
+    shape = LUMINA_SHAPES[size] if size in LUMINA_SHAPES else JANUS_SHAPES[size]
+    prefix = DEFAULT_PREFIX[size] if prefix is None else prefix
     device = pick_device(device)
     dtype = pick_dtype(dtype, device)
     full_depth = shape["num_hidden_layers"]
@@ -141,7 +170,8 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
     depth = min(layers or full_depth, full_depth, fitting)
     if depth < 1:
         raise ValueError(f"not even one {size} layer fits in the free memory of {device}")
-    backbone, head = _build_backbone(shape, depth, device, dtype)
+    build = _build_chameleon if size in LUMINA_SHAPES else _build_backbone
+    backbone, head = build(shape, depth, device, dtype)
     from .models.janus import cache_keyword, new_cache  # the adapter's own cache handling
 
     rows_in_batch = 2 * batch_size  # the CFG double batch
