@@ -39,7 +39,7 @@ LUMINA_CODES = 8192
 # Cached tokens before the timed window: a Janus prompt plus part of the image, or Lumina-mGPT's 768 px
 # sequence (~70 prompt tokens + 2356 image tokens) near its end, where a call costs most.
 DEFAULT_PREFIX = {"1B": 600, "7B": 600, "lumina-7b": 2300}
-SHAPE_NAMES = {"1B": "Janus-Pro-1B", "7B": "Janus-Pro-7B", "lumina-7b": "Lumina-mGPT-7B (768 px sequence)"}
+SHAPE_NAMES = {"1B": "Janus-Pro-1B", "7B": "Janus-Pro-7B", "lumina-7b": "Lumina-mGPT-7B"}
 MEMORY_SHARE = 0.5  # a shape benchmark may use at most this share of the free memory
 
 
