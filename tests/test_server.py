@@ -159,7 +159,7 @@ def test_interrupt_ends_the_run_within_a_second(comfy_server: ComfyServer) -> No
 
 
 @pytest.mark.parametrize("change, expected", [
-    ({"3": {"window": 0}}, "Value 0 smaller than min of 1"),
+    ({"3": {"window": -1}}, "Value -1 smaller than min of 0"),  # 0 is "auto"
     ({"3": {"coupler": "greedy"}}, "coupler: 'greedy' not in ['maximal', 'gumbel', 'independent', 'faithful']"),
     ({"3": {"draft_init": "below"}}, "draft_init: 'below' not in"),
     ({"1": {"model": "no-such-folder"}}, "model 'no-such-folder' not found"),
