@@ -104,11 +104,13 @@ def long_benchmark(device: Union[str, torch.device, None] = None, dtype: Union[s
                              sample_ms=sample, call_ms=forward + sample, nfe=result.nfe, wall_s=wall,
                              peak_mem_mb=peak_memory_mb(device)))
     text = model.module.config.text_config
-    session = model.start(cond, 1)
-    positions_held = session.cache.capacity
+    positions_held = model.start(cond, 1).cache.capacity
+    small_cache = kv_cache_bytes(text.num_hidden_layers, text.num_key_value_heads,
+                                 text.hidden_size // text.num_attention_heads, positions_held, rows=2,
+                                 dtype_bytes=torch.finfo(dtype).bits // 8)
     memory = dict(tokens=model.num_tokens, positions=positions_held, device=str(device),
                   dtype=str(dtype).replace("torch.", ""), hidden=text.hidden_size, layers=text.num_hidden_layers,
-                  small_cache_mb=session.cache.nbytes() / 2**20,
+                  small_cache_mb=small_cache / 2**20,
                   emu3_8b_cache_gib=kv_cache_bytes(**EMU3_8B, positions=positions_held, rows=2, dtype_bytes=2) / 2**30,
                   window=window, logits_mb=2 * window * CODES * 4 / 2**20)
     return rows, memory

@@ -10,7 +10,8 @@ samples among the 32768 `<|visual token NNNNNN|>` ids only (`code_ids`, whose
 lm_head rows are the only ones computed).  CFG as the authors run it: the prompt
 gets a quality suffix, the uncond rows hold a negative prompt with the same
 image prefix; cond and uncond rows are left-padded to one length and batched.
-The KV cache is pre-allocated for the whole image (`scd_core.static_kv`).
+The KV cache is pre-allocated for the whole image with one length per row
+(`scd_core.row_cache`), so each sample of a batch advances at its own pace.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch.nn.functional as F
 
 from ..checkpoints import ModelLoadError
 from ..hf_folders import check_safetensors_weights, load_pretrained
-from ..static_kv import StaticKVBackbone
+from ..row_attention import RowAttentionBackbone
+from ..row_cache import RowCache
 from ..tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "emu3"
@@ -68,37 +70,43 @@ class Emu3Prompt:
 
 
 class Emu3Session:
-    """One generation: 2 x batch rows (cond, then uncond) over one pre-allocated KV cache."""
+    """One generation: 2 x batch rows (cond, then uncond); each sample advances at its own pace."""
+
+    rows_per_cache = 1
 
     def __init__(self, model: "Emu3Model", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
         self._model = model
         self._prefix = prefix
         self._batch = prefix.shape[0] // 2
+        width = prefix.shape[1]
+        self.cache = RowCache(prefix.shape[0], width + model.num_tokens, width, prefix.device, real=prefix_mask)
         pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
-        self.cache = StaticKVBackbone(model.module.model.text_model, prefix_mask, pads,
-                                      prefix.shape[1] + model.num_tokens)
+        self._backbone = RowAttentionBackbone(model.module.model.text_model, self.cache, pads)
 
     @torch.no_grad()
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cache.length:
+        if self.cache.longest:
             raise RuntimeError("prefill() was already called for this session")
-        return self._logits(self.cache.forward(self._prefix)[:, -1:])
+        return self._run(self._prefix, last_only=True)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.cache.length:
+        """Feed (batch, T) token ids, each sample after its own cached tokens."""
+        if not self.cache.longest:
             raise RuntimeError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
             raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
-        ids = tokens.to(self._prefix.device).repeat(2, 1)  # the same drafts for both branches
-        return self._logits(self.cache.forward(ids))
+        return self._run(tokens.to(self._prefix.device).repeat(2, 1))  # the same drafts for both branches
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
-        n = int(n)
-        fed = self.cache.length - self._prefix.shape[1]
-        if not 0 <= n <= fed:
-            raise ValueError(f"can rewind 0..{fed} image tokens, got {n}")
+        """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
+        if isinstance(n, torch.Tensor) and n.dim() > 0:
+            n = n.repeat(2)  # a sample's cond and uncond rows move together
         self.cache.rewind(n)
+
+    def _run(self, ids: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self._backbone(self._model.module.get_input_embeddings()(ids))
+        return self._logits(hidden[:, -1:] if last_only else hidden)
 
     def _logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # only the image-code rows of lm_head (32768 of ~184k); a slice when the ids are contiguous
