@@ -1,4 +1,5 @@
-"""Where the loader finds models: ComfyUI's models/scd/, models/Janus-Pro/, models/LlamaGen/ and models/Cosmos/.
+"""Where the loader finds models: ComfyUI's models/scd/ and the family folders models/Janus-Pro/,
+models/LlamaGen/, models/Cosmos/ and models/Emu3/.
 
 Hugging Face style models are folders, which folder_paths.get_filename_list does not
 list, so the folders under each registered path are enumerated here.
@@ -14,7 +15,7 @@ import folder_paths
 
 DEMO = "demo"
 # folder_paths names; each is models/<name>/ by default (extra_model_paths.yaml may add more paths).
-MODEL_ROOTS = ("scd", "Janus-Pro", "LlamaGen", "Cosmos")
+MODEL_ROOTS = ("scd", "Janus-Pro", "LlamaGen", "Cosmos", "Emu3")
 # folders next to the models that hold a part of one, not a model: Cosmos's sibling tokenizer folder
 HELPER_FOLDERS = ("Cosmos-1.0-Tokenizer-DV8x16x16",)
 MODEL_FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin")

@@ -23,6 +23,7 @@ import torch
 from scd_core.checkpoints import ModelLoadError
 
 from comfy_server import REPO_ROOT, comfyui_main
+from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
 
 CONTRACT_NODES = {
@@ -371,3 +372,26 @@ def test_tiny_lumina_runs_through_the_nodes(node_classes: dict[str, Any], comfy:
     assert len(fake_server.previews) == stats.result.nfe and fake_server.previews[-1][1].size == (64, 64)
     (image,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
     assert image.shape == (2, 64, 64, 3) and 0.0 <= float(image.min()) <= float(image.max()) <= 1.0
+
+
+def test_tiny_emu3_runs_through_the_nodes(node_classes: dict[str, Any], comfy: SimpleNamespace,
+                                          tiny_emu3_dir: Path, fake_server: FakeServer) -> None:
+    """Listed under models/Emu3/, loaded, sampled with forced row-end and closing ids, previewed and decoded."""
+    root = Path(tiny_emu3_dir).parent / "models_emu3"
+    root.mkdir(exist_ok=True)
+    link = root / "Emu3-Gen-hf"
+    if not link.exists():
+        link.symlink_to(tiny_emu3_dir, target_is_directory=True)
+    comfy.folder_paths.add_model_folder_path("Emu3", str(root))
+    assert "Emu3/Emu3-Gen-hf" in inputs_of(node_classes["SCDModelLoader"])["model"][1]["options"]
+    (model,) = node_classes["SCDModelLoader"].execute("Emu3/Emu3-Gen-hf", "auto", "auto").result
+    assert model.model.family == "emu3" and model.model.num_tokens == 8193  # 720 px by default
+    model.model.set_resolution("4:3", 768)  # a 3 x 4 grid: 18 tokens
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a red square", negative_prompt="")
+    tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond, window=4, batch_size=2))
+    assert tokens.shape == (2, 18) and stats.result.nfe <= 18
+    for position, token in model.model.forced_tokens.items():
+        assert (tokens[:, position] == token).all()
+    assert len(fake_server.previews) == stats.result.nfe and fake_server.previews[-1][1].size == (32, 24)
+    (image,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
+    assert image.shape == (2, 24, 32, 3) and 0.0 <= float(image.min()) <= float(image.max()) <= 1.0
