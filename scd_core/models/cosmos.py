@@ -279,8 +279,10 @@ class CosmosTransformer(nn.Module):
         return [layer.cross_attention.keys_values(text.to(self.output.weight.dtype), None) for layer in self.layers]
 
     def forward(self, tokens: torch.Tensor, cache: RowCache,
-                text_kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None) -> torch.Tensor:
-        """Codes (B, T) after each row's cached positions -> float32 logits (B, T, vocab)."""
+                text_kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None, last_only: bool = False
+                ) -> torch.Tensor:
+        """Codes (B, T) after each row's cached positions -> float32 logits (B, T, vocab), or (B, 1, vocab)
+        of the last position only (a 5120-token context would otherwise give 1.3 GB of logits per row)."""
         positions, visible = cache.begin(tokens.shape[1])
         # positions past the last (a finished row's window) only give logits that are never used
         positions = positions.clamp(max=self.rope.shape[0] - 1)
@@ -290,7 +292,7 @@ class CosmosTransformer(nn.Module):
             if self.config.abs_pos_emb:
                 h = h + self.pos_emb[positions].to(h.dtype)
             h = layer(h, angles, visible[:, None], cache, i, None if text_kv is None else text_kv[i])
-        return self.output(self.norm(h)).float()
+        return self.output(self.norm(h[:, -1:] if last_only else h)).float()
 
 
 def official_keys(cfg: CosmosConfig) -> set[str]:
@@ -424,16 +426,15 @@ class CosmosSession:
             with torch.no_grad():
                 self.text_kv = net.text_keys_values(cond.text.to(self.device).expand(batch_size, -1, -1))
 
-    def _run(self, tokens: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def _run(self, tokens: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, None]:
         with torch.no_grad():
-            logits = self.net(tokens, self.cache, self.text_kv)
+            logits = self.net(tokens, self.cache, self.text_kv, last_only)
         return logits, None
 
     def prefill(self) -> tuple[torch.Tensor, None]:
         if self.cache.longest:
             raise ValueError("prefill() was already called for this session")
-        logits, _ = self._run(self.context)
-        return logits[:, -1:], None
+        return self._run(self.context, last_only=True)
 
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, None]:
         """Feed (batch, T) codes, each row after its own cached tokens."""
