@@ -257,3 +257,30 @@ def test_preview_shows_the_latent_frame_being_sampled(folders):
     assert (partial[16:] == 0.5).all() and (partial[:16] != 0.5).any()
     # the tiny decoder maps each latent frame on its own, so the finished preview is that frame of the clip
     torch.testing.assert_close(model.preview_frame(tokens), model.decode(tokens)[1])
+
+
+def test_rows_rewound_by_different_counts_match_fresh_sessions(folders):
+    model = load_model(folders["4B"], "cpu", torch.float64)
+    cond = _context(model)
+    fed = torch.tensor([[5, 6, 7, 8, 9], [1, 2, 3, 4, 5]])
+    session = model.start(cond, 2)
+    session.prefill()
+    session.forward(fed)
+    session.rewind(torch.tensor([1, 3]))  # row 0 keeps 4 codes, row 1 keeps 2
+    logits, _ = session.forward(torch.tensor([[10, 11], [12, 13]]))
+    for row, kept in ((0, 4), (1, 2)):
+        fresh = model.start(cond, 1)
+        fresh.prefill()
+        new = torch.tensor([[10, 11], [12, 13]])[row:row + 1]
+        expected, _ = fresh.forward(torch.cat([fed[row:row + 1, :kept], new], 1))
+        torch.testing.assert_close(logits[row], expected[0, -2:], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("size, billions", [("4B", 4), ("12B", 12), ("5B-Video2World", 5), ("13B-Video2World", 13)])
+def test_published_sizes_have_their_parameter_counts(size, billions):
+    from scd_core.models.cosmos import SIZES, CosmosTransformer
+
+    with torch.device("meta"):
+        net = CosmosTransformer(SIZES[size])
+    count = sum(p.numel() for p in net.parameters())
+    assert abs(count / 1e9 - billions) / billions < 0.12, f"{size}: {count / 1e9:.2f}B parameters"
