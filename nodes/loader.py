@@ -49,11 +49,12 @@ class SCDModelLoader(io.ComfyNode):
             node_id="SCDModelLoader",
             display_name="SCD Model Loader",
             category="SCD",
-            description="Loads an autoregressive image model (Janus-Pro, LlamaGen, or the small demo model) "
-                        "for speculative coupled decoding.",
+            description="Loads an autoregressive image or video model (Janus-Pro, LlamaGen, Cosmos, ..., or the "
+                        "small demo model) for speculative coupled decoding.",
             inputs=[
                 io.Combo.Input("model", options=list(model_choices()), default=DEMO,
-                               tooltip="A folder under models/scd/, models/Janus-Pro/ or models/LlamaGen/; "
+                               tooltip="A folder under models/scd/ or a family folder (models/Janus-Pro/, "
+                                       "models/LlamaGen/, models/Cosmos/, ...); "
                                        "'demo' is the small class-conditional model shipped with the pack."),
                 CheckedCombo("device", options=list(DEVICES), default="auto",
                              tooltip="auto: ComfyUI's device (respects --cpu)."),
