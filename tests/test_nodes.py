@@ -366,7 +366,7 @@ def test_tiny_lumina_runs_through_the_nodes(node_classes: dict[str, Any], comfy:
     (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a red square", negative_prompt="")
     tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond, window=3, batch_size=2))
     n = model.model.num_tokens
-    assert tokens.shape == (2, n) and sum(stats.result.committed) == n
+    assert tokens.shape == (2, n) and len(stats.result.committed) == stats.result.nfe <= n
     for position, token in model.model.forced_tokens.items():
         assert (tokens[:, position] == token).all()
     assert len(fake_server.previews) == stats.result.nfe and fake_server.previews[-1][1].size == (64, 64)

@@ -13,7 +13,8 @@ Chameleon's `IMGIMG*` tokens (8192, ids 4..8195) for Lumina-mGPT 1, ids
 155000 + code (16384) for 2.0.  The special tokens are looked up by name: 2.0's
 tokenizer gives the same names other ids.  The unconditional context is only
 [begin-of-image, height, width] (positions from 0), as in the authors' CFG;
-the cond and uncond rows are left-padded to one length and batched.
+the cond and uncond rows are left-padded to one length and batched over a
+per-row KV cache (`RowCache`, as Janus runs it), so each sample advances at its own pace.
 
 Weights: the published shards come from the authors' fork of an older
 transformers Chameleon, which stores each q/k-norm weight and bias with one row
@@ -37,9 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
+from ..row_cache import RowCache
 from ..tokenizer_files import TextTokenizer, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
-from .janus import cache_keyword
+from .janus import RowBackbone
 from .movqgan import CHECKPOINT as MOVQGAN_CHECKPOINT, load_movqgan
 from .taming import VQDecoder
 
@@ -89,57 +91,44 @@ class LuminaPrompt:
 
 
 class LuminaSession:
-    """One generation: 2 x batch rows (cond, then uncond) sharing one DynamicCache."""
+    """One generation: 2 x batch rows (cond, then uncond); each sample advances at its own pace."""
+
+    rows_per_cache = 1
 
     def __init__(self, model: "LuminaModel", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
-        from transformers import DynamicCache
-
         self._model = model
         self._prefix = prefix
-        self._prefix_mask = prefix_mask
-        self._pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
         self._batch = prefix.shape[0] // 2
-        self._cache = DynamicCache()
-        self._cache_keyword = cache_keyword()
-        self._fed = 0  # positions in the cache, prefix included
+        width = prefix.shape[1]
+        self._rows = RowCache(prefix.shape[0], width + model.num_tokens, width, prefix.device, real=prefix_mask)
+        pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
+        self._backbone = RowBackbone(model.module["lm"].model, self._rows, pads)
 
     @torch.no_grad()
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._fed:
+        if self._rows.longest:
             raise RuntimeError("prefill() was already called for this session")
         return self._run(self._prefix, last_only=True)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed (batch, T) token ids (codes, row-end, end-of-image) after the cached ones."""
-        if not self._fed:
+        """Feed (batch, T) token ids (codes, row-end, end-of-image), each sample after its own cached tokens."""
+        if not self._rows.longest:
             raise RuntimeError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
             raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
-        if self._fed + tokens.shape[1] > self._prefix.shape[1] + self._model.num_tokens:
-            raise ValueError(f"feeding {tokens.shape[1]} tokens would pass the image's {self._model.num_tokens} "
-                             "positions")
         return self._run(tokens.to(self._prefix.device).repeat(2, 1))  # the same drafts for both branches
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
-        n = int(n)
-        fed_images = self._fed - self._prefix.shape[1]
-        if not 0 <= n <= fed_images:
-            raise ValueError(f"can rewind 0..{fed_images} image tokens, got {n}")
-        if n > 0:  # crop(-n) drops n tokens in every supported transformers release
-            self._cache.crop(-n)
-            self._fed -= n
+        """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
+        if isinstance(n, torch.Tensor) and n.dim() > 0:
+            n = n.repeat(2)  # a sample's cond and uncond rows move together
+        self._rows.rewind(n)
 
     def _run(self, ids: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        length, device = ids.shape[1], ids.device
-        positions = (torch.arange(self._fed, self._fed + length, device=device).unsqueeze(0) - self._pads).clamp(min=0)
-        tail = torch.ones(ids.shape[0], self._fed + length - self._prefix.shape[1], dtype=self._prefix_mask.dtype,
-                          device=device)
-        mask = torch.cat([self._prefix_mask, tail], dim=1)
-        out = self._model.module["lm"].model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                             use_cache=True, **{self._cache_keyword: self._cache})
-        self._fed += length
-        hidden = out.last_hidden_state[:, -1:] if last_only else out.last_hidden_state
+        hidden = self._backbone(self._model.module["lm"].model.embed_tokens(ids))
+        if last_only:
+            hidden = hidden[:, -1:]
         logits = F.linear(hidden, self._model.code_head())  # transformers' own head would mask the image rows
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return logits[: self._batch], logits[self._batch:]
