@@ -356,7 +356,8 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         shared, accepted, changes = decoder.step(p, iteration, done if rows_per_cache == batch_size else None)
         # the one host synchronisation of the iteration: counts, flags, the chooser's commit histogram
         # (one count per cache group) and the per-slot acceptance, as float32 (exact for these integers)
-        counts = (torch.bincount(shared[::rows_per_cache], minlength=width + 1) if chooser is not None
+        values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (MPS: no bincount)
+        counts = ((shared[::rows_per_cache].unsqueeze(1) == values).sum(0) if chooser is not None
                   else shared[:0])
         summary = torch.cat([torch.stack([shared.min(), decoder.committed.min(), torch.isnan(p).any().long()]),
                              changes, counts]).float()
