@@ -31,9 +31,11 @@ from .synthetic import GridModel
 
 METHODS = (("AR", "independent"), ("SJD", "independent"), ("SCD-MC", "maximal"), ("SCD-GS", "gumbel"),
            ("faithful", "faithful"))
-# The NFE tables also show SJD with block verification (exact with independent drafts only).
-NFE_METHODS = METHODS[:2] + (("SJD-block", "independent"),) + METHODS[2:]
-VERIFICATION = {"SJD-block": "block"}
+# The NFE tables also show SJD with block verification (exact with independent drafts only) and SCD whose
+# new drafts are drawn half the time from the final p of the position they would copy.
+NFE_METHODS = (METHODS[:2] + (("SJD-block", "independent"),) + METHODS[2:3] + (("SCD-MC-mix", "maximal"),)
+               + METHODS[3:])
+OPTIONS = {"SJD-block": dict(verification="block"), "SCD-MC-mix": dict(draft_mix=0.5)}
 SHARPNESS = (("high", 0.5), ("medium", 1.5), ("low", 2.5))  # per-token entropy about 6.5 / 4 / 2.2 nats
 
 
@@ -66,7 +68,7 @@ def method_rows(model: Any, cond: Any, windows: Sequence[int], seeds: Sequence[i
     for label, coupler in NFE_METHODS:
         for window in ([1] if label == "AR" else windows):
             config = SamplerConfig(coupler=coupler, window=window, draft_init=draft_init,
-                                   verification=VERIFICATION.get(label, "token"), **sampling)
+                                   **OPTIONS.get(label, {}), **sampling)
             rows.append(dict(method=label, window=window, **measure(model, cond, config, seeds)))
     ar_nfe = rows[0]["nfe"]
     for row in rows:

@@ -199,6 +199,10 @@ class _Decoder:
         self.slots = torch.arange(self.window, device=device)
         # position-fixed Gumbel noise of the window, reused while its positions stay in the window
         self.noise_start, self.noise_window = 0, torch.zeros(batch, 0, self.vocab, device=device)
+        # final p of the latest committed positions, for draft_mix: a ring long enough that a position
+        # `copy_back` before any window slot is still there; the extra last row takes uncommitted slots
+        self.ring = (copy_back or 0) + self.window if config.draft_mix > 0 and copy_back else 0
+        self.final_p = torch.zeros(batch, self.ring + 1, self.vocab, device=device) if self.ring else None
 
     def probs(self, logits: Logits, width: int) -> torch.Tensor:
         cond, uncond = logits
@@ -262,6 +266,9 @@ class _Decoder:
         redrafted = slot[:, :width - 1] >= shared.unsqueeze(1)  # drafted before and still a draft
         changes = torch.stack([((nxt[:, :width - 1] != drafts) & redrafted).sum(), redrafted.sum()])
         self.seq.scatter_(1, positions, nxt)
+        if self.final_p is not None:
+            slot_row = torch.where(slot < shared.unsqueeze(1), positions % self.ring, self.ring)
+            self.final_p.scatter_(1, slot_row.unsqueeze(-1).expand(-1, -1, self.vocab), p)
         self.committed += shared
         self._next_proposals(p, shared)
         self._init_new_drafts(width - shared, iteration)
@@ -292,11 +299,26 @@ class _Decoder:
             copied = known.gather(1, (source + offset).clamp(0, known.shape[1] - 1))
             left = self.seq.gather(1, first_new - 1).expand_as(positions)
             codes = self.to_index(torch.where(source + offset >= 0, copied, left))
+        proposal = torch.nn.functional.one_hot(codes, self.vocab).to(self.proposals.dtype)
+        if self.final_p is not None:
+            codes, proposal = self._mix_in_final_p(codes, proposal, source, positions, iteration)
         tokens = torch.where(self.forced[positions], self.forced_ids[positions], self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
         if self.config.coupler != "faithful":
-            self.proposals.masked_fill_(is_new.unsqueeze(-1), 0.0)
-            self.proposals.scatter_add_(-1, codes.unsqueeze(-1), is_new.unsqueeze(-1).to(self.proposals.dtype))
+            self.proposals = torch.where(is_new.unsqueeze(-1), proposal, self.proposals)
+
+    def _mix_in_final_p(self, codes: torch.Tensor, proposal: torch.Tensor, source: torch.Tensor,
+                        positions: torch.Tensor, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """With probability draft_mix, draw the draft from the final p of the committed source position
+        instead of copying its token; the proposal becomes the mixture the draft is drawn from."""
+        mix = self.config.draft_mix
+        committed_source = (source >= 0) & (source < self.committed.unsqueeze(1))
+        source_p = self.final_p.gather(1, (source % self.ring).unsqueeze(-1).expand(-1, -1, self.vocab))
+        drawn = sample(source_p, self.noise.uniform(rng.MIX_SAMPLE, self.rows, positions, iteration))
+        use_p = committed_source & (self.noise.uniform(rng.MIX, self.rows, positions, iteration) < mix)
+        mixture = (1 - mix) * proposal + mix * source_p
+        return (torch.where(use_p, drawn, codes),
+                torch.where(committed_source.unsqueeze(-1), mixture, proposal))
 
 
 def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size: int = 1,

@@ -14,7 +14,7 @@ import torch
 M32 = 0xFFFFFFFF
 
 # What a draw is for; each purpose gets its own independent stream.
-ACCEPT, RESIDUAL, FRESH, ALPHA, INIT, GUMBEL, BLOCK, BLOCK_RESIDUAL = range(8)
+ACCEPT, RESIDUAL, FRESH, ALPHA, INIT, GUMBEL, BLOCK, BLOCK_RESIDUAL, MIX, MIX_SAMPLE = range(10)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

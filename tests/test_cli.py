@@ -93,7 +93,7 @@ def test_commit_histogram_buckets_by_powers_of_two():
 @pytest.mark.parametrize("argv,message", [
     (["--model", "{missing}"], "not found"),
     (["--model", "{empty}"], "is not a model folder"),
-    (["--window", "0"], "window must be an integer"),
+    (["--window", "0"], "window must be 'auto' or an integer in 1..1024"),
     (["--window", "two"], "--window: invalid int value"),
     (["--coupler", "greedy"], "--coupler: invalid choice"),
     (["--top-p", "1.5"], "top_p must be"),

@@ -97,6 +97,14 @@ def test_block_verification_with_coupled_drafts_is_biased(coupler, monkeypatch):
         SamplerConfig(coupler=coupler, verification="block")
 
 
+@pytest.mark.parametrize("coupler", COUPLERS)
+@pytest.mark.parametrize("case", [CASES[2], CASES[5], CASES[6]], ids=lambda c: c[0])
+def test_drafts_mixed_with_the_source_positions_final_p_are_lossless(coupler, case):
+    _, model_kwargs, sampler_kwargs, rows_per_cache = case
+    result, law = sample_case(coupler, model_kwargs, {**sampler_kwargs, "draft_mix": 0.5}, rows_per_cache)
+    assert chi_square_pvalue(result.tokens, law) > P_MIN
+
+
 @pytest.mark.parametrize("coupler", ["maximal", "gumbel"])
 def test_alpha_mixing_is_lossless(coupler):
     result, law = sample_case(coupler, dict(vocab_size=3, num_tokens=5, cfg=True),
