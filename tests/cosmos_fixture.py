@@ -32,15 +32,21 @@ FRAME_SIZE = (32, 48)  # pixels: 2 x 3 codes of 16 x 16
 
 
 class TinyEncoder(nn.Module):
-    """First frame alone, then groups of 8; 16 x 16 patches averaged; 4 levels per colour -> 64 codes."""
+    """First frame alone, then groups of 8; 16 x 16 patches averaged; 4 levels per colour -> 64 codes.
 
-    def __init__(self) -> None:
+    `chunk` > 0 refuses any other number of video frames, like a file traced for one length.
+    """
+
+    def __init__(self, chunk: int = 0) -> None:
         super().__init__()
+        self.chunk = chunk
         self.proj = nn.Conv3d(3, 3, 1, bias=False)
         with torch.no_grad():
             self.proj.weight.copy_(torch.eye(3).view(3, 3, 1, 1, 1))
 
     def forward(self, video: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.chunk > 0 and video.shape[2] != self.chunk:
+            raise RuntimeError("traced for another number of frames")
         x = self.proj(video)
         b, c, t, h, w = x.shape
         rest = x[:, :, 1:].reshape(b, c, (t - 1) // 8, 8, h, w).mean(3)
@@ -51,25 +57,32 @@ class TinyEncoder(nn.Module):
 
 
 class TinyDecoder(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, chunk: int = 0) -> None:
         super().__init__()
+        self.chunk = chunk
         self.proj = nn.Conv3d(3, 3, 1, bias=False)
         with torch.no_grad():
             self.proj.weight.copy_(torch.eye(3).view(3, 3, 1, 1, 1))
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        if self.chunk > 0 and indices.shape[1] != self.chunk:
+            raise RuntimeError("traced for another number of latent frames")
         levels = torch.stack([indices // 16, indices // 4 % 4, indices % 4], dim=1)
         x = self.proj((levels.to(self.proj.weight.dtype) / 1.5 - 1))
         x = x.repeat_interleave(16, dim=3).repeat_interleave(16, dim=4)
         return torch.cat([x[:, :, :1], x[:, :, 1:].repeat_interleave(8, dim=2)], dim=2)
 
 
-def write_tokenizer(folder: Path) -> Path:
+def write_tokenizer(folder: Path, fixed_length: bool = False) -> Path:
+    """encoder.jit / decoder.jit; `fixed_length`: they take only whole chunks (25 frames, 4 latent frames)."""
+    latent = TINY["video_latent_shape"][0]
+    encoder, decoder = (TinyEncoder(1 + 8 * (latent - 1)), TinyDecoder(latent)) if fixed_length else \
+        (TinyEncoder(), TinyDecoder())
     folder.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():  # torch 2.14 deprecates TorchScript; the official tokenizer is TorchScript
         warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(torch.jit.script(TinyEncoder().eval()), str(folder / "encoder.jit"))
-        torch.jit.save(torch.jit.script(TinyDecoder().eval()), str(folder / "decoder.jit"))
+        torch.jit.save(torch.jit.script(encoder.eval()), str(folder / "encoder.jit"))
+        torch.jit.save(torch.jit.script(decoder.eval()), str(folder / "decoder.jit"))
     return folder
 
 

@@ -284,3 +284,21 @@ def test_published_sizes_have_their_parameter_counts(size, billions):
         net = CosmosTransformer(SIZES[size])
     count = sum(p.numel() for p in net.parameters())
     assert abs(count / 1e9 - billions) / billions < 0.12, f"{size}: {count / 1e9:.2f}B parameters"
+
+
+def test_tokenizer_traced_for_whole_chunks_gets_padded_clips(tmp_path, folders):
+    model = load_model(folders["4B"], "cpu", torch.float32)
+    strict_root = tmp_path / "strict"
+    folder = strict_root / folders["4B"].name
+    shutil.copytree(folders["4B"], folder)
+    write_tokenizer(strict_root / TOKENIZER_FOLDER, fixed_length=True)
+    strict = load_model(folder, "cpu", torch.float32)
+    with pytest.raises(torch.jit.Error):  # the files really refuse a short clip
+        strict.module["decoder"](torch.zeros(1, 2, 2, 3, dtype=torch.long))
+    for frames in (1, 9):
+        clip = context_frames(frames)
+        assert torch.equal(strict.encode_video(clip).codes, model.encode_video(clip).codes)
+    tokens = generate(model, _context(model), SamplerConfig(window=8), batch_size=2).tokens
+    torch.testing.assert_close(strict.decode(tokens), model.decode(tokens))
+    torch.testing.assert_close(strict.decode(tokens, _context(model)), model.decode(tokens, _context(model)))
+    torch.testing.assert_close(strict.preview_frame(tokens[:1, :9]), model.preview_frame(tokens[:1, :9]))

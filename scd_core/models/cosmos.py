@@ -486,6 +486,31 @@ class CosmosModel:
         raise ValueError("Cosmos continues a video: give it context frames (the SCD Video Context node, or "
                          "encode_video(frames, prompt) from Python)")
 
+    def _device_of(self, module: nn.Module) -> torch.device:
+        return next(iter(module.parameters()), self.module["transformer"].output.weight).device
+
+    def _whole_chunk(self, module: nn.Module, x: torch.Tensor, dim: int, chunk: int) -> Any:
+        """module(x), or, if it refuses x's length along `dim`, module(x padded with its last slice to `chunk`).
+
+        NVIDIA's pipeline only runs its tokenizer on whole chunks (latent_shape[0] latent frames, 33 video
+        frames), and a TorchScript file may have been traced for that length.  The tokenizer is causal in
+        time, so padding at the end leaves the frames before it as they were; callers drop the padding.
+        """
+        try:
+            return module(x)
+        except (RuntimeError, torch.jit.Error):  # a failing TorchScript op raises torch.jit.Error
+            if x.shape[dim] >= chunk:
+                raise
+            pad = x.narrow(dim, x.shape[dim] - 1, 1).expand(*x.shape[:dim], chunk - x.shape[dim], *x.shape[dim + 1:])
+            return module(torch.cat([x, pad], dim=dim))
+
+    def _decode_latents(self, codes: torch.Tensor) -> torch.Tensor:
+        """(B, T', rows, cols) codes -> (B, 3, 1 + 8 (T' - 1), H, W) video in [-1, 1]."""
+        decoder = self.module["decoder"]
+        frames = 1 + TEMPORAL * (codes.shape[1] - 1)
+        video = self._whole_chunk(decoder, codes.to(self._device_of(decoder)), 1, self.config.latent_shape[0])
+        return video[:, :, :frames]
+
     def _tokenizer_dtype(self, module: nn.Module) -> torch.dtype:
         weight = next(iter(module.parameters()), None)
         return weight.dtype if weight is not None else self.module["transformer"].output.weight.dtype
@@ -516,10 +541,11 @@ class CosmosModel:
         if tuple(video.shape[-2:]) != self.frame_size:
             video = F.interpolate(video[0].transpose(0, 1), size=self.frame_size, mode="bilinear",
                                   antialias=True, align_corners=False).transpose(0, 1).unsqueeze(0)
-        device = next(iter(encoder.parameters()), self.module["transformer"].output.weight).device
-        video = (video.clamp(0, 1) * 2 - 1).to(device=device, dtype=self._tokenizer_dtype(encoder))
-        codes = _indices(encoder(video))
+        video = (video.clamp(0, 1) * 2 - 1).to(device=self._device_of(encoder), dtype=self._tokenizer_dtype(encoder))
         latent = 1 + (frames.shape[0] - 1) // TEMPORAL
+        chunk = 1 + TEMPORAL * (self.config.latent_shape[0] - 1)
+        codes = _indices(self._whole_chunk(encoder, video, 2, chunk))
+        codes = codes[:, :latent]
         expected = (1, latent, *self.grid[1:])
         if tuple(codes.shape) != expected:
             raise ModelLoadError(f"the tokenizer's {ENCODER} returned codes of shape {tuple(codes.shape)}, "
@@ -541,9 +567,7 @@ class CosmosModel:
         codes = torch.zeros(1, frame_tokens, dtype=torch.long)
         filled = prefix[0, frame * frame_tokens:done].cpu()
         codes[0, :filled.numel()] = filled
-        decoder = self.module["decoder"]
-        device = next(iter(decoder.parameters()), self.module["transformer"].output.weight).device
-        image = (decoder(codes.to(device).view(1, 1, *self.grid[1:])).float()[0, :, 0] * 0.5 + 0.5).clamp(0, 1)
+        image = (self._decode_latents(codes.view(1, 1, *self.grid[1:])).float()[0, :, 0] * 0.5 + 0.5).clamp(0, 1)
         image = image.permute(1, 2, 0).cpu()
         rows, cols = self.grid[1:]
         rows_done = filled.numel() // cols
@@ -563,10 +587,7 @@ class CosmosModel:
             raise ValueError(f"codes must be in 0..{self.vocab_size - 1}")
         if cond is not None:
             tokens = torch.cat([cond.codes.to(tokens.device).expand(tokens.shape[0], -1), tokens], dim=1)
-        decoder = self.module["decoder"]
-        device = next(iter(decoder.parameters()), self.module["transformer"].output.weight).device
-        codes = tokens.long().to(device).reshape(tokens.shape[0], -1, *self.grid[1:])
-        video = decoder(codes)  # (B, 3, frames, H, W) in [-1, 1]
+        video = self._decode_latents(tokens.long().reshape(tokens.shape[0], -1, *self.grid[1:]))
         frames = (video.float() * 0.5 + 0.5).clamp(0, 1)
         return frames.permute(0, 2, 3, 4, 1).flatten(0, 1).cpu()
 
