@@ -316,8 +316,8 @@ def test_shape_benchmark_lumina_one_layer(monkeypatch: pytest.MonkeyPatch) -> No
     from scd_core import bench_models
 
     # the Chameleon build and the timing loop at a narrow width (the 4096-wide layer takes ~20 s to build here)
-    narrow = dict(bench_models.LUMINA_SHAPES["lumina-7b"], hidden_size=256, num_attention_heads=4, num_key_value_heads=4,
-                  intermediate_size=512)
+    narrow = dict(bench_models.LUMINA_SHAPES["lumina-7b"], hidden_size=256, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=512)
     monkeypatch.setitem(bench_models.LUMINA_SHAPES, "lumina-7b", narrow)
     rows = bench_models.shape_benchmark("lumina-7b", windows=(2, 1), device="cpu", layers=1, prefix=8, repeats=1)
     assert [row["window"] for row in rows] == [1, 2]

@@ -306,7 +306,8 @@ def _code_ids(tokenizer: TextTokenizer, variant: Variant, codebook_size: int, vo
                 code_to_id[int(match.group(1).translate(str.maketrans("ABCDEFGHIJ", "0123456789")))] = token_id
         if sorted(code_to_id) != list(range(codebook_size)):
             raise ModelLoadError(f"{folder}: the tokenizer has {len(code_to_id)} image tokens (IMGIMG...) but the "
-                                 f"VQGAN has {codebook_size} codes; the tokenizer and vqgan.ckpt do not belong together")
+                                 f"VQGAN has {codebook_size} codes; the tokenizer and vqgan.ckpt do not belong "
+                                 "together")
         ids = torch.tensor([code_to_id[code] for code in range(codebook_size)])
     if int(ids.max()) >= vocab_size:
         raise ModelLoadError(f"{folder}: image code ids reach {int(ids.max())} but config.json's vocabulary has "
@@ -418,7 +419,8 @@ def _read_network(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
     for path in sorted({path for path, _ in plan.values()}):
         for key, tensor in read_safetensors(path).items():
             if key in plan:
-                state[key] = tensor.repeat_interleave(plan[key][1], dim=0).to(dtype)
+                repeat = plan[key][1]
+                state[key] = (tensor if repeat == 1 else tensor.repeat_interleave(repeat, dim=0)).to(dtype)
     net.load_state_dict(state, strict=True, assign=True)
     return net.eval().requires_grad_(False)
 
