@@ -323,3 +323,52 @@ def test_shape_benchmark_lumina_one_layer(monkeypatch: pytest.MonkeyPatch) -> No
     assert [row["window"] for row in rows] == [1, 2]
     assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] > 0
     assert rows[0]["layers"] == 1 and rows[0]["full_layers"] == 32
+
+
+def test_taming_decoder_equals_llamagens_vq_decoder_of_the_same_design() -> None:
+    """An independent implementation of the same structure (vq16, other key names) computes the same pixels."""
+    import re
+
+    from scd_core.models import taming, vq16
+
+    cfg = vq16.VQConfig(codebook_size=16, codebook_embed_dim=4, z_channels=8, ch=32, ch_mult=(1, 2, 2),
+                        num_res_blocks=1, with_encoder=False)
+    reference = vq16.Decoder(cfg).double().eval()
+    spec = taming.DecoderSpec(codebook_size=16, embed_dim=4, z_channels=8, widths=(32, 64, 64), num_res_blocks=1,
+                              attn_levels=frozenset({2}), spatial_norm=False)  # vq16 attends at the coarsest level
+    decoder = taming.Decoder(spec).double().eval()
+    levels = len(cfg.ch_mult)
+
+    def taming_name(key: str) -> str:
+        key = re.sub(r"^mid\.(\d)", lambda m: "mid." + ("block_1", "attn_1", "block_2")[int(m.group(1))], key)
+        key = re.sub(r"^conv_blocks\.(\d+)\.res", lambda m: f"up.{levels - 1 - int(m.group(1))}.block", key)
+        return re.sub(r"^conv_blocks\.(\d+)\.", lambda m: f"up.{levels - 1 - int(m.group(1))}.", key)
+
+    decoder.load_state_dict({taming_name(k): v for k, v in reference.state_dict().items()}, strict=True)
+    z = torch.randn(2, 8, 3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        expected, got = reference(z), decoder(z, None)
+    assert got.shape == (2, 3, 12, 20) and torch.allclose(got, expected, atol=1e-12)
+
+
+def test_spatial_norms_sit_where_the_group_norms_do() -> None:
+    """MoVQ's norm with scale 1 and shift 0 from the latent is GroupNorm: same pixels as the plain decoder."""
+    from scd_core.models import taming
+
+    common = dict(codebook_size=16, embed_dim=4, z_channels=4, widths=(32, 64), num_res_blocks=1,
+                  attn_levels=frozenset({1}))
+    plain = taming.VQDecoder(taming.DecoderSpec(spatial_norm=False, **common)).double().eval()
+    movq = taming.VQDecoder(taming.DecoderSpec(spatial_norm=True, **common)).double().eval()
+    state = {}
+    for key, value in movq.state_dict().items():
+        if ".conv_y." in key or ".conv_b." in key:  # scale 1, shift 0, whatever the latent
+            value = torch.ones_like(value) if key.endswith("conv_y.bias") else torch.zeros_like(value)
+        else:
+            value = plain.state_dict()[key.replace(".norm_layer.", ".")]
+        state[key] = value
+    movq.load_state_dict(state, strict=True)
+    codes = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(movq.decode(codes, 3, 4), plain.decode(codes, 3, 4), atol=1e-12)
+        movq.decoder.norm_out.conv_b.weight.fill_(0.1)  # a shift predicted from the latent reaches the pixels
+        assert not torch.allclose(movq.decode(codes, 3, 4), plain.decode(codes, 3, 4))
