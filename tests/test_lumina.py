@@ -185,6 +185,24 @@ def test_generate_places_forced_tokens_and_decodes(which: str, coupler: str, mod
     assert 0 <= float(images.min()) and float(images.max()) <= 1 and float(images.std()) > 0
 
 
+def test_resolution_can_be_picked_where_the_model_supports_several(model2: lumina.LuminaModel) -> None:
+    old_prompt = model2.encode(PROMPT)
+    try:
+        model2.set_resolution(64)  # 2.0 at 64 px: 8 x 8 codes of 8 px
+        assert (model2.grid, model2.num_tokens) == ((8, 9), 8 * 9 + 1)
+        assert model2.forced_tokens[8] == SPECIAL_IDS_2[ROW_END] and model2.forced_tokens[72] == SPECIAL_IDS_2[EOI]
+        prompt = model2.encode(PROMPT)
+        assert prompt.cond[-2:] == prompt.uncond[-2:] == (SPECIAL_IDS_2["<reserved08802>"],) * 2
+        with pytest.raises(ValueError, match="encode again"):
+            model2.start(old_prompt, 1)
+        result = generate(model2, prompt, SamplerConfig(coupler="maximal", window=16, seed=0))
+        assert model2.decode(result.tokens).shape == (1, 64, 64, 3)
+        with pytest.raises(ValueError, match="multiple of 32"):
+            model2.set_resolution(100)
+    finally:
+        model2.set_resolution(RESOLUTION_2)
+
+
 def test_decode_rejects_tokens_that_are_not_codes(model32: lumina.LuminaModel) -> None:
     tokens = torch.tensor([[int(model32.code_ids[0])] * NUM_TOKENS])
     model32.decode(tokens)  # row-end and end-of-image columns are not read

@@ -88,6 +88,7 @@ class LuminaPrompt:
 
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
+    resolution: int  # the header asks for this size: the session must generate it
 
 
 class LuminaSession:
@@ -156,10 +157,20 @@ class LuminaModel:
         self._bos = bos
         self._end_of_turn, self._boi, self._eoi, self._row_end = (
             tokenizer.token_id(t) for t in (END_OF_TURN, BOI, EOI, ROW_END))
-        cells = resolution // GRID_CELL
-        self._size_token = tokenizer.token_id(f"<reserved{8800 + cells:05d}>")
+        self._downsample = variant.downsample
+        self.set_resolution(resolution)
+
+    def set_resolution(self, resolution: int) -> None:
+        """Square image side in pixels (a multiple of 32) for the next encode/generate; the folder's by default.
+
+        Lumina-mGPT 1 checkpoints are trained at one resolution each; 2.0 at several.
+        """
+        if not isinstance(resolution, int) or isinstance(resolution, bool) or resolution < GRID_CELL or \
+                resolution % GRID_CELL:
+            raise ValueError(f"resolution must be a positive multiple of {GRID_CELL} pixels, got {resolution!r}")
+        self._size_token = self._tokenizer.token_id(f"<reserved{8800 + resolution // GRID_CELL:05d}>")
         self.resolution = resolution
-        side = resolution // variant.downsample
+        side = resolution // self._downsample
         self.size = (side, side)
         self.grid = (side, side + 1)  # the row-end column included, so `above` lands on the same image column
         self.num_tokens = side * (side + 1) + 1
@@ -185,7 +196,7 @@ class LuminaModel:
         cond = self._prompt_ids(prompt) + header
         uncond = header if negative_prompt is None or not negative_prompt.strip() else \
             self._prompt_ids(negative_prompt) + header
-        return LuminaPrompt(cond=cond, uncond=uncond)
+        return LuminaPrompt(cond=cond, uncond=uncond, resolution=self.resolution)
 
     def _prompt_ids(self, text: str) -> tuple[int, ...]:
         body = PROMPT_TEMPLATE.format(width=self.resolution, height=self.resolution, prompt=text.strip())
@@ -195,6 +206,9 @@ class LuminaModel:
     def start(self, cond: LuminaPrompt, batch_size: int) -> LuminaSession:
         if not isinstance(cond, LuminaPrompt):
             raise ValueError(f"cond must come from LuminaModel.encode(), got {type(cond).__name__}")
+        if cond.resolution != self.resolution:
+            raise ValueError(f"cond was encoded for {cond.resolution} px but the model is set to {self.resolution} "
+                             "px; encode again after set_resolution()")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         width = max(len(cond.cond), len(cond.uncond))
