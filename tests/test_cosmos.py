@@ -141,6 +141,15 @@ def test_video2world_reads_the_prompt(folders):
     assert diff.abs().max() > 1e-3
     with pytest.raises(ValueError, match="prompt"):
         model.encode_video(context_frames(9))
+    # cross-attention sees the prompt's tokens only: what lies under the mask changes nothing
+    noisy = VideoContext(cat.codes, torch.where(cat.text_mask[:, None], cat.text, torch.randn_like(cat.text)),
+                         cat.text_mask)
+    torch.testing.assert_close(model.start(noisy, 1).prefill()[0], model.start(cat, 1).prefill()[0])
+    # <bov> (id 64000 for the real model: one past the codes) opens the sequence, embedded but never predicted
+    net = model.module["transformer"]
+    assert net.tok_embeddings.weight.shape[0] == TINY["vocab_size"] + 1 == net.output.weight.shape[0] + 1
+    assert model.start(cat, 1).context[0, 0] == TINY["vocab_size"] and model.start(cat, 1).prefix == 1 + 2 * FRAME_TOKENS
+    assert net.rope[0].abs().max() == 0 and net.pos_emb[0].abs().max() == 0 and net.rope[1 + 7].abs().max() > 0
 
 
 def test_official_key_names(folders):

@@ -5,7 +5,9 @@ RMSNorm, SwiGLU, GQA with per-head QK-norm, untied head, and a 3-D RoPE whose
 head channels are split 44 time / 42 height / 42 width (rotate-half layout,
 theta 500000; the 12B/13B stretch each axis with YaRN).  The Video2World
 models (5B, 13B) add cross-attention on T5 encoder features after every
-self-attention and a 3-D sin-cos position embedding added before every layer.
+self-attention (masked to the prompt's T5 tokens) and a 3-D sin-cos position
+embedding added before every layer, and open the video with a <bov> token (id
+64000: embedded, never predicted) at a position of its own with zero rotation.
 Written from the published structure; parameter names are those of NVIDIA's
 `model.pt`, which loads strictly.
 
@@ -76,6 +78,7 @@ class CosmosConfig:
     cross_attention: bool = False                      # Video2World
     context_dim: int = 1024                            # width of the T5 features
     abs_pos_emb: bool = False                          # Video2World
+    begin_of_video: bool = False                       # Video2World: a <bov> token (id vocab_size) opens the video
     top_p: float = 0.8
 
     @property
@@ -90,8 +93,8 @@ class CosmosConfig:
 BASE_4B = CosmosConfig(dim=4096, n_layers=16)
 BASE_12B = CosmosConfig(dim=5120, n_layers=40, yarn_scale=2.0, top_p=0.9)
 SIZES = {"4B": BASE_4B, "12B": BASE_12B,
-         "5B-Video2World": replace(BASE_4B, cross_attention=True, abs_pos_emb=True),
-         "13B-Video2World": replace(BASE_12B, cross_attention=True, abs_pos_emb=True)}
+         "5B-Video2World": replace(BASE_4B, cross_attention=True, abs_pos_emb=True, begin_of_video=True),
+         "13B-Video2World": replace(BASE_12B, cross_attention=True, abs_pos_emb=True, begin_of_video=True)}
 SIZE_IN_NAME = re.compile(r"(?<![0-9])(4B|12B|5B-Video2World|13B-Video2World)(?![0-9A-Za-z])", re.I)
 # config.json keys read as overrides (NVIDIA's names on the left); anything else in the file is ignored.
 OVERRIDES = {"dim": "dim", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
@@ -100,7 +103,8 @@ OVERRIDES = {"dim": "dim", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_h
              "generated_frames": "generated_frames", "yarn_scale": "yarn_scale",
              "yarn_beta_fast": "yarn_beta_fast", "yarn_beta_slow": "yarn_beta_slow",
              "original_latent_shape": "original_latent_shape", "insert_cross_attn": "cross_attention",
-             "context_dim": "context_dim", "apply_abs_pos_emb": "abs_pos_emb", "top_p": "top_p"}
+             "context_dim": "context_dim", "apply_abs_pos_emb": "abs_pos_emb", "top_p": "top_p",
+             "begin_of_video": "begin_of_video"}
 
 
 def size_from_name(folder: Path) -> Optional[str]:
@@ -162,8 +166,13 @@ def _axis_frequencies(channels: int, cfg: CosmosConfig, original_length: int) ->
     return inv_freq
 
 
+def _bov_row(table: torch.Tensor, cfg: CosmosConfig) -> torch.Tensor:
+    # Video2World's <bov> token sits before the video at sequence position 0, with an all-zero position row.
+    return torch.cat([table.new_zeros(1, table.shape[1]), table]) if cfg.begin_of_video else table
+
+
 def rope_table_3d(cfg: CosmosConfig) -> torch.Tensor:
-    """(T*H*W, head_dim) rotation angles, positions ordered frame, row, column.
+    """(T*H*W, head_dim) rotation angles, positions ordered frame, row, column (a zero row first with <bov>).
 
     Half the head is [22 time, 21 height, 21 width] frequencies; the table repeats
     it for the rotate-half layout.  Height and width share one frequency set; with
@@ -176,7 +185,7 @@ def rope_table_3d(cfg: CosmosConfig) -> torch.Tensor:
     spatial = _axis_frequencies(spatial_channels, cfg, cfg.original_latent_shape[1])
     t, h, w = torch.meshgrid(torch.arange(frames), torch.arange(rows), torch.arange(cols), indexing="ij")
     half = torch.cat([t.reshape(-1, 1) * temporal, h.reshape(-1, 1) * spatial, w.reshape(-1, 1) * spatial], dim=1)
-    return torch.cat([half, half], dim=1).float()
+    return _bov_row(torch.cat([half, half], dim=1).float(), cfg)
 
 
 def apply_rope(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -196,13 +205,14 @@ def sincos_1d(channels: int, count: int) -> torch.Tensor:
 
 
 def sincos_table_3d(cfg: CosmosConfig) -> torch.Tensor:
-    """(T*H*W, dim) absolute position embedding of the Video2World models: [time | height | width] blocks."""
+    """(1 + T*H*W, dim) absolute position embedding of the Video2World models: a zero row for <bov>, then
+    [time | height | width] blocks."""
     frames, rows, cols = cfg.latent_shape
     spatial = cfg.dim // 6 * 2
     parts = [sincos_1d(cfg.dim - 2 * spatial, frames)[:, None, None].expand(frames, rows, cols, -1),
              sincos_1d(spatial, rows)[None, :, None].expand(frames, rows, cols, -1),
              sincos_1d(spatial, cols)[None, None, :].expand(frames, rows, cols, -1)]
-    return torch.cat(parts, dim=-1).reshape(frames * rows * cols, cfg.dim).float()
+    return _bov_row(torch.cat(parts, dim=-1).reshape(frames * rows * cols, cfg.dim).float(), cfg)
 
 
 # ----------------------------------------------------------------------------- network
@@ -253,12 +263,13 @@ class TransformerBlock(nn.Module):
             self.cross_attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, angles: torch.Tensor, mask: torch.Tensor, cache: RowCache, layer: int,
-                text_kv: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+                text_kv: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         normed = self.attention_norm(x)
         k, v = cache.write(layer, *self.attention.keys_values(normed, angles))
         h = x + self.attention.attend(normed, k, v, angles, mask)
         if text_kv is not None:
-            h = h + self.cross_attention.attend(self.cross_attention_norm(h), *text_kv, None, None)
+            k, v, mask = text_kv
+            h = h + self.cross_attention.attend(self.cross_attention_norm(h), k, v, None, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -266,7 +277,8 @@ class CosmosTransformer(nn.Module):
     def __init__(self, cfg: CosmosConfig):
         super().__init__()
         self.config = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # Video2World embeds one more id, <bov>, than its head predicts
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size + cfg.begin_of_video, cfg.dim)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
@@ -274,12 +286,17 @@ class CosmosTransformer(nn.Module):
         if cfg.abs_pos_emb:
             self.register_buffer("pos_emb", sincos_table_3d(cfg), persistent=False)
 
-    def text_keys_values(self, text: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Cross-attention keys/values of the T5 features (B, S, context_dim), once per generation."""
-        return [layer.cross_attention.keys_values(text.to(self.output.weight.dtype), None) for layer in self.layers]
+    def text_keys_values(self, text: torch.Tensor, mask: torch.Tensor
+                         ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Cross-attention keys, values and key mask of T5 features (B, S, context_dim) with their token
+        mask (B, S), once per generation."""
+        mask = mask.bool()[:, None, None, :]
+        return [(*layer.cross_attention.keys_values(text.to(self.output.weight.dtype), None), mask)
+                for layer in self.layers]
 
     def forward(self, tokens: torch.Tensor, cache: RowCache,
-                text_kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None, last_only: bool = False
+                text_kv: Optional[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None,
+                last_only: bool = False
                 ) -> torch.Tensor:
         """Codes (B, T) after each row's cached positions -> float32 logits (B, T, vocab), or (B, 1, vocab)
         of the last position only (a 5120-token context would otherwise give 1.3 GB of logits per row)."""
@@ -380,20 +397,22 @@ class VideoContext:
     """The prompt of a continuation: context codes (+ T5 features for Video2World)."""
 
     codes: torch.Tensor                  # (latent frames * rows * cols,) long, CPU
-    text: Optional[torch.Tensor] = None  # (T5_TOKENS, context_dim) float32, zero after the prompt's tokens
+    text: Optional[torch.Tensor] = None       # (T5_TOKENS, context_dim) float32, zero after the prompt's tokens
+    text_mask: Optional[torch.Tensor] = None  # (T5_TOKENS,) bool, True at the prompt's tokens
 
 
 class CosmosT5(T5Captioner):
-    """T5 features as Video2World reads them: the prompt's tokens, then zeros up to 512 rows."""
+    """T5 features as Video2World reads them: the prompt's tokens, then zeros up to 512 rows, and the mask."""
 
     @torch.no_grad()
-    def forward(self, text: str) -> torch.Tensor:
+    def forward(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.tokenizer([text], max_length=self.max_tokens, padding="max_length", truncation=True,
                                return_tensors="pt")
         device = next(self.encoder.parameters()).device
         hidden = self.encoder(input_ids=batch.input_ids.to(device),
                               attention_mask=batch.attention_mask.to(device)).last_hidden_state[0].float().cpu()
-        return hidden * batch.attention_mask[0, :, None].float()
+        mask = batch.attention_mask[0].bool()
+        return hidden * mask[:, None], mask
 
 
 # ----------------------------------------------------------------------------- adapter
@@ -412,19 +431,23 @@ class CosmosSession:
         cfg = net.config
         self.net, self.batch = net, batch_size
         self.device = net.output.weight.device
-        self.context = cond.codes.to(self.device).expand(batch_size, -1)
+        context = cond.codes
+        if cfg.begin_of_video:
+            context = torch.cat([torch.tensor([cfg.vocab_size]), context])
+        self.context = context.to(self.device).expand(batch_size, -1)
         self.prefix = self.context.shape[1]
         self.prefix_tokens = cond.codes  # the context frames: the engine copies previous-frame drafts from them
         if self.prefix + model.num_tokens > net.rope.shape[0]:
-            raise ValueError(f"a context of {self.prefix // cfg.frame_tokens} latent frames leaves no room for "
+            raise ValueError(f"a context of {cond.codes.numel() // cfg.frame_tokens} latent frames leaves no room for "
                              f"{model.num_tokens} generated tokens in the model's {cfg.latent_shape} positions")
         self.cache = RowCache(batch_size, self.prefix + model.num_tokens, self.prefix, self.device)
         self.text_kv = None
         if cfg.cross_attention:
-            if cond.text is None:
+            if cond.text is None or cond.text_mask is None:
                 raise ValueError("this Video2World model needs a prompt: encode the context with a prompt")
             with torch.no_grad():
-                self.text_kv = net.text_keys_values(cond.text.to(self.device).expand(batch_size, -1, -1))
+                self.text_kv = net.text_keys_values(cond.text.to(self.device).expand(batch_size, -1, -1),
+                                                    cond.text_mask.to(self.device).expand(batch_size, -1))
 
     def _run(self, tokens: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, None]:
         with torch.no_grad():
@@ -528,11 +551,11 @@ class CosmosModel:
             counts = " or ".join(map(str, self.context_frame_counts))
             raise ValueError(f"Cosmos takes {counts} context frames, got {frames.shape[0]}; trim the clip "
                              f"(e.g. load only its last {self.context_frame_counts[-1]} frames)")
-        text = None
+        text = text_mask = None
         if self.config.cross_attention:
             if not prompt or not prompt.strip():
                 raise ValueError("this Video2World model needs a text prompt describing the continuation")
-            text = self.module["t5"](prompt)
+            text, text_mask = self.module["t5"](prompt)
         elif prompt and prompt.strip():
             raise ValueError(f"Cosmos-1.0-Autoregressive-{self.size} has no text input; leave the prompt empty "
                              "(the Video2World models take one)")
@@ -550,7 +573,7 @@ class CosmosModel:
         if tuple(codes.shape) != expected:
             raise ModelLoadError(f"the tokenizer's {ENCODER} returned codes of shape {tuple(codes.shape)}, "
                                  f"expected {expected}; it does not belong to this model")
-        return VideoContext(codes=codes.reshape(-1).cpu(), text=text)
+        return VideoContext(codes=codes.reshape(-1).cpu(), text=text, text_mask=text_mask)
 
     def start(self, cond: VideoContext, batch_size: int) -> CosmosSession:
         return CosmosSession(self, cond, batch_size)
