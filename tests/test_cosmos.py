@@ -242,6 +242,13 @@ def test_pickled_code_is_refused(tmp_path):
 
 def test_detect_and_size_from_name(tmp_path, folders):
     assert all(detect(folder) for folder in folders.values())
+    from scd_core.models.cosmos import SIZES
+
+    for size, expected in SIZES.items():  # the real sizes, from NVIDIA's folder names alone
+        named = tmp_path / "real" / f"Cosmos-1.0-Autoregressive-{size}"
+        named.mkdir(parents=True)
+        assert config_for(named) == expected
+    assert SIZES["4B"].head_dim == 128 and (SIZES["12B"].dim, SIZES["12B"].n_layers) == (5120, 40)
     assert not detect(folders["4B"].parent / TOKENIZER_FOLDER)
     unnamed = tmp_path / "my-video-model"
     shutil.copytree(folders["4B"], unnamed)

@@ -45,8 +45,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..checkpoints import ModelLoadError, read_torch_checkpoint
-from ..tokenizer_files import read_json
 from ..row_cache import RowCache
+from ..tokenizer_files import read_json
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
 WEIGHTS = "model.pt"
@@ -144,8 +144,9 @@ def config_for(folder: Path) -> CosmosConfig:
     if not 0 < config.generated_frames < config.latent_shape[0]:
         raise ModelLoadError(f"{folder}: generated_frames must leave room for at least one context latent frame "
                              f"in latent_shape {config.latent_shape}")
-    if config.head_dim % 6 or config.head_dim // 6 * 2 % 2:
-        raise ModelLoadError(f"{folder}: head_dim {config.head_dim} cannot be split over three rotary axes")
+    if config.head_dim % 2 or config.dim % 2:
+        raise ModelLoadError(f"{folder}: head_dim {config.head_dim} and dim {config.dim} must be even to be split "
+                             "over the time, height and width axes")
     return config
 
 
