@@ -95,10 +95,11 @@ def random_state(folder: Path, seed: int) -> dict[str, torch.Tensor]:
     return net.state_dict()
 
 
-def write_cosmos(root: Path, size: str = "4B", nested: bool = True, seed: int = 0) -> Path:
+def write_cosmos(root: Path, size: str = "4B", nested: bool = True, seed: int = 0, **overrides: object) -> Path:
+    """The folder; `overrides` change config.json's tiny architecture (e.g. the real head_dim=128)."""
     folder = root / f"Cosmos-1.0-Autoregressive-{size}"
     folder.mkdir(parents=True, exist_ok=True)
-    config = dict(TINY)
+    config = {**TINY, **overrides}
     if "Video2World" in size:
         config["context_dim"] = CONTEXT_DIM
         write_tiny_t5(folder / "t5", caption_dim=CONTEXT_DIM)

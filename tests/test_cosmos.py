@@ -47,6 +47,21 @@ def test_window_logits_equal_sequential(folders, size):
         torch.testing.assert_close(cond_logits, steps, rtol=tolerance, atol=tolerance)
 
 
+def test_window_logits_equal_sequential_with_the_real_head_split(tmp_path):
+    """head_dim 128 as published: 44 time / 42 height / 42 width channels, 12B YaRN on."""
+    model = load_model(write_cosmos(tmp_path, "12B", dim=64, n_heads=2, n_kv_heads=1, head_dim=128), "cpu",
+                       torch.float64)
+    assert model.config.head_dim == 128 and model.config.yarn_scale == 2.0
+    tokens = torch.randint(0, TINY["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(1))
+    cond = _context(model)
+    window = model.start(cond, 1)
+    window.prefill()
+    single = model.start(cond, 1)
+    single.prefill()
+    steps = torch.cat([single.forward(tokens[:, i:i + 1])[0] for i in range(9)], dim=1)
+    torch.testing.assert_close(window.forward(tokens)[0], steps, rtol=1e-10, atol=1e-10)
+
+
 def test_rewind_then_refeed_matches_fresh_session(folders):
     model = load_model(folders["4B"], "cpu", torch.float64)
     cond = _context(model)
