@@ -5,8 +5,9 @@
 At a shared pace every row of a batch moves by the smallest commit count among
 them (what a cache with one length for the batch allows), so the calls a batch
 needs grow with its size; at a per-row pace (the adapters' `RowCache`) each row
-moves by its own.  `pace_rows` measures calls per batch and time per image on a
-real model; `row_cache_call_cost` measures one window call of the Janus adapter's
+moves by its own, yet the batch still runs until its slowest row is done.
+`pace_rows` measures calls per batch, the call at which each row completes, and
+time per image on a real model; `row_cache_call_cost` measures one window call of the Janus adapter's
 cache at a Janus-Pro shape with random weights, rows level or spread over a window.
 """
 
@@ -39,19 +40,71 @@ class SharedPace:
         return session
 
 
+class _RecordingSession:
+    def __init__(self, session: Any, held: list[list[int]], batch: int) -> None:
+        self._session, self._held = session, held
+        self._fed = torch.zeros(batch, dtype=torch.long)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:  # e.g. SharedPace's rows_per_cache: it belongs to the session
+            setattr(self._session, name, value)
+
+    def forward(self, tokens: torch.Tensor) -> Any:
+        self._fed += tokens.shape[1]
+        return self._session.forward(tokens)
+
+    def rewind(self, n: Any) -> None:
+        self._session.rewind(n)
+        self._fed -= n.cpu() if isinstance(n, torch.Tensor) else n
+        self._held.append(self._fed.tolist())
+
+
+class PaceRecorder:
+    """`model`, recording how many image tokens each row of its last session holds after every call."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.held: list[list[int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def start(self, cond: Any, batch_size: int) -> _RecordingSession:
+        self.held = []
+        return _RecordingSession(self._model.start(cond, batch_size), self.held, batch_size)
+
+    def finish_calls(self) -> list[int]:
+        """The call (prefill = 1) after which each row was complete: it holds all but its last token."""
+        last = self._model.num_tokens - 1
+        return [2 + next(i for i, held in enumerate(self.held) if held[row] >= last)
+                for row in range(len(self.held[0]))]
+
+
 def pace_rows(model: Any, cond: Any, batches: Sequence[int], window: int, seeds: Sequence[int]) -> list[dict]:
     """Calls per batch and seconds per image, SCD with maximal coupling, for each batch size and pace.
 
-    `calls_ratio` is calls per batch over the per-row calls of the first batch size.
+    `calls_ratio` is calls per batch over the per-row calls of the first batch size;
+    `row_calls` is the mean call at which a row completed (what an image would cost if
+    a finished row's slot were refilled).
     """
     rows = []
     for batch in batches:
         for pace in PACES:
-            runner = SharedPace(model) if pace == "shared" else model
-            runs = [generate(runner, cond, SamplerConfig(coupler="maximal", window=window, seed=seed),
-                             batch_size=batch, sync_timing=True) for seed in seeds]
+            recorder = PaceRecorder(model)
+            runner = SharedPace(recorder) if pace == "shared" else recorder
+            runs, finished = [], []
+            for seed in seeds:
+                runs.append(generate(runner, cond, SamplerConfig(coupler="maximal", window=window, seed=seed),
+                                     batch_size=batch, sync_timing=True))
+                finished += recorder.finish_calls()
             calls = statistics.mean(run.nfe for run in runs)
             rows.append(dict(batch=batch, pace=pace, calls=calls, speedup=model.num_tokens / calls,
+                             row_calls=statistics.mean(finished),
                              s_per_image=statistics.mean(run.total_s for run in runs) / batch))
     base = next(row["calls"] for row in rows if row["pace"] == "per-row")
     for row in rows:
@@ -124,7 +177,7 @@ def pace_tables(path: str, prompt: str, batches: Sequence[int], window: int, see
     rows = pace_rows(model, model.encode(prompt), batches, window, seeds)
     parts = [f"**{path}**, prompt {prompt!r}, SCD (maximal coupling), window {window}, {len(seeds)} seeds; "
              f"calls per batch of {model.num_tokens}-token images, calls_ratio against batch {batches[0]}\n\n"
-             + markdown(rows, ("batch", "pace", "calls", "speedup", "calls_ratio", "s_per_image"))]
+             + markdown(rows, ("batch", "pace", "calls", "speedup", "calls_ratio", "row_calls", "s_per_image"))]
     if shape:
         cost = row_cache_call_cost(shape, batches, window, device, dtype)
         calls = {(row["batch"], row["pace"]): row["calls"] for row in rows}

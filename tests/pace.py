@@ -2,8 +2,8 @@
 
 `staggered_logits` feeds windows to batch rows that sit at different positions
 and returns, next to each call's logits, what a batch-1 session gives for the
-same row fed one token at a time.  `PaceRecorder` wraps a model and records how
-many image tokens each row holds after every call of a generation.
+same row fed one token at a time.  (`scd_core.bench_pace.PaceRecorder` records
+each row's progress during a generation.)
 """
 
 from __future__ import annotations
@@ -40,40 +40,3 @@ def staggered_logits(model: Any, cond: Any, calls: Sequence[tuple[torch.Tensor, 
         session.rewind(torch.tensor(rewind))
         kept = [(k + t)[:len(k) + len(t) - n] for k, t, n in zip(kept, tokens.tolist(), rewind)]
     return pairs
-
-
-class _RecordingSession:
-    def __init__(self, session: Any, held: list[list[int]], batch: int) -> None:
-        self._session, self._held = session, held
-        self._fed = torch.zeros(batch, dtype=torch.long)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._session, name)
-
-    def forward(self, tokens: torch.Tensor) -> Any:
-        self._fed += tokens.shape[1]
-        return self._session.forward(tokens)
-
-    def rewind(self, n: Any) -> None:
-        self._session.rewind(n)
-        self._fed -= n.cpu() if isinstance(n, torch.Tensor) else n
-        self._held.append(self._fed.tolist())
-
-
-class PaceRecorder:
-    """The wrapped model, recording each row's held image tokens after every call (`held`)."""
-
-    def __init__(self, model: Any) -> None:
-        self._model = model
-        self.held: list[list[int]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def start(self, cond: Any, batch_size: int) -> _RecordingSession:
-        return _RecordingSession(self._model.start(cond, batch_size), self.held, batch_size)
-
-    def rows_finished_at_different_calls(self) -> bool:
-        """Some call ended with one row complete (it holds all but the last token) and another not."""
-        last = self._model.num_tokens - 1
-        return any(last in held and min(held) < last for held in self.held)
