@@ -119,6 +119,21 @@ def test_cache_is_allocated_once_and_rewound_in_place(folders):
     assert session.cache.keys[0] is keys and session.cache.lengths.tolist() == [8 + 6, 8 + 9] * 2
     with pytest.raises(ValueError, match="rewind"):
         session.rewind(torch.tensor([7, 0]))  # row 0 holds 6 image tokens
+    with pytest.raises(ValueError, match="pass the 16 cached positions"):
+        session.forward(torch.zeros(2, 11, dtype=torch.long))  # 6 + 11 > 16 for the slowest row
+
+
+def test_pace_benchmark_rows(folders):
+    from scd_core.bench_pace import pace_rows
+
+    model = load_model(folders["pt"], "cpu", torch.float32)
+    rows = pace_rows(model, model.encode("3"), (1, 3), 4, (0, 1))
+    assert [(row["batch"], row["pace"]) for row in rows] == [(1, "shared"), (1, "per-row"), (3, "shared"),
+                                                             (3, "per-row")]
+    assert rows[0]["calls"] == rows[1]["calls"] == rows[1]["row_calls"] and rows[1]["calls_ratio"] == 1.0
+    shared, per_row = rows[2], rows[3]
+    assert shared["row_calls"] == shared["calls"]  # at a shared pace every row ends with the slowest
+    assert per_row["row_calls"] < per_row["calls"] <= model.num_tokens
 
 
 def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(folders):
