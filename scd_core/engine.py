@@ -381,13 +381,15 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (MPS: no bincount)
         counts = ((shared[::rows_per_cache].unsqueeze(1) == values).sum(0) if chooser is not None
                   else shared[:0])
-        summary = torch.cat([torch.stack([shared.min(), decoder.committed.min(), torch.isnan(p).any().long()]),
+        summary = torch.cat([torch.stack([decoder.committed.min(), torch.isnan(p).any().long()]),
                              changes, counts]).float()
         summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
-        committed, done, has_nan, changed, carried = map(int, summary[:5])
-        acceptance = summary[5 + counts.numel():]
+        slowest, has_nan, changed, carried = map(int, summary[:4])
+        # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
+        committed, done = slowest - done, slowest
+        acceptance = summary[4 + counts.numel():]
         if chooser is not None:
-            chooser.observe(width, summary[5:5 + counts.numel()])
+            chooser.observe(width, summary[4:4 + counts.numel()])
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")
