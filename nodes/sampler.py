@@ -13,6 +13,7 @@ from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDMode
 
 RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scale"
 RECOMMENDED_TOP_K = 0
+RECOMMENDED_TOP_P = 0.0
 AUTOMATIC_WINDOW = 0  # widget value meaning window "auto": the width with the most tokens per second, per call
 MODEL_DRAFT_INIT = "auto"  # widget value meaning "the model's default" (previous_frame for video, else above)
 DRAFT_INIT_CHOICES = (MODEL_DRAFT_INIT, *DRAFT_INITS)
@@ -31,7 +32,7 @@ def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, tempe
     return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window,
                          cfg_scale=None if cfg_scale == RECOMMENDED_CFG else cfg_scale,
                          temperature=temperature, top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
-                         top_p=top_p, seed=seed, draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init)
+                         top_p=None if top_p == RECOMMENDED_TOP_P else top_p, seed=seed, draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init)
 
 
 class SCDSampler(io.ComfyNode):
@@ -59,7 +60,9 @@ class SCDSampler(io.ComfyNode):
                 io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01),
                 io.Int.Input("top_k", default=RECOMMENDED_TOP_K, min=0, max=MAX_TOP_K,
                              tooltip="0 uses the model's recommended value."),
-                io.Float.Input("top_p", default=1.0, min=0.0, max=1.0, step=0.01),
+                io.Float.Input("top_p", default=RECOMMENDED_TOP_P, min=0.0, max=1.0, step=0.01,
+                               tooltip="0 uses the model's recommended value (0.8 / 0.9 for Cosmos, else 1: "
+                                       "no top-p)."),
                 CheckedCombo("draft_init", options=list(DRAFT_INIT_CHOICES), default=MODEL_DRAFT_INIT,
                              tooltip="First guess for tokens entering the window: auto (previous_frame for "
                                      "video, else above), random, the token to the left, the token above "

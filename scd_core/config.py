@@ -59,7 +59,7 @@ class SamplerConfig:
     cfg_scale: Optional[float] = None
     temperature: float = 1.0
     top_k: Optional[int] = None
-    top_p: float = 1.0
+    top_p: Optional[float] = None
     seed: int = 0
     draft_init: Optional[str] = None
     alpha: float = 1.0
@@ -77,7 +77,8 @@ class SamplerConfig:
                "a number in (0, 100]", self.temperature)
         _check(self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k",
                "None or an integer >= 1", self.top_k)
-        _check(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        _check(self.top_p is None or (_is_real(self.top_p) and 0 < self.top_p <= 1), "top_p",
+               "None or a number in (0, 1]", self.top_p)
         _check(_is_int(self.seed) and 0 <= self.seed <= MAX_SEED, "seed", f"an integer in 0..{MAX_SEED}", self.seed)
         _check(self.draft_init is None or self.draft_init in DRAFT_INITS, "draft_init",
                f"None or one of {', '.join(DRAFT_INITS)}", self.draft_init)

@@ -178,7 +178,7 @@ class _Decoder:
         self.sampling = (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None
                          else config.cfg_scale, config.temperature,
                          config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
-                         config.top_p)
+                         model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
         self.copy_back = copy_back
         forced_tokens = getattr(model, "forced_tokens", None) or {}
         self.code_ids, self.code_index = code_tables(getattr(model, "code_ids", None), self.vocab,

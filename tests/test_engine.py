@@ -190,3 +190,12 @@ def test_code_ids_must_be_distinct_and_match_the_vocabulary():
     model.code_ids = torch.arange(model.vocab_size - 1)
     with pytest.raises(ValueError, match="code_ids"):
         generate(model, None, SamplerConfig(window=4))
+
+
+def test_model_default_top_p_applies_when_unset():
+    model = grid_model()
+    model.default_top_p = 0.3
+    by_default = generate(model, None, SamplerConfig(window=4, seed=5), batch_size=2).tokens
+    assert torch.equal(by_default, generate(model, None, SamplerConfig(window=4, seed=5, top_p=0.3), batch_size=2).tokens)
+    assert not torch.equal(by_default, generate(model, None, SamplerConfig(window=4, seed=5, top_p=1.0),
+                                                batch_size=2).tokens)

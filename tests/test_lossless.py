@@ -64,7 +64,7 @@ def sample_case(coupler: str, model_kwargs: dict, sampler_kwargs: dict, rows_per
     config = SamplerConfig(coupler=coupler, seed=seed, **sampler_kwargs, **extra)
     result = generate(model, None, config, batch_size=SAMPLES - SAMPLES % 6)
     law = model.exact_law(cfg_scale=config.cfg_scale or 1.0, temperature=config.temperature,
-                          top_k=config.top_k, top_p=config.top_p)
+                          top_k=config.top_k, top_p=config.top_p or 1.0)
     return result, law
 
 

@@ -172,7 +172,7 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
               "seed": ("INT", {"min": 0, "control_after_generate": True}),
               "temperature": ("FLOAT", {"default": 1.0}),
               "top_k": ("INT", {"min": 0, "default": 0}),
-              "top_p": ("FLOAT", {"min": 0.0, "max": 1.0, "default": 1.0}),
+              "top_p": ("FLOAT", {"min": 0.0, "max": 1.0, "default": 0.0}),
               "draft_init": (["auto", "random", "left", "above", "previous_frame"],
                              {"options": ["auto", "random", "left", "above", "previous_frame"], "default": "auto"}),
               "batch_size": ("INT", {"min": 1, "max": 16, "default": 1})}
