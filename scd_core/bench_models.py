@@ -118,7 +118,7 @@ def _build_backbone(shape: dict[str, int], layers: int, device: torch.device, dt
     from transformers import LlamaConfig, LlamaModel
     from transformers.models.janus.modeling_janus import JanusVQVAEConfig, JanusVQVAEHead
 
-    from .models.janus import dtype_keyword
+    from .hf_folders import dtype_keyword
 
     config = LlamaConfig(**dict(shape, num_hidden_layers=layers), vocab_size=16, max_position_embeddings=16384)
     with torch.device(device):
@@ -133,7 +133,7 @@ def _build_chameleon(shape: dict[str, int], layers: int, device: torch.device, d
     """A random Chameleon backbone plus a head over Lumina-mGPT's image codes, with the published layer sizes."""
     from transformers import ChameleonConfig, ChameleonModel
 
-    from .models.janus import dtype_keyword
+    from .hf_folders import dtype_keyword
 
     # the image encoder inside ChameleonModel is never run here: keep it tiny
     vq = dict(embed_dim=4, num_embeddings=16, latent_channels=4, base_channels=32, channel_multiplier=[1],

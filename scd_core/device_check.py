@@ -86,7 +86,7 @@ def build(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) ->
     """(transformers causal LM with random weights, image head over the codes) at `shape`'s sizes."""
     import transformers
 
-    from .models.janus import dtype_keyword
+    from .hf_folders import dtype_keyword
 
     if shape.family == "llama":
         cls, config = transformers.LlamaForCausalLM, transformers.LlamaConfig(**shape.config)

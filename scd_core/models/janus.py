@@ -18,7 +18,6 @@ lets transformers' layers write through a thin `Cache` view of it.
 from __future__ import annotations
 
 import functools
-import gc
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,8 @@ from typing import Any, Optional, Union
 
 import torch
 
-from ..checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from ..checkpoints import ModelLoadError
+from ..hf_folders import check_safetensors_weights, load_pretrained
 from ..row_cache import RowCache
 from ..tokenizer_files import TextTokenizer, read_json
 
@@ -249,53 +249,6 @@ def _check_config(folder: Path) -> None:
         raise ModelLoadError(f"{path} has model_type {model_type!r}, not {MODEL_TYPE!r}: not a Janus-Pro folder")
 
 
-def _check_weight_files(folder: Path) -> None:
-    """Every safetensors file must be complete; pickled weights are refused, never opened."""
-    from safetensors import safe_open
-
-    weights = sorted(folder.glob("*.safetensors"))
-    if not weights:
-        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
-        found = f"only pickled weights ({', '.join(pickles)}), which are not loaded for safety" if pickles \
-            else "no *.safetensors weights"
-        raise ModelLoadError(f"{folder} has {found}; {HF_FORMAT_HINT}")
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = set(read_json(index).get("weight_map", {}).values())
-        missing = sorted(name for name in shards if not (folder / name).is_file())
-        if missing:
-            raise ModelLoadError(f"{folder} lacks weight shards {', '.join(missing)}; download them again")
-    for path in weights:
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                handle.keys()
-        except Exception as err:  # SafetensorError for truncated or corrupt headers
-            raise ModelLoadError(f"{path} is not a readable safetensors file ({err}); it may be truncated: "
-                                 "download it again") from err
-
-
-def dtype_keyword() -> str:
-    # from_pretrained takes `dtype` since transformers 4.56; older releases silently ignore it.
-    import transformers
-    from packaging.version import Version
-
-    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-
-
-def _read_network(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import JanusForConditionalGeneration
-
-    net, info = JanusForConditionalGeneration.from_pretrained(
-        str(folder), use_safetensors=True, output_loading_info=True, **{dtype_keyword(): dtype})
-    # Missing or resized weights would silently stay random; unused extra tensors are harmless.
-    problems = {name: sorted(map(str, info.get(name) or ()))[:5] for name in ("missing_keys", "mismatched_keys")}
-    problems = {name: keys for name, keys in problems.items() if keys}
-    if problems:
-        raise ModelLoadError(f"{folder}: the weights do not match config.json (first of {problems}); "
-                             f"the folder may mix files of different models: {HF_FORMAT_HINT}")
-    return net.eval().requires_grad_(False)
-
-
 def load(folder: Path, device: torch.device, dtype: torch.dtype) -> JanusModel:
     """Load a transformers-format Janus-Pro folder onto `device` in `dtype`."""
     folder = Path(folder)
@@ -303,17 +256,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> JanusModel:
         raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
     _check_config(folder)
     tokenizer = TextTokenizer(folder)
-    _check_weight_files(folder)
-    failure: Optional[str] = None
-    try:
-        model = JanusModel(_read_network(folder, dtype).to(device), tokenizer)
-    except Exception as err:  # transformers raises many types for bad configs or weights
-        failure = str(err) if isinstance(err, ModelLoadError) else \
-            f"{folder} could not be loaded as Janus-Pro ({type(err).__name__}: {err}); {HF_FORMAT_HINT}"
-    if failure is not None:
-        # Raised outside the except block, so no traceback keeps the half-built model alive.
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        raise ModelLoadError(failure)
-    return model
+    check_safetensors_weights(folder, HF_FORMAT_HINT)
+    from transformers import JanusForConditionalGeneration
+
+    net = load_pretrained(JanusForConditionalGeneration, folder, dtype, "Janus-Pro", HF_FORMAT_HINT)
+    return JanusModel(net.to(device), tokenizer)
