@@ -121,15 +121,29 @@ def test_tiny_lumina_runs_in_the_server(comfy_server: ComfyServer, tiny_lumina_d
     assert sum(e["committed"] for e in events) == events[-1]["num_tokens"] == 21  # 4 rows of 4 codes + row-end, EOI
 
 
+USER_FILE_NODES = ("LoadVideo", "LoadImage")  # inputs a shipped workflow leaves for the user to pick
+
+
 @pytest.mark.parametrize("workflow", sorted(WORKFLOWS.glob("*.json")), ids=lambda p: p.stem)
 def test_shipped_demo_workflows_run(comfy_server: ComfyServer, workflow: Path,
                                     demo_image_size: tuple[int, int]) -> None:
     graph = json.loads(workflow.read_text())
     loaders = [node for node in graph.values() if node["class_type"] == "SCDModelLoader"]
     if any(node["inputs"]["model"] != "demo" for node in loaders):
-        # needs real weights: only check that the server accepts the graph up to the missing model folder
+        # needs real weights (and, for a video workflow, the user's clip): the server must refuse the graph for
+        # those missing things alone
         response = comfy_server.submit(graph)
-        assert response.status_code == 400 and "not found" in response.text
+        assert response.status_code == 400
+        errors = response.json()["node_errors"]
+        assert errors
+        for node_id, error in errors.items():
+            kind = graph[node_id]["class_type"]
+            messages = " ".join(e["message"] + " " + str(e.get("details", "")) for e in error["errors"])
+            if kind == "SCDModelLoader":
+                assert "not found" in messages, messages
+            else:
+                assert kind in USER_FILE_NODES and all(e["extra_info"]["input_name"] in ("file", "image")
+                                                        for e in error["errors"]), (kind, messages)
         return
     run = comfy_server.run(graph)
     assert run.status == "success", run.events[-3:]
