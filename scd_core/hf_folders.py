@@ -49,6 +49,15 @@ def dtype_keyword() -> str:
     return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 
 
+def raise_load_failure(message: str) -> None:
+    """Free what a failed load built, then raise.  Call it outside the except block, so no traceback keeps
+    the half-built model alive."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    raise ModelLoadError(message)
+
+
 def load_pretrained(model_class: type, folder: Path, dtype: torch.dtype, family: str, hint: str) -> torch.nn.Module:
     """`model_class.from_pretrained(folder)` in eval mode; missing or resized weights are an error, not random."""
     failure: Optional[str] = None
@@ -64,9 +73,5 @@ def load_pretrained(model_class: type, folder: Path, dtype: torch.dtype, family:
     except Exception as err:  # transformers raises many types for bad configs or weights
         failure = f"{folder} could not be loaded as {family} ({type(err).__name__}: {err}); {hint}"
     if failure is not None:
-        # Raised outside the except block, so no traceback keeps the half-built model alive.
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        raise ModelLoadError(failure)
+        raise_load_failure(failure)
     return net.eval().requires_grad_(False)

@@ -28,7 +28,6 @@ UNUSED_PREFIXES.
 from __future__ import annotations
 
 import contextlib
-import gc
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
+from ..hf_folders import raise_load_failure
 from ..row_cache import RowCache
 from ..tokenizer_files import TextTokenizer, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
@@ -462,10 +462,6 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LuminaModel:
     except Exception as err:  # transformers raises many types for bad configs
         failure = f"{folder} could not be loaded as Lumina-mGPT ({type(err).__name__}: {err}); {HINT}"
     if failure is not None:
-        # Raised outside the except block, so no traceback keeps the half-built model alive.
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        raise ModelLoadError(failure)
+        raise_load_failure(failure)
     return model
 
