@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import collections
-
 import comfy.model_management as mm
 import numpy as np
 import torch
 from comfy_api.latest import io
+from scd_core.auto_window import widths_used
 from scd_core.config import AUTO_WINDOW
 
 from .chart import committed_chart
@@ -23,8 +22,7 @@ def window_text(stats: SamplingStats) -> str:
     """The window setting; for "auto" also the widths it chose, with how many calls each."""
     if stats.config.window != AUTO_WINDOW:
         return str(stats.config.window)
-    used = collections.Counter(stats.result.windows[1:])  # the first call is the prefill
-    return "auto (" + ", ".join(f"{width} x {calls}" for width, calls in sorted(used.items())) + ")"
+    return f"auto ({widths_used(stats.result.windows)})"
 
 
 def summary_text(stats: SamplingStats) -> str:

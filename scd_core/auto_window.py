@@ -13,7 +13,15 @@ censored count).  The chooser estimates the survival S(k) = P(K > k) from the
 counts with the Kaplan-Meier product, each hazard shrunk towards the pooled one
 so that widths never observed are extrapolated geometrically, and picks
 
-    argmax_L  E[min(K, L)] / cost(L),   E[min(K, L)] = S(0) + ... + S(L-1).
+    argmax_L  E[min(K, L)] (L / L_seen)^REFINEMENT / cost(L),   E[min(K, L)] = S(0) + ... + S(L-1).
+
+The last factor corrects what the counts cannot see: K itself grows with the
+width, because in a wider window every draft is refined for more calls before
+it reaches the front.  Counts gathered at width L_seen (the geometric mean width
+of the observed calls) therefore undervalue wider windows and overvalue narrower
+ones; without the factor the chooser drifts to narrow widths.  REFINEMENT = 0.25
+is the exponent measured on the demo and on synthetic grids (commits per call at
+2L over what the counts at L predict, and the reverse).
 
 Only whole-call commit counts are used: the acceptance of slots after the first
 rejection is correlated with the drafts they carry into the next call and would
@@ -27,6 +35,8 @@ any width given that history.
 
 from __future__ import annotations
 
+import collections
+import math
 import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
@@ -36,6 +46,7 @@ import torch
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # few distinct widths: few kernels to warm up or graphs to capture
 TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each width's fastest call counts
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
+REFINEMENT = 0.25      # commits grow like width**REFINEMENT beyond what the counts at one width show
 
 # model -> {(dtype, device, batch): {width: seconds}}; a model that cannot be weakly referenced is not cached
 _COSTS: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[int, float]]]" = weakref.WeakKeyDictionary()
@@ -44,6 +55,17 @@ _COSTS: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[int, float]]]" = weakre
 def candidate_widths(num_tokens: int, largest: int = CANDIDATES[-1]) -> list[int]:
     """The widths the chooser considers for a sequence of `num_tokens`."""
     return [w for w in CANDIDATES if w <= min(largest, num_tokens)] or [1]
+
+
+def cost_of_width(costs: dict[int, float], width: int) -> float:
+    """A call of a width between candidates costs what the next candidate costs (as with fixed shapes)."""
+    return costs[min((w for w in costs if w >= width), default=max(costs))]
+
+
+def widths_used(windows: Sequence[int]) -> str:
+    """"16 x 40, 8 x 5": each width of a run's calls after the prefill (`GenerationResult.windows`), with its count."""
+    used = collections.Counter(windows[1:])
+    return ", ".join(f"{width} x {calls}" for width, calls in sorted(used.items(), key=lambda item: -item[1]))
 
 
 def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
@@ -120,6 +142,7 @@ class WindowChooser:
         # slot k, i.e. committed >= k (censored calls count as at risk up to their width)
         self.events = [0.0] * (self.largest + 1)
         self.at_risk = [0.0] * (self.largest + 1)
+        self.observed, self.log_width_sum = 0.0, 0.0  # rows counted, and their widths' log sum
 
     def observe(self, width: int, counts: Sequence[int]) -> None:
         """Record one call at `width`: counts[c] = how many rows (or row groups) committed c tokens."""
@@ -130,6 +153,8 @@ class WindowChooser:
                 self.at_risk[k] += number
             if committed < width:
                 self.events[committed] += number
+            self.observed += number
+            self.log_width_sum += number * math.log(width)
 
     def survival(self) -> list[float]:
         """S(k) = P(K > k) for k = 0 .. largest - 1."""
@@ -143,10 +168,16 @@ class WindowChooser:
         return survival
 
     def expected_commits(self, remaining: Optional[int] = None) -> dict[int, float]:
-        """E[min(K, width, remaining)] for each candidate width."""
+        """E[min(K, width, remaining)] for each candidate width, K's law scaled to the width (REFINEMENT)."""
         survival = self.survival()
         limit = self.largest if remaining is None else remaining
-        return {width: sum(survival[:min(width, limit)]) for width in self.costs}
+        seen = math.exp(self.log_width_sum / self.observed) if self.observed else None
+        expected = {}
+        for width in self.costs:
+            counted = sum(survival[:min(width, limit)])
+            scale = (width / seen) ** REFINEMENT if seen else 1.0
+            expected[width] = min(counted * scale, width, limit)
+        return expected
 
     def choose(self, remaining: Optional[int] = None) -> int:
         """The width with the most expected tokens per second (the narrower one on a tie)."""

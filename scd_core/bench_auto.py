@@ -6,6 +6,10 @@ call also runs a random-weight Janus-Pro-1B-shaped backbone and image head at th
 a call costs what it would cost that model here.  Runs are interleaved (seed by seed, every window in turn)
 so that load from elsewhere on the machine falls on all windows alike; the first auto run, which measures
 the costs, is a warm-up and is reported apart.
+
+The same command also checks the chooser against cost profiles this machine does not have: for a GPU-like
+profile (a call of 64 tokens costs 1.15x one of 1) and a steep CPU-like one (13x), each model's time per image
+is the sum of the profile's cost over the calls the engine makes, fixed windows and auto alike.
 """
 
 from __future__ import annotations
@@ -16,13 +20,19 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .bench import markdown
+from . import auto_window
+from .bench import SHARPNESS, markdown
 from .config import SamplerConfig
 from .engine import generate
 from .synthetic import GridModel
 
 WINDOWS: tuple = (8, 16, 32, 64, "auto")
 MEDIUM_SHARPNESS = 1.5
+PROFILES = {  # seconds per call by width, relative
+    "GPU-like (64 costs 1.15x)": {1: 1.0, 2: 1.0, 4: 1.01, 8: 1.02, 16: 1.04, 32: 1.08, 64: 1.15},
+    "CPU-like (64 costs 13x)": {1: 1.0, 2: 1.3, 4: 1.7, 8: 2.5, 16: 4.0, 32: 7.0, 64: 13.0},
+}
+PROFILE_WINDOWS: tuple = (4, 8, 16, 32, 64, "auto")
 
 
 class ShapedGridModel(GridModel):
@@ -83,7 +93,32 @@ def time_windows(model: Any, cond: Any, windows: Sequence, seeds: Sequence[int])
     best = min(r["seconds"] for r in rows if r["window"] != "auto")
     for row in rows:
         row["vs_best_fixed"] = row["seconds"] / best
-    rows[-1]["widths"] += f" (cost measurement: {measure_s:.1f} s, once)"
+    rows[-1]["widths"] += f" (first run, which measured the costs: {measure_s:.1f} s)"
+    return rows
+
+
+def profile_rows(seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """Time per image under each cost profile (sum of per-call costs), relative to the best fixed window."""
+    from .loading import load_model
+
+    demo = load_model("demo")
+    models = [("demo", demo, demo.encode("7"))]
+    models += [(f"grid 24x24, {name} entropy", GridModel(24, 24, 16384, sharpness), None)
+               for name, sharpness in SHARPNESS]
+    rows = []
+    for profile, costs in PROFILES.items():
+        for name, model, cond in models:
+            auto_window.remember_costs(model, 1, costs)
+            seconds = {}
+            for window in PROFILE_WINDOWS:
+                results = [generate(model, cond, SamplerConfig(window=window, seed=seed)) for seed in seeds]
+                seconds[window] = statistics.mean(sum(auto_window.cost_of_width(costs, w) for w in r.windows[1:])
+                                                  for r in results)
+            fixed = {w: t for w, t in seconds.items() if w != "auto"}
+            best = min(fixed, key=fixed.get)
+            rows.append(dict(profile=profile, model=name, best_fixed=best,
+                             auto_vs_best=seconds["auto"] / fixed[best],
+                             **{f"w{w}_vs_best": fixed[w] / fixed[best] for w in fixed}))
     return rows
 
 
@@ -101,4 +136,8 @@ def auto_tables(seeds: Sequence[int], layers: int = 4) -> str:
                  f"{len(seeds)} seeds)\n\n"
                  + markdown(time_windows(shaped, None, WINDOWS, seeds),
                             ("window", "nfe", "seconds", "vs_best_fixed", "widths")))
+    parts.append(f"**Other cost profiles** (time = sum of the profile's per-call cost over the calls made; mean of "
+                 f"{len(seeds)} seeds)\n\n"
+                 + markdown(profile_rows(seeds), ("profile", "model", "best_fixed", "auto_vs_best",
+                                                  *(f"w{w}_vs_best" for w in PROFILE_WINDOWS[:-1]))))
     return "\n\n".join(parts)

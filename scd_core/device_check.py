@@ -149,11 +149,6 @@ def generate_ms_per_token(model: Any, shape: Shape, context: int, device: torch.
     return 1000 * (seconds(GENERATE_TOKENS + 1) - seconds(1)) / GENERATE_TOKENS
 
 
-def _cost_of(costs: dict[int, float], width: int) -> float:
-    """A call of a width between candidates costs what the next candidate costs (as with fixed shapes)."""
-    return costs[min((w for w in costs if w >= width), default=max(costs))]
-
-
 def image_runs(shape: Shape, costs: dict[int, float], device: torch.device) -> dict[str, dict[str, Any]]:
     """Calls the engine makes on a synthetic grid model of the family's layout, and the predicted seconds."""
     rows, cols = shape.grid
@@ -168,7 +163,7 @@ def image_runs(shape: Shape, costs: dict[int, float], device: torch.device) -> d
                          device=str(device))
         auto_window.remember_costs(grid, 1, costs)  # the chooser sees the family's costs, not the toy's
         result = generate(grid, None, SamplerConfig(window=window, seed=0), sync_timing=True)
-        model_s = sum(_cost_of(costs, w) for w in result.windows)
+        model_s = sum(auto_window.cost_of_width(costs, w) for w in result.windows)
         widths: dict[int, int] = {}
         for w in result.windows[1:]:
             widths[w] = widths.get(w, 0) + 1

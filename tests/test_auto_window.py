@@ -21,11 +21,23 @@ def test_no_counts_yet_is_optimistic_and_ties_go_to_the_narrower_width():
 
 
 def test_commit_counts_set_the_width():
-    chooser = WindowChooser(FLAT)
+    chooser = WindowChooser({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
     for _ in range(20):
         chooser.observe(8, [0, 0, 0, 5])  # five rows, each rejected at its third slot
     assert chooser.expected_commits()[8] == pytest.approx(3.0, abs=0.05)
-    assert chooser.choose() == 4  # 3 of 4 slots used; 8 would cost more for the same tokens
+    assert chooser.choose() == 4  # 3 of 4 slots used; 8 costs a third more for barely more tokens
+
+
+def test_counts_seen_at_one_width_are_scaled_to_the_others():
+    """Drafts in a wider window are refined for more calls: commits grow like width ** REFINEMENT."""
+    chooser = WindowChooser({w: 1.0 for w in (4, 8, 16, 32)})
+    for _ in range(50):
+        chooser.observe(8, [0, 0, 5])  # always rejected at the second slot: the counts alone say 2 anywhere
+    expected = chooser.expected_commits()
+    assert expected[8] == pytest.approx(2.0, abs=0.05)
+    for width in (4, 16, 32):
+        assert expected[width] == pytest.approx(2.0 * (width / 8) ** auto_window.REFINEMENT, abs=0.05)
+    assert chooser.expected_commits(remaining=2)[32] == 2.0  # never more than the tokens left
 
 
 def test_a_call_that_accepted_everything_is_censored_not_a_rejection():
@@ -45,9 +57,10 @@ def test_the_estimate_recovers_a_geometric_law_from_censored_counts():
         counts = [0] * (width + 1)
         counts[min(k, width)] = 1
         chooser.observe(width, counts)
+    survival = chooser.survival()
     for width in (4, 8, 16):
         truth = (1 - (1 - hazard) ** width) / hazard
-        assert chooser.expected_commits()[width] == pytest.approx(truth, rel=0.08), width
+        assert sum(survival[:width]) == pytest.approx(truth, rel=0.08), width
 
 
 def test_the_last_calls_need_no_more_than_the_rest():
