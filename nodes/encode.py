@@ -6,7 +6,12 @@ from typing import Optional
 
 from comfy_api.latest import io
 
+from scd_core.model import set_image_size
+
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
+
+SIZE_TOOLTIP = ("Image {side} in pixels; 0 = the model's own size. Emu3 (any aspect, 8 px steps) and Lumina-mGPT "
+                "(square, multiples of 32) take other sizes; the prompt carries the size, as these models expect.")
 
 
 class SCDPromptEncode(io.ComfyNode):
@@ -24,13 +29,19 @@ class SCDPromptEncode(io.ComfyNode):
                                 tooltip="Text prompt, or a class index for class-conditional models."),
                 io.String.Input("negative_prompt", multiline=True, default="", optional=True,
                                 tooltip="Used as the unconditional branch of CFG where the model supports it."),
+                io.Int.Input("width", default=0, min=0, max=4096, step=8, optional=True,
+                             tooltip=SIZE_TOOLTIP.format(side="width")),
+                io.Int.Input("height", default=0, min=0, max=4096, step=8, optional=True,
+                             tooltip=SIZE_TOOLTIP.format(side="height")),
             ],
             outputs=[SCDCond.Output(display_name="conditioning")],
         )
 
     @classmethod
-    def execute(cls, model: LoadedModel, prompt: str, negative_prompt: Optional[str] = None) -> io.NodeOutput:
+    def execute(cls, model: LoadedModel, prompt: str, negative_prompt: Optional[str] = None, width: int = 0,
+                height: int = 0) -> io.NodeOutput:
         if not prompt.strip():
             raise ValueError("prompt is empty; type a prompt (or a class index such as 7 for class models)")
+        set_image_size(model.model, width, height)
         cond = model.model.encode(prompt, negative_prompt if negative_prompt and negative_prompt.strip() else None)
         return io.NodeOutput(EncodedPrompt(model_name=model.name, cond=cond))

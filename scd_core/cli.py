@@ -19,10 +19,12 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+from .auto_window import widths_used
 from .checkpoints import ModelLoadError
-from .config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
+from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .engine import GenerationResult, IterationStats, ModelOutputError, generate
 from .loading import load_model, pick_device
+from .model import set_image_size
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -54,6 +56,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _pixels(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a pixel count >= 0 (0: the model's size), got {text}")
+    return value
+
+
+def _window(text: str) -> int | str:
+    if text == AUTO_WINDOW:
+        return text
+    try:
+        return int(text)  # the range is SamplerConfig's to check
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {AUTO_WINDOW!r} or an integer, got {text!r}") from None
+
+
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--model", required=True, help='"demo" (the embedded digit model) or a model folder')
@@ -61,11 +79,16 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--negative-prompt", help="negative prompt for the unconditional CFG branch")
     model.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
     model.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
+    model.add_argument("--width", type=_pixels, default=0,
+                       help="image width in pixels (Emu3, Lumina-mGPT); default 0: the model's size")
+    model.add_argument("--height", type=_pixels, default=0,
+                       help="image height in pixels (Emu3, Lumina-mGPT); default 0: the model's size")
     sampler = parser.add_argument_group("sampler (defaults: the model's recommended values)")
     sampler.add_argument("--coupler", choices=COUPLERS, default=DEFAULTS.coupler,
                          help="how drafts are re-made: maximal/gumbel (SCD), independent (SJD), faithful")
-    sampler.add_argument("--window", type=int, default=DEFAULTS.window,
-                         help="positions decoded per model call; 1 is plain autoregressive sampling")
+    sampler.add_argument("--window", type=_window, default=DEFAULTS.window,
+                         help="positions decoded per model call; 1 is plain autoregressive sampling; "
+                              "auto: chosen per call from the measured cost of a call and the acceptance")
     sampler.add_argument("--cfg", type=float, help="classifier-free guidance scale")
     sampler.add_argument("--temperature", type=float, default=DEFAULTS.temperature)
     sampler.add_argument("--top-k", type=int)
@@ -197,7 +220,9 @@ def run_summary(run: Run) -> str:
     result, config = run.result, run.config
     tokens = result.tokens.shape[1]
     return "\n".join([
-        f"{run.label}: coupler {config.coupler}, window {config.window}, seed {config.seed}, "
+        f"{run.label}: coupler {config.coupler}, window {config.window}"
+        + (f" ({widths_used(result.windows)})" if config.window == AUTO_WINDOW else "")
+        + f", seed {config.seed}, "
         f"batch {result.tokens.shape[0]}",
         f"NFE {result.nfe} for {tokens} tokens (AR: {tokens}): speedup {run.speedup:.2f}x in calls, "
         f"{result.tokens_per_call:.2f} tokens/call, mean acceptance {_percent(run.acceptance)}",
@@ -250,7 +275,10 @@ def run_generate(args: argparse.Namespace) -> int:
     config = sampler_config(args)  # every setting is checked before the weights are read
     check_device(args.device)
     check_output(args.output)
+    if (args.width == 0) != (args.height == 0):
+        raise ValueError(f"give both --width and --height, or neither (got {args.width} x {args.height})")
     model = load_model(args.model, device=args.device, dtype=args.dtype)
+    set_image_size(model, args.width, args.height)
     cond = model.encode(args.prompt, args.negative_prompt)
     if args.compare:
         runs = [run_once(model, cond, replace(config, coupler=coupler, window=window or config.window),

@@ -333,8 +333,8 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     started = time.perf_counter()
+    session = model.start(cond, batch_size)  # first: a family may adopt the image size `cond` was encoded for
     copy_back = draft_source(model, config)
-    session = model.start(cond, batch_size)
     rows_per_cache = getattr(session, "rows_per_cache", batch_size)
     if batch_size % rows_per_cache:
         raise ValueError(f"session.rows_per_cache={rows_per_cache} must divide batch_size={batch_size}")

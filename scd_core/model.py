@@ -60,6 +60,8 @@ class TokenModel(Protocol):
     Loaded families (see `scd_core.load_model`) also offer
       encode(prompt, negative_prompt=None) -> conditioning for `start`, and
       decode(tokens (batch, N)) -> images (batch, H, W, 3) float in 0..1.
+    Families that generate more than one image size (Emu3, Lumina-mGPT) offer set_image_size(width, height)
+      in pixels; encode then records the size and `start` switches the model to the size of its `cond`.
     Video families (Cosmos) instead take context frames, encode_video(frames (F, H, W, 3), prompt=None),
       return frames (batch * F, H, W, 3) from decode, and with `decodes_context = True` accept
       decode(tokens, cond) to decode the context frames in front of the continuation.
@@ -76,3 +78,17 @@ def model_default(model: Any, name: str, fallback: Any) -> Any:
     """A model's recommended sampling value, or the generic fallback."""
     value = getattr(model, name, None)
     return fallback if value is None else value
+
+
+def set_image_size(model: Any, width: int, height: int) -> None:
+    """Ask `model` for width x height pixel images from the next encode on; 0 x 0 keeps its current size."""
+    if (width, height) == (0, 0):
+        return
+    if not all(isinstance(side, int) and side > 0 for side in (width, height)):
+        raise ValueError(f"width and height must both be positive pixel counts, or both 0 for the model's own "
+                         f"size; got {width} x {height}")
+    choose = getattr(model, "set_image_size", None)
+    if choose is None:
+        raise ValueError(f"this model generates one image size only; set width and height to 0 "
+                         f"(Emu3 and Lumina-mGPT take other sizes), got {width} x {height}")
+    choose(width, height)

@@ -82,6 +82,15 @@ def test_demo_model_decodes_in_fewer_calls_than_ar(tmp_path, capsys):
     assert nfe < 256 and histogram_total(out) == nfe
 
 
+def test_window_auto_reports_the_widths_it_chose(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "generate", "--model", "demo", "--prompt", "2", "--window", "auto",
+                             "-o", tmp_path / "auto.png")
+    assert code == 0, err
+    widths = re.search(r"window auto \(([^)]*)\)", out).group(1)
+    nfe = int(re.search(r"NFE (\d+) for 256 tokens", out).group(1))
+    assert sum(int(part.split(" x ")[1]) for part in widths.split(", ")) == nfe - 1  # every call but the prefill
+
+
 def test_commit_histogram_buckets_by_powers_of_two():
     lines = commit_histogram([1, 1, 2, 3, 5, 4, 17, 1]).splitlines()
     counts = [(line.split("tokens")[0].strip(), int(line.split()[-1])) for line in lines]
@@ -94,7 +103,10 @@ def test_commit_histogram_buckets_by_powers_of_two():
     (["--model", "{missing}"], "not found"),
     (["--model", "{empty}"], "is not a model folder"),
     (["--window", "0"], "window must be 'auto' or an integer in 1..1024"),
-    (["--window", "two"], "--window: invalid int value"),
+    (["--window", "two"], "--window: must be 'auto' or an integer"),
+    (["--model", "demo", "--prompt", "3", "--width", "64", "--height", "64"], "one image size only"),
+    (["--width", "64"], "give both --width and --height"),
+    (["--width", "-8", "--height", "8"], "--width: must be a pixel count"),
     (["--coupler", "greedy"], "--coupler: invalid choice"),
     (["--top-p", "1.5"], "top_p must be"),
     (["--cfg", "-2"], "cfg_scale must be"),

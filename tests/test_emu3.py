@@ -72,14 +72,26 @@ def test_bad_resolutions_are_refused(model32: emu3.Emu3Model) -> None:
     for ratio, area in (("square", 100), ("4:0", 100), ("1:1", 10), ("1:1", 0)):
         with pytest.raises(ValueError, match="ratio|image_area"):
             emu3.grid_size(ratio, area)
-    prompt = model32.encode(PROMPT)
-    model32.set_resolution("1:1", 1024)
     try:
-        with pytest.raises(ValueError, match="set_resolution"):
-            model32.start(prompt, 1)
         model32.set_resolution("1:1", 512 * 512)  # 64 x 65 + 3 tokens exceed the tiny model's 512 positions
         with pytest.raises(ValueError, match="512 positions"):
             model32.start(model32.encode(PROMPT), 1)
+    finally:
+        model32.set_resolution(RATIO, AREA)
+
+
+def test_a_prompt_keeps_the_size_it_was_encoded_for(model32: emu3.Emu3Model) -> None:
+    """set_image_size picks width x height for the next encode; generate switches to the prompt's size."""
+    try:
+        model32.set_image_size(32, 24)  # 4 x 3 codes of 8 px
+        wide = model32.encode(PROMPT)
+        model32.set_image_size(16, 16)
+        square = model32.encode(PROMPT)
+        assert (wide.size, square.size) == ((3, 4), (2, 2))
+        for prompt, (rows, cols) in ((wide, (3, 4)), (square, (2, 2))):
+            result = generate(model32, prompt, SamplerConfig(window=4, seed=0))
+            assert result.tokens.shape == (1, rows * (cols + 1) + 3)
+            assert model32.decode(result.tokens).shape == (1, rows * 8, cols * 8, 3)
     finally:
         model32.set_resolution(RATIO, AREA)
 

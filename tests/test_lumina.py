@@ -193,12 +193,16 @@ def test_resolution_can_be_picked_where_the_model_supports_several(model2: lumin
         assert model2.forced_tokens[8] == SPECIAL_IDS_2[ROW_END] and model2.forced_tokens[72] == SPECIAL_IDS_2[EOI]
         prompt = model2.encode(PROMPT)
         assert prompt.cond[-2:] == prompt.uncond[-2:] == (SPECIAL_IDS_2["<reserved08802>"],) * 2
-        with pytest.raises(ValueError, match="encode again"):
-            model2.start(old_prompt, 1)
         result = generate(model2, prompt, SamplerConfig(coupler="maximal", window=16, seed=0))
         assert model2.decode(result.tokens).shape == (1, 64, 64, 3)
+        old = generate(model2, old_prompt, SamplerConfig(coupler="maximal", window=16, seed=0))
+        assert model2.resolution == RESOLUTION_2 and old.tokens.shape[1] == model2.num_tokens  # the prompt's size
         with pytest.raises(ValueError, match="multiple of 32"):
             model2.set_resolution(100)
+        with pytest.raises(ValueError, match="square"):
+            model2.set_image_size(64, 32)
+        model2.set_image_size(64, 64)
+        assert model2.resolution == 64
     finally:
         model2.set_resolution(RESOLUTION_2)
 

@@ -285,7 +285,8 @@ def test_window_0_picks_the_width_per_call_and_the_summary_lists_the_widths(node
     assert len(stats.result.windows) == stats.result.nfe
     _, summary = run_node(node_classes["SCDStats"], stats=stats)
     used = collections.Counter(stats.result.windows[1:])
-    assert "window auto (" + ", ".join(f"{w} x {c}" for w, c in sorted(used.items())) + ")" in summary
+    by_count = sorted(used.items(), key=lambda item: -item[1])
+    assert "window auto (" + ", ".join(f"{w} x {c}" for w, c in by_count) + ")" in summary
 
 
 def test_stats_chart_is_legible_at_node_size(pack: ModuleType) -> None:
@@ -344,6 +345,10 @@ def test_bad_inputs_give_actionable_errors(node_classes: dict[str, Any], janus: 
                                            fake_server: FakeServer) -> None:
     with pytest.raises(ValueError, match="prompt is empty"):
         run_node(node_classes["SCDPromptEncode"], model=janus, prompt="   ")
+    with pytest.raises(ValueError, match="one image size only"):
+        run_node(node_classes["SCDPromptEncode"], model=janus, prompt="x", width=512, height=512)
+    with pytest.raises(ValueError, match="must both be positive pixel counts"):
+        run_node(node_classes["SCDPromptEncode"], model=janus, prompt="x", width=512, height=0)
     (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="x")
     other = dataclasses.replace(janus, name="another-model")
     with pytest.raises(ValueError, match="same SCD Model Loader"):
@@ -386,8 +391,8 @@ def test_tiny_emu3_runs_through_the_nodes(node_classes: dict[str, Any], comfy: S
     assert "Emu3/Emu3-Gen-hf" in inputs_of(node_classes["SCDModelLoader"])["model"][1]["options"]
     (model,) = node_classes["SCDModelLoader"].execute("Emu3/Emu3-Gen-hf", "auto", "auto").result
     assert model.model.family == "emu3" and model.model.num_tokens == 8193  # 720 px by default
-    model.model.set_resolution("4:3", 768)  # a 3 x 4 grid: 18 tokens
-    (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a red square", negative_prompt="")
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a red square", negative_prompt="",
+                       width=32, height=24)  # a 3 x 4 grid: 18 tokens
     tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond, window=4, batch_size=2))
     assert tokens.shape == (2, 18) and stats.result.nfe <= 18
     for position, token in model.model.forced_tokens.items():

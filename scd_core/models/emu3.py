@@ -146,7 +146,13 @@ class Emu3Model:
 
     def set_resolution(self, ratio: str = DEFAULT_RATIO, image_area: int = DEFAULT_AREA) -> None:
         """Image aspect ("W:H") and pixel area for the next encode/generate; 1:1 at 720 x 720 by default."""
-        rows, cols = grid_size(ratio, image_area)
+        self._set_grid(*grid_size(ratio, image_area))
+
+    def set_image_size(self, width: int, height: int) -> None:
+        """About width x height pixels (each side rounded to Emu3's 8 px tokens) for the next encode."""
+        self.set_resolution(f"{width}:{height}", width * height)
+
+    def _set_grid(self, rows: int, cols: int) -> None:
         self.size = (rows, cols)
         self.grid = (rows, cols + 1)  # the row-end column included, so `above` lands on the same column
         self.num_tokens = rows * (cols + 1) + 3
@@ -175,9 +181,8 @@ class Emu3Model:
     def start(self, cond: Emu3Prompt, batch_size: int) -> Emu3Session:
         if not isinstance(cond, Emu3Prompt):
             raise ValueError(f"cond must come from Emu3Model.encode(), got {type(cond).__name__}")
-        if cond.size != self.size:
-            raise ValueError(f"cond was encoded for a {cond.size[0]}x{cond.size[1]} grid but the model is set to "
-                             f"{self.size[0]}x{self.size[1]}; encode again after set_resolution()")
+        if cond.size != self.size:  # the size the prompt was encoded for wins
+            self._set_grid(*cond.size)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         width = max(len(cond.cond), len(cond.uncond))

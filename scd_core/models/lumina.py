@@ -178,6 +178,13 @@ class LuminaModel:
         forced[self.num_tokens - 1] = self._eoi
         self.forced_tokens = forced
 
+    def set_image_size(self, width: int, height: int) -> None:
+        """width x height pixels for the next encode: square, a multiple of 32 (see set_resolution)."""
+        if width != height:
+            raise ValueError(f"Lumina-mGPT generates square images here: got {width} x {height}; "
+                             "give width and height the same value")
+        self.set_resolution(width)
+
     @property
     def device(self) -> torch.device:
         return self.module["lm"].lm_head.weight.device
@@ -206,9 +213,8 @@ class LuminaModel:
     def start(self, cond: LuminaPrompt, batch_size: int) -> LuminaSession:
         if not isinstance(cond, LuminaPrompt):
             raise ValueError(f"cond must come from LuminaModel.encode(), got {type(cond).__name__}")
-        if cond.resolution != self.resolution:
-            raise ValueError(f"cond was encoded for {cond.resolution} px but the model is set to {self.resolution} "
-                             "px; encode again after set_resolution()")
+        if cond.resolution != self.resolution:  # the size the prompt was encoded for wins
+            self.set_resolution(cond.resolution)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         width = max(len(cond.cond), len(cond.uncond))
