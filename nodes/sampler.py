@@ -15,7 +15,7 @@ RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scal
 RECOMMENDED_TOP_K = 0
 RECOMMENDED_TOP_P = 0.0
 AUTOMATIC_WINDOW = 0  # widget value meaning window "auto": the width with the most tokens per second, per call
-DEFAULT_WINDOW = 32  # pinned until the automatic choice measures as fast (README: auto is 1.2-1.4x slower)
+DEFAULT_WINDOW = AUTOMATIC_WINDOW  # measured within 2-8% of the best pinned window (README, "Automatic window")
 MODEL_DRAFT_INIT = "auto"  # widget value meaning "the model's default" (previous_frame for video, else above)
 DRAFT_INIT_CHOICES = (MODEL_DRAFT_INIT, *DRAFT_INITS)
 MAX_TOP_K = 1_000_000
@@ -52,9 +52,10 @@ class SCDSampler(io.ComfyNode):
                              tooltip="maximal / gumbel: coupled drafts (SCD); independent: SJD; faithful: "
                                      "exactly the autoregressive output for the same seed."),
                 io.Int.Input("window", default=DEFAULT_WINDOW, min=0, max=MAX_WINDOW,
-                             tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling. 0 picks "
-                                     "it per call: the width with the most tokens per second, from what a call "
-                                     "costs on this device and how many tokens the calls so far committed."),
+                             tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling. 0 (auto) "
+                                     "picks it per call: the width with the most tokens per second, from what a "
+                                     "call costs on this device and how many tokens the calls so far committed. "
+                                     "Pin a number for seeds that give the same image on every machine."),
                 io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
                                tooltip="Classifier-free guidance scale; -1 uses the model's recommended value."),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True),

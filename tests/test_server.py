@@ -81,7 +81,7 @@ def test_object_info_lists_the_nodes(comfy_server: ComfyServer, tiny_janus: str)
     models = info["SCDModelLoader"]["input"]["required"]["model"][1]["options"]
     assert models[0] == "demo" and tiny_janus in models
     sampler = info["SCDSampler"]["input"]["required"]
-    assert sampler["window"][1]["min"] == 0 and sampler["window"][1]["default"] == 32  # 0 = automatic window
+    assert sampler["window"][1]["min"] == 0 and sampler["window"][1]["default"] == 0  # 0 = automatic window
     assert sampler["coupler"][1]["options"] == ["maximal", "gumbel", "independent", "faithful"]
     assert info["SCDSampler"]["output"] == ["SCD_TOKENS", "SCD_STATS"]
     assert info["SCDStats"]["output"] == ["IMAGE", "STRING"]
