@@ -114,7 +114,7 @@ def test_rows_at_different_positions_give_each_rows_sequential_logits(model64: j
 def test_cache_is_allocated_once_and_rewound_in_place(model32: janus.JanusModel) -> None:
     session = model32.start(model32.encode(PROMPT), 2)
     session.prefill()
-    rows = session._rows
+    rows = session.cache
     prefix = rows.prefix
     keys = rows.keys[0]
     assert keys.shape[0] == 4 and keys.shape[2] == prefix + 16

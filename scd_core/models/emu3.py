@@ -23,10 +23,10 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
+from ..cfg_session import CFGSession, cfg_prefix
 from ..checkpoints import ModelLoadError
 from ..hf_folders import check_safetensors_weights, load_pretrained
 from ..row_attention import RowAttentionBackbone
-from ..row_cache import RowCache
 from ..tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "emu3"
@@ -67,53 +67,6 @@ class Emu3Prompt:
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
     size: tuple[int, int]
-
-
-class Emu3Session:
-    """One generation: 2 x batch rows (cond, then uncond); each sample advances at its own pace."""
-
-    rows_per_cache = 1
-
-    def __init__(self, model: "Emu3Model", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
-        self._model = model
-        self._prefix = prefix
-        self._batch = prefix.shape[0] // 2
-        width = prefix.shape[1]
-        self.cache = RowCache(prefix.shape[0], width + model.num_tokens, width, prefix.device, real=prefix_mask)
-        pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
-        self._backbone = RowAttentionBackbone(model.module.model.text_model, self.cache, pads)
-
-    @torch.no_grad()
-    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cache.longest:
-            raise RuntimeError("prefill() was already called for this session")
-        return self._run(self._prefix, last_only=True)
-
-    @torch.no_grad()
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed (batch, T) token ids, each sample after its own cached tokens."""
-        if not self.cache.longest:
-            raise RuntimeError("call prefill() before forward()")
-        if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
-            raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
-        return self._run(tokens.to(self._prefix.device).repeat(2, 1))  # the same drafts for both branches
-
-    def rewind(self, n: Union[int, torch.Tensor]) -> None:
-        """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
-        if isinstance(n, torch.Tensor) and n.dim() > 0:
-            n = n.repeat(2)  # a sample's cond and uncond rows move together
-        self.cache.rewind(n)
-
-    def _run(self, ids: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self._backbone(self._model.module.get_input_embeddings()(ids))
-        return self._logits(hidden[:, -1:] if last_only else hidden)
-
-    def _logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # only the image-code rows of lm_head (32768 of ~184k); a slice when the ids are contiguous
-        weight = self._model.module.lm_head.weight[self._model.code_rows]
-        logits = F.linear(hidden, weight)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return logits[: self._batch], logits[self._batch:]
 
 
 class Emu3Model:
@@ -178,7 +131,7 @@ class Emu3Model:
         return (self._bos, *self._tokenizer.encode(text), self._image_start,
                 *self._tokenizer.encode(f"{rows}*{cols}"), self._image_wrapper)
 
-    def start(self, cond: Emu3Prompt, batch_size: int) -> Emu3Session:
+    def start(self, cond: Emu3Prompt, batch_size: int) -> CFGSession:
         if not isinstance(cond, Emu3Prompt):
             raise ValueError(f"cond must come from Emu3Model.encode(), got {type(cond).__name__}")
         if cond.size != self.size:  # the size the prompt was encoded for wins
@@ -190,15 +143,13 @@ class Emu3Model:
         if width + self.num_tokens > limit:
             raise ValueError(f"prompt ({width} tokens) plus image ({self.num_tokens}) exceed the model's "
                              f"{limit} positions: use a shorter prompt or a smaller image_area")
-        rows, masks = [], []
-        for ids in (cond.cond, cond.uncond):
-            padding = width - len(ids)  # left padding, masked out
-            rows.append([self._bos] * padding + list(ids))
-            masks.append([0] * padding + [1] * len(ids))
-        device = self.device
-        prefix = torch.tensor(rows, device=device).repeat_interleave(batch_size, dim=0)
-        mask = torch.tensor(masks, device=device).repeat_interleave(batch_size, dim=0)
-        return Emu3Session(self, prefix, mask)
+        prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._bos, batch_size, self.device)
+        net = self.module
+        return CFGSession(prefix, mask, self.num_tokens,
+                          backbone=lambda cache, pads: RowAttentionBackbone(net.model.text_model, cache, pads),
+                          embed_prefix=net.get_input_embeddings(), embed_image=net.get_input_embeddings(),
+                          # only the image-code rows of lm_head (32768 of ~184k); a slice when the ids are contiguous
+                          head=lambda hidden: F.linear(hidden, net.lm_head.weight[self.code_rows]))
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -21,10 +21,11 @@ import functools
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 
+from ..cfg_session import CFGSession, cfg_prefix
 from ..checkpoints import ModelLoadError
 from ..hf_folders import check_safetensors_weights, load_pretrained
 from ..row_cache import RowCache
@@ -112,53 +113,6 @@ class RowBackbone:
         return out.last_hidden_state
 
 
-class JanusSession:
-    """One generation: 2 x batch rows (cond, then uncond); each sample advances at its own pace."""
-
-    rows_per_cache = 1
-
-    def __init__(self, model: "JanusModel", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
-        self._model = model
-        self._prefix = prefix
-        self._batch = prefix.shape[0] // 2
-        width = prefix.shape[1]
-        self._rows = RowCache(prefix.shape[0], width + model.num_tokens, width, prefix.device, real=prefix_mask)
-        pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
-        self._backbone = RowBackbone(model.module.model.language_model, self._rows, pads)
-
-    @torch.no_grad()
-    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._rows.longest:
-            raise RuntimeError("prefill() was already called for this session")
-        net = self._model.module
-        return self._run(net.get_input_embeddings()(self._prefix), last_only=True)
-
-    @torch.no_grad()
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed (batch, T) image ids, each sample after its own cached tokens."""
-        if not self._rows.longest:
-            raise RuntimeError("call prefill() before forward()")
-        if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
-            raise ValueError(f"tokens must be (batch={self._batch}, T>=1) image ids, got shape {tuple(tokens.shape)}")
-        net = self._model.module
-        ids = tokens.to(self._prefix.device).repeat(2, 1)  # the same drafts for both branches
-        return self._run(net.prepare_embeddings_for_image_generation(ids))
-
-    def rewind(self, n: Union[int, torch.Tensor]) -> None:
-        """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
-        if isinstance(n, torch.Tensor) and n.dim() > 0:
-            n = n.repeat(2)  # a sample's cond and uncond rows move together
-        self._rows.rewind(n)
-
-    def _run(self, embeds: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self._backbone(embeds)
-        if last_only:
-            hidden = hidden[:, -1:]
-        logits = self._model.module.model.generation_head(hidden)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return logits[: self._batch], logits[self._batch:]
-
-
 class JanusModel:
     """A loaded Janus-Pro: TokenModel for the engine, plus encode/decode for prompts and pixels."""
 
@@ -200,21 +154,18 @@ class JanusModel:
         body = self._tokenizer.encode(PROMPT_TEMPLATE.format(text=text.strip()))
         return (self._bos, *body, self._boi)
 
-    def start(self, cond: JanusPrompt, batch_size: int) -> JanusSession:
+    def start(self, cond: JanusPrompt, batch_size: int) -> CFGSession:
         if not isinstance(cond, JanusPrompt):
             raise ValueError(f"cond must come from JanusModel.encode(), got {type(cond).__name__}")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        width = max(len(cond.cond), len(cond.uncond))
-        rows, masks = [], []
-        for ids in (cond.cond, cond.uncond):
-            padding = width - len(ids)  # left padding, masked out
-            rows.append([self._pad] * padding + list(ids))
-            masks.append([0] * padding + [1] * len(ids))
-        device = self.device
-        prefix = torch.tensor(rows, device=device).repeat_interleave(batch_size, dim=0)
-        mask = torch.tensor(masks, device=device).repeat_interleave(batch_size, dim=0)
-        return JanusSession(self, prefix, mask)
+        prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._pad, batch_size, self.device)
+        net = self.module
+        return CFGSession(prefix, mask, self.num_tokens,
+                          backbone=lambda cache, pads: RowBackbone(net.model.language_model, cache, pads),
+                          embed_prefix=net.get_input_embeddings(),
+                          embed_image=net.prepare_embeddings_for_image_generation,  # image ids have their own table
+                          head=net.model.generation_head)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -36,9 +36,9 @@ from typing import Iterator, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from ..cfg_session import CFGSession, cfg_prefix
 from ..checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
 from ..hf_folders import raise_load_failure
-from ..row_cache import RowCache
 from ..tokenizer_files import TextTokenizer, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
 from .janus import RowBackbone
@@ -89,50 +89,6 @@ class LuminaPrompt:
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
     resolution: int  # the header asks for this size: the session must generate it
-
-
-class LuminaSession:
-    """One generation: 2 x batch rows (cond, then uncond); each sample advances at its own pace."""
-
-    rows_per_cache = 1
-
-    def __init__(self, model: "LuminaModel", prefix: torch.Tensor, prefix_mask: torch.Tensor) -> None:
-        self._model = model
-        self._prefix = prefix
-        self._batch = prefix.shape[0] // 2
-        width = prefix.shape[1]
-        self._rows = RowCache(prefix.shape[0], width + model.num_tokens, width, prefix.device, real=prefix_mask)
-        pads = (prefix_mask == 0).sum(dim=1, keepdim=True)
-        self._backbone = RowBackbone(model.module["lm"].model, self._rows, pads)
-
-    @torch.no_grad()
-    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._rows.longest:
-            raise RuntimeError("prefill() was already called for this session")
-        return self._run(self._prefix, last_only=True)
-
-    @torch.no_grad()
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed (batch, T) token ids (codes, row-end, end-of-image), each sample after its own cached tokens."""
-        if not self._rows.longest:
-            raise RuntimeError("call prefill() before forward()")
-        if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
-            raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
-        return self._run(tokens.to(self._prefix.device).repeat(2, 1))  # the same drafts for both branches
-
-    def rewind(self, n: Union[int, torch.Tensor]) -> None:
-        """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
-        if isinstance(n, torch.Tensor) and n.dim() > 0:
-            n = n.repeat(2)  # a sample's cond and uncond rows move together
-        self._rows.rewind(n)
-
-    def _run(self, ids: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self._backbone(self._model.module["lm"].model.embed_tokens(ids))
-        if last_only:
-            hidden = hidden[:, -1:]
-        logits = F.linear(hidden, self._model.code_head())  # transformers' own head would mask the image rows
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return logits[: self._batch], logits[self._batch:]
 
 
 class LuminaModel:
@@ -210,7 +166,7 @@ class LuminaModel:
         bos = () if self._bos is None else (self._bos,)
         return (*bos, *self._tokenizer.encode(body), self._end_of_turn)
 
-    def start(self, cond: LuminaPrompt, batch_size: int) -> LuminaSession:
+    def start(self, cond: LuminaPrompt, batch_size: int) -> CFGSession:
         if not isinstance(cond, LuminaPrompt):
             raise ValueError(f"cond must come from LuminaModel.encode(), got {type(cond).__name__}")
         if cond.resolution != self.resolution:  # the size the prompt was encoded for wins
@@ -222,15 +178,13 @@ class LuminaModel:
         if width + self.num_tokens > limit:
             raise ValueError(f"prompt ({width} tokens) plus image ({self.num_tokens}) exceed the model's {limit} "
                              "positions: use a shorter prompt")
-        rows, masks = [], []
-        for ids in (cond.cond, cond.uncond):
-            padding = width - len(ids)  # left padding, masked out
-            rows.append([self._boi] * padding + list(ids))  # any id: padding is never attended
-            masks.append([0] * padding + [1] * len(ids))
-        device = self.device
-        prefix = torch.tensor(rows, device=device).repeat_interleave(batch_size, dim=0)
-        mask = torch.tensor(masks, device=device).repeat_interleave(batch_size, dim=0)
-        return LuminaSession(self, prefix, mask)
+        prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._boi, batch_size, self.device)
+        lm = self.module["lm"]
+        return CFGSession(prefix, mask, self.num_tokens,
+                          backbone=lambda cache, pads: RowBackbone(lm.model, cache, pads),
+                          embed_prefix=lm.model.embed_tokens, embed_image=lm.model.embed_tokens,
+                          # the code rows only: transformers' own head would mask the image rows
+                          head=lambda hidden: F.linear(hidden, self.code_head()))
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,74 @@
+"""The session the transformers-backed families share (Janus-Pro, Lumina-mGPT, Emu3).
+
+One generation holds 2 x batch rows in one RowCache, the cond rows then the
+uncond rows, so classifier-free guidance costs one batched forward.  A sample's
+two rows are fed the same drafts and rewound together; samples advance at their
+own pace.  A family supplies only what differs: the backbone run over the cache,
+how prefix ids and image ids become input embeddings, and the head that turns
+hidden states into logits over the ids it samples.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence, Union
+
+import torch
+
+from .row_cache import RowCache
+
+Embed = Callable[[torch.Tensor], torch.Tensor]  # (rows, T) ids -> (rows, T, hidden)
+
+
+def cfg_prefix(cond: Sequence[int], uncond: Sequence[int], pad: int, batch_size: int, device: torch.device
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (2 x batch, width) prefix ids, cond rows then uncond rows, left-padded with `pad` to one width, and
+    the mask that is 0 on the padding (never attended, so any id will do)."""
+    width = max(len(cond), len(uncond))
+    rows = [[pad] * (width - len(ids)) + list(ids) for ids in (cond, uncond)]
+    masks = [[0] * (width - len(ids)) + [1] * len(ids) for ids in (cond, uncond)]
+    return (torch.tensor(rows, device=device).repeat_interleave(batch_size, dim=0),
+            torch.tensor(masks, device=device).repeat_interleave(batch_size, dim=0))
+
+
+class CFGSession:
+    rows_per_cache = 1
+
+    def __init__(self, prefix: torch.Tensor, prefix_mask: torch.Tensor, num_tokens: int,
+                 backbone: Callable[[RowCache, torch.Tensor], Embed], embed_prefix: Embed, embed_image: Embed,
+                 head: Embed) -> None:
+        """`prefix` (2 x batch, width) ids, left-padded where `prefix_mask` is 0; `backbone(cache, pads)`
+        builds the callable that runs input embeddings (rows, T, hidden) over `cache`, `pads` (rows, 1)
+        being each row's left padding."""
+        self._prefix = prefix
+        self._batch = prefix.shape[0] // 2
+        width = prefix.shape[1]
+        self.cache = RowCache(prefix.shape[0], width + num_tokens, width, prefix.device, real=prefix_mask)
+        self._backbone = backbone(self.cache, (prefix_mask == 0).sum(dim=1, keepdim=True))
+        self._embed_prefix, self._embed_image, self._head = embed_prefix, embed_image, head
+
+    @torch.no_grad()
+    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cache.longest:
+            raise RuntimeError("prefill() was already called for this session")
+        return self._run(self._embed_prefix(self._prefix), last_only=True)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed (batch, T) image-position ids (codes and framing ids), each sample after its own cached tokens."""
+        if not self.cache.longest:
+            raise RuntimeError("call prefill() before forward()")
+        if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
+            raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
+        return self._run(self._embed_image(tokens.to(self._prefix.device).repeat(2, 1)))  # same drafts, both rows
+
+    def rewind(self, n: Union[int, torch.Tensor]) -> None:
+        """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
+        if isinstance(n, torch.Tensor) and n.dim() > 0:
+            n = n.repeat(2)  # a sample's cond and uncond rows move together
+        self.cache.rewind(n)
+
+    def _run(self, embeds: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self._backbone(embeds)
+        logits = self._head(hidden[:, -1:] if last_only else hidden)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return logits[: self._batch], logits[self._batch:]
