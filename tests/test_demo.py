@@ -36,9 +36,11 @@ def test_demo_loads_generates_and_decodes():
 def test_quality_classifier_reads_rendered_digits():
     """The classifier path of demo_quality recognises the training renderings themselves."""
     ink, labels = load_digits_ink()
-    images = (render(ink[:300], torch.Generator().manual_seed(0), augment=False) + 1) / 2
+    spread = slice(None, None, 17)  # about 30 of every digit (the file is sorted by label)
+    images = (render(ink[spread], torch.Generator().manual_seed(0), augment=False) + 1) / 2
     predicted = classify(fit_digit_classifier(), images.permute(0, 2, 3, 1))
-    assert (predicted == labels[:300]).float().mean() > 0.9
+    assert set(labels[spread].tolist()) == set(range(10))
+    assert (predicted == labels[spread]).float().mean() > 0.95
 
 
 def test_demo_vq_reconstructs_digits():
