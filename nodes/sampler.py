@@ -33,7 +33,8 @@ def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, tempe
     return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window,
                          cfg_scale=None if cfg_scale == RECOMMENDED_CFG else cfg_scale,
                          temperature=temperature, top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
-                         top_p=None if top_p == RECOMMENDED_TOP_P else top_p, seed=seed, draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init)
+                         top_p=None if top_p == RECOMMENDED_TOP_P else top_p, seed=seed,
+                         draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init)
 
 
 class SCDSampler(io.ComfyNode):

@@ -36,18 +36,19 @@ def real_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     and shifted as in training.  Features (R, 196), labels (R,) and each rendering's digit number (R,)."""
     ink, labels = load_digits_ink()
     gen = torch.Generator().manual_seed(0)
-    features = [ink_features(((render(ink[i:i + 1000], gen, augment=copy > 0) + 1) / 2).permute(0, 2, 3, 1))
-                for copy in range(1 + AUGMENTED_COPIES) for i in range(0, len(ink), 1000)]
     copies = 1 + AUGMENTED_COPIES
+    features = [ink_features(((render(ink[i:i + 1000], gen, augment=copy > 0) + 1) / 2).permute(0, 2, 3, 1))
+                for copy in range(copies) for i in range(0, len(ink), 1000)]
     return torch.cat(features).numpy(), np.tile(labels.numpy(), copies), np.tile(np.arange(len(labels)), copies)
 
 
-def fit_digit_classifier(held_out: int = 0) -> Any:
-    """An RBF support-vector classifier on the real digits; with `held_out` = k, every k-th digit (all its
-    renderings) is left out."""
+def fit_digit_classifier(digits: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None,
+                         held_out: int = 0) -> Any:
+    """An RBF support-vector classifier on the real digits (`real_digits()` unless given); with `held_out` = k,
+    every k-th digit (all its renderings) is left out."""
     from sklearn.svm import SVC
 
-    features, labels, numbers = real_digits()
+    features, labels, numbers = real_digits() if digits is None else digits
     keep = numbers % held_out != 0 if held_out else np.ones(len(labels), dtype=bool)
     return SVC(C=5.0).fit(features[keep], labels[keep])
 
@@ -104,11 +105,12 @@ def main() -> None:
 
     torch.set_num_threads(2)
     model = load_model("demo", "cpu", torch.float32)
-    features, labels, numbers = real_digits()
+    digits = real_digits()  # rendered once for both classifiers
+    features, labels, numbers = digits
     unseen = (numbers % 5 == 0) & (np.arange(len(numbers)) < len(numbers) // (1 + AUGMENTED_COPIES))  # plain
     print(f"classifier on real digits it was not trained on: "
-          f"{fit_digit_classifier(held_out=5).score(features[unseen], labels[unseen]):.3f} accuracy")
-    classifier = fit_digit_classifier()
+          f"{fit_digit_classifier(digits, held_out=5).score(features[unseen], labels[unseen]):.3f} accuracy")
+    classifier = fit_digit_classifier(digits)
     print(f"{'mode':<12} {'accuracy':>16} {'mean NFE':>9}  histogram of predicted digits 0..9 (+- ~sqrt(n))")
     for offset, (name, coupler, window) in enumerate(MODES):
         report = evaluate_mode(model, classifier, name, coupler, window, args.per_class,
