@@ -5,7 +5,9 @@
 At a shared pace every row of a batch moves by the smallest commit count among
 them (what a cache with one length for the batch allows), so the calls a batch
 needs grow with its size; at a per-row pace (the adapters' `RowCache`) each row
-moves by its own, yet the batch still runs until its slowest row is done.
+moves by its own, yet the batch still runs until its slowest row is done.  `regrouped`
+is what the engine does with a session that can drop rows: once half the rows are
+done the rest go on as a smaller batch, so finished rows stop costing work.
 `pace_rows` measures calls per batch, the call at which each row completes, and
 time per image on a real model; `row_cache_call_cost` measures one window call of the Janus adapter's
 cache at a Janus-Pro shape with random weights, rows level or spread over a window.
@@ -17,12 +19,13 @@ import statistics
 import time
 from typing import Any, Optional, Sequence, Union
 
+import numpy
 import torch
 
 from .config import SamplerConfig
 from .engine import generate
 
-PACES = ("shared", "per-row")
+PACES = ("shared", "per-row", "regrouped")
 
 
 class SharedPace:
@@ -41,11 +44,16 @@ class SharedPace:
 
 
 class _RecordingSession:
-    def __init__(self, session: Any, held: list[list[int]], batch: int) -> None:
-        self._session, self._held = session, held
-        self._fed = torch.zeros(batch, dtype=torch.long)
+    def __init__(self, session: Any, recorder: "PaceRecorder", batch: int) -> None:
+        self._session, self._recorder = session, recorder
+        self._fed = torch.zeros(batch, dtype=torch.long)  # per row of the caller's batch
+        self._rows = torch.arange(batch)  # the rows still in the session
 
     def __getattr__(self, name: str) -> Any:
+        if name == "keep_rows":  # without it the engine keeps every row in the batch to the end
+            if self._recorder.regroup:
+                return self._keep_rows
+            raise AttributeError(name)
         return getattr(self._session, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -55,28 +63,35 @@ class _RecordingSession:
             setattr(self._session, name, value)
 
     def forward(self, tokens: torch.Tensor) -> Any:
-        self._fed += tokens.shape[1]
+        self._fed[self._rows] += tokens.shape[1]
+        self._recorder.rows_fed.append(tokens.shape[0])
         return self._session.forward(tokens)
 
     def rewind(self, n: Any) -> None:
         self._session.rewind(n)
-        self._fed -= n.cpu() if isinstance(n, torch.Tensor) else n
-        self._held.append(self._fed.tolist())
+        self._fed[self._rows] -= n.cpu() if isinstance(n, torch.Tensor) else n
+        self._recorder.held.append(self._fed.tolist())
+
+    def _keep_rows(self, index: torch.Tensor) -> None:
+        self._session.keep_rows(index)
+        self._rows = self._rows[index.cpu()]
 
 
 class PaceRecorder:
-    """`model`, recording how many image tokens each row of its last session holds after every call."""
+    """`model`, recording how many image tokens each row of its last session holds after every call and
+    how many rows each call fed; without `regroup` its sessions cannot drop finished rows."""
 
-    def __init__(self, model: Any) -> None:
-        self._model = model
+    def __init__(self, model: Any, regroup: bool = True) -> None:
+        self._model, self.regroup = model, regroup
         self.held: list[list[int]] = []
+        self.rows_fed: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
     def start(self, cond: Any, batch_size: int) -> _RecordingSession:
-        self.held = []
-        return _RecordingSession(self._model.start(cond, batch_size), self.held, batch_size)
+        self.held, self.rows_fed = [], []
+        return _RecordingSession(self._model.start(cond, batch_size), self, batch_size)
 
     def finish_calls(self) -> list[int]:
         """The call (prefill = 1) after which each row was complete: it holds all but its last token."""
@@ -90,21 +105,22 @@ def pace_rows(model: Any, cond: Any, batches: Sequence[int], window: int, seeds:
 
     `calls_ratio` is calls per batch over the per-row calls of the first batch size;
     `row_calls` is the mean call at which a row completed (what an image would cost if
-    a finished row's slot were refilled).
+    a finished row's slot were refilled); `rows_per_call` the mean number of rows a call fed.
     """
     rows = []
     for batch in batches:
         for pace in PACES:
-            recorder = PaceRecorder(model)
+            recorder = PaceRecorder(model, regroup=pace == "regrouped")
             runner = SharedPace(recorder) if pace == "shared" else recorder
-            runs, finished = [], []
+            runs, finished, fed = [], [], []
             for seed in seeds:
                 runs.append(generate(runner, cond, SamplerConfig(coupler="maximal", window=window, seed=seed),
                                      batch_size=batch, sync_timing=True))
                 finished += recorder.finish_calls()
+                fed += recorder.rows_fed
             calls = statistics.mean(run.nfe for run in runs)
             rows.append(dict(batch=batch, pace=pace, calls=calls, speedup=model.num_tokens / calls,
-                             row_calls=statistics.mean(finished),
+                             row_calls=statistics.mean(finished), rows_per_call=statistics.mean(fed),
                              s_per_image=statistics.mean(run.total_s for run in runs) / batch))
     base = next(row["calls"] for row in rows if row["pace"] == "per-row")
     for row in rows:
@@ -141,7 +157,7 @@ def row_cache_call_cost(size: str, batches: Sequence[int], window: int,
             cache = RowCache(count, prefix + window, 0, device)
             run = RowBackbone(backbone, cache, torch.zeros(count, 1, dtype=torch.long, device=device))
             run(embeds[:, :prefix])
-            for pace in PACES:
+            for pace in PACES[:2]:  # regrouped: per-row calls of fewer rows once rows are done
                 if pace == "per-row":
                     cache.rewind(torch.arange(count, device=device) % window)
                 body, tail = [], []
@@ -177,17 +193,25 @@ def pace_tables(path: str, prompt: str, batches: Sequence[int], window: int, see
     rows = pace_rows(model, model.encode(prompt), batches, window, seeds)
     parts = [f"**{path}**, prompt {prompt!r}, SCD (maximal coupling), window {window}, {len(seeds)} seeds; "
              f"calls per batch of {model.num_tokens}-token images, calls_ratio against batch {batches[0]}\n\n"
-             + markdown(rows, ("batch", "pace", "calls", "speedup", "calls_ratio", "row_calls", "s_per_image"))]
+             + markdown(rows, ("batch", "pace", "calls", "speedup", "calls_ratio", "row_calls", "rows_per_call",
+                               "s_per_image"))]
     if shape:
         cost = row_cache_call_cost(shape, batches, window, device, dtype)
-        calls = {(row["batch"], row["pace"]): row["calls"] for row in rows}
-        for row in cost:
-            row["calls"] = calls[row["batch"], row["pace"]]
-            row["s_per_image"] = row["call_s"] * row["calls"] / row["batch"]
+        per_row = sorted((row["batch"], row["call_s"]) for row in cost if row["pace"] == "per-row")
+        by_pace = {(row["batch"], row["pace"]): row for row in cost}
+        cost = []
+        for row in rows:
+            call = dict(by_pace[row["batch"], "per-row" if row["pace"] == "regrouped" else row["pace"]],
+                        pace=row["pace"], calls=row["calls"], rows_per_call=row["rows_per_call"])
+            if row["pace"] == "regrouped":  # fewer rows per call: the per-row cost at that many rows
+                call["call_s"] = float(numpy.interp(row["rows_per_call"], *zip(*per_row)))
+            call["s_per_image"] = call["call_s"] * call["calls"] / call["batch"]
+            cost.append(call)
         first = cost[0]
         parts.append(f"**Janus-Pro-{shape}-shaped** backbone + image head, random weights: one {window}-token "
                      f"call of the adapter's per-row cache after a {first['prefix']}-token prefix, CFG double "
                      f"batch, {first['device']} {first['dtype']}, {first['layers']} of {first['full_layers']} "
-                     f"layers timed and scaled to full depth; s_per_image uses the calls above\n\n"
-                     + markdown(cost, ("batch", "pace", "call_s", "calls", "s_per_image")))
+                     f"layers timed and scaled to full depth (regrouped: interpolated between the batch sizes "
+                     f"measured, at the mean rows per call); s_per_image uses the calls above\n\n"
+                     + markdown(cost, ("batch", "pace", "rows_per_call", "call_s", "calls", "s_per_image")))
     return "\n\n".join(parts)

@@ -67,6 +67,13 @@ class CFGSession:
             n = n.repeat(2)  # a sample's cond and uncond rows move together
         self.cache.rewind(n)
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Go on with samples `index` only (their cond and uncond rows)."""
+        rows = torch.cat([index, index + self._batch]).to(self._prefix.device)
+        self.cache.keep_rows(rows)
+        self._backbone.pads = self._backbone.pads[rows]
+        self._prefix, self._batch = self._prefix[rows], index.numel()
+
     def _run(self, embeds: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self._backbone(embeds)
         logits = self._head(hidden[:, -1:] if last_only else hidden)

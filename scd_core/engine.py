@@ -79,6 +79,7 @@ class _Window:
     proposals: torch.Tensor  # (B, T-1, V) the distributions those drafts were drawn from
     gumbel: Optional[torch.Tensor]  # (B, T, V) position-fixed noise, for the gumbel and faithful couplers
     free: torch.Tensor       # (B, T) False at forced slots
+    rows: torch.Tensor       # (B, 1) each row's index in the batch as the caller sees it: its randomness key
 
 
 def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
@@ -105,8 +106,7 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
     draft for slots after a row's first rejection.  Both are distributed as
     `window.probs`, which becomes the proposal of every carried draft.
     """
-    p, pos, x = window.probs, window.positions, window.drafts
-    rows = torch.arange(p.shape[0], device=p.device).unsqueeze(1)
+    p, pos, x, rows = window.probs, window.positions, window.drafts, window.rows
     n_drafts = x.shape[1]
     if config.coupler == "faithful":
         y = gumbel_argmax(p, window.gumbel)
@@ -195,7 +195,10 @@ class _Decoder:
         self.forced_ids = torch.zeros(span, dtype=torch.long, device=device)
         for position, token in forced_tokens.items():
             self.forced[position], self.forced_ids[position] = True, token
+        # rows still decoding, by their index in the caller's batch (the key of their randomness); finished rows'
+        # tokens move to `finished` when the batch is regrouped (keep_rows)
         self.rows = torch.arange(batch, device=device).unsqueeze(1)
+        self.finished: Optional[torch.Tensor] = None
         self.slots = torch.arange(self.window, device=device)
         # position-fixed Gumbel noise of the window, reused while its positions stay in the window
         self.noise_start, self.noise_window = 0, torch.zeros(batch, 0, self.vocab, device=device)
@@ -248,7 +251,7 @@ class _Decoder:
         drafts = self.seq.gather(1, positions[:, :width - 1])
         forced = self.forced[positions]
         window = _Window(p, positions, self.to_index(drafts), self.proposals[:, :width - 1],
-                         self.gumbel(positions, start), ~forced)
+                         self.gumbel(positions, start), ~forced, self.rows)
         accepted, verified, coupled = propose_next(self.config, self.noise, window, iteration)
         if self.config.verification == "token":  # block verification accounts for forced slots itself
             accepted = accepted | forced[:, :width - 1]
@@ -273,6 +276,26 @@ class _Decoder:
         self._next_proposals(p, shared)
         self._init_new_drafts(width - shared, iteration)
         return shared, accepted, changes
+
+    def tokens(self, count: int) -> torch.Tensor:
+        """The first `count` tokens of every row of the caller's batch, (batch, count)."""
+        if self.finished is None:
+            return self.seq[:, :count]
+        tokens = self.finished[:, :count].clone()
+        tokens[self.rows.squeeze(1)] = self.seq[:, :count]
+        return tokens
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Go on with rows `index` only; the others are done."""
+        if self.finished is None:
+            self.finished = self.seq[:, :self.n].clone()
+        else:
+            self.finished[self.rows.squeeze(1)] = self.seq[:, :self.n]
+        self.rows, self.committed, self.prefix = self.rows[index], self.committed[index], self.prefix[index]
+        self.seq, self.proposals, self.noise_window = self.seq[index], self.proposals[index], self.noise_window[index]
+        if self.final_p is not None:
+            self.final_p = self.final_p[index]
+        self.batch = index.numel()
 
     def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor) -> None:
         """Carried drafts keep p as their proposal; new slots get a one-hot (set in _init_new_drafts)."""
@@ -340,7 +363,11 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         raise ValueError(f"session.rows_per_cache={rows_per_cache} must divide batch_size={batch_size}")
 
     def rewind_all(count: int) -> None:
-        session.rewind(count if rows_per_cache == batch_size else torch.full((batch_size,), count))
+        session.rewind(count if rows_per_cache == batch_size else torch.full((decoder.batch,), count))
+
+    # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as a
+    # smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
+    regroup = rows_per_cache == 1 and callable(getattr(session, "keep_rows", None)) and not config.fixed_shapes
 
     result = GenerationResult(tokens=torch.empty(0), nfe=0)
     decoder: Optional[_Decoder] = None
@@ -381,21 +408,26 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (MPS: no bincount)
         counts = ((shared[::rows_per_cache].unsqueeze(1) == values).sum(0) if chooser is not None
                   else shared[:0])
-        summary = torch.cat([torch.stack([decoder.committed.min(), torch.isnan(p).any().long()]),
+        live_rows = decoder.committed < n
+        summary = torch.cat([torch.stack([decoder.committed.min(), torch.isnan(p).any().long(), live_rows.sum()]),
                              changes, counts]).float()
         summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
-        slowest, has_nan, changed, carried = map(int, summary[:4])
+        slowest, has_nan, live, changed, carried = map(int, summary[:5])
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
         committed, done = slowest - done, slowest
-        acceptance = summary[4 + counts.numel():]
+        acceptance = summary[5 + counts.numel():]
         if chooser is not None:
-            chooser.observe(width, summary[4:4 + counts.numel()])
+            chooser.observe(width, summary[5:5 + counts.numel()])
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")
         if iteration > 0:
             rewind = width - shared
             session.rewind(rewind if rows_per_cache < batch_size else width - committed)
+        if regroup and 0 < live <= decoder.batch // 2:
+            index = torch.nonzero(live_rows).squeeze(1)
+            session.keep_rows(index)
+            decoder.keep_rows(index)
         t2 = time.perf_counter()
 
         result.nfe += 1
@@ -410,9 +442,9 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         result.sample_s += t2 - t1
         if callback is not None:
             callback(IterationStats(iteration, committed, done, n, result.nfe, acceptance,
-                                    decoder.seq[:, :done], t1 - t0, t2 - t1))
+                                    decoder.tokens(done), t1 - t0, t2 - t1))
         iteration += 1
 
-    result.tokens = decoder.seq[:, :n].cpu()
+    result.tokens = decoder.tokens(n).cpu()
     result.total_s = time.perf_counter() - started
     return result

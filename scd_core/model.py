@@ -26,6 +26,11 @@ class Session(Protocol):
     toy model, per-row caches) lets rows advance independently; `rewind` then
     receives a (batch,) LongTensor.
 
+    Optional method `keep_rows(index)` ((k,) LongTensor of batch rows, in order):
+    go on with those rows only.  With `rows_per_cache = 1` the engine calls it once
+    half the rows are done, so that finished rows stop costing work; later calls
+    then feed k rows.
+
     Optional attribute `prefix_tokens` ((1 or batch, K) LongTensor): the image
     tokens just before position 0, e.g. a video's context frames; draft
     initialisation may copy from them.

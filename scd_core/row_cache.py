@@ -73,6 +73,13 @@ class RowCache:
         self.values[layer].scatter_(2, index, v)
         return self.keys[layer][:, :, :self._key_len], self.values[layer][:, :, :self._key_len]
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep rows `index` (in that order) and drop the others, e.g. those of finished samples."""
+        self.lengths, self.real, self._slots = self.lengths[index], self.real[index], self._slots[index]
+        self.keys = [k[index] for k in self.keys]
+        self.values = [v[index] for v in self.values]
+        self.shortest, self.longest = torch.stack([self.lengths.min(), self.lengths.max()]).tolist()
+
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
         """Drop the last n slots of every row (an int) or of each row (a (rows,) tensor)."""
         if isinstance(n, torch.Tensor) and n.dim() > 0:

@@ -239,8 +239,9 @@ def test_kv_cache_is_allocated_once_and_rewound_in_place(model32: emu3.Emu3Model
 def test_rows_at_different_positions_give_each_rows_sequential_logits(model64: emu3.Emu3Model,
                                                                        negative: str | None) -> None:
     """Samples at different lengths in one call, over slots they rejected; cond or uncond rows left-padded."""
-    tokens = model64.code_ids[torch.randint(0, IMAGE_CODES, (3, 13), generator=torch.Generator().manual_seed(2))]
-    calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 0])]
+    tokens = model64.code_ids[torch.randint(0, IMAGE_CODES, (3, 16), generator=torch.Generator().manual_seed(2))]
+    calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 1], [2, 0]),
+             (tokens[[2, 0], 13:16], [0, 0])]  # row 1 finished: the session drops it
     for batched, sequential in staggered_logits(model64, model64.encode(PROMPT, negative), calls):
         for a, b in zip(batched, sequential):
             assert a.shape == b.shape

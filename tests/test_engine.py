@@ -34,6 +34,29 @@ def test_rows_do_not_depend_on_batch_size_or_neighbours():
     assert not torch.equal(batched.tokens[1], batched.tokens[0])
 
 
+def test_finished_rows_leave_the_batch():
+    """Rows at their own pace: once half are done the session keeps only the others.  Faithful decoding shows
+    the bookkeeping is right: every row still gets its window-1 tokens, and the callback sees the whole batch."""
+    model = TablePrefixModel(vocab_size=16, num_tokens=40, dtype=torch.float64, grid=(5, 8), table_rows=4096,
+                             rows_per_cache=1)
+    ar = generate(model, None, SamplerConfig(coupler="faithful", window=1, seed=3), batch_size=6)
+    fed, seen = [], []
+    start = model.start
+
+    def recording_start(cond, batch_size):
+        session = start(cond, batch_size)
+        forward = session.forward
+        session.forward = lambda tokens: fed.append(tokens.shape[0]) or forward(tokens)
+        return session
+
+    model.start = recording_start
+    fast = generate(model, None, SamplerConfig(coupler="faithful", window=4, seed=3, draft_init="left"),
+                    batch_size=6, callback=seen.append)
+    assert torch.equal(fast.tokens, ar.tokens)
+    assert all(stats.tokens.shape == (6, stats.total) for stats in seen)
+    assert fed[0] == 6 and fed[-1] <= 3 and fed == sorted(fed, reverse=True)
+
+
 def test_statistics_add_up_and_callback_sees_every_iteration():
     model = grid_model(sharpness=0.5)
     seen = []

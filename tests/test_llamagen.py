@@ -98,9 +98,10 @@ def test_faithful_window_reproduces_autoregressive_tokens(folders):
 @pytest.mark.parametrize("kind", ["pt", "t2i"])
 def test_rows_at_different_positions_give_each_rows_sequential_logits(folders, kind):
     model = load_model(folders[kind], "cpu", torch.float64)
-    tokens = torch.randint(0, TINY_GPT["vocab_size"], (3, 13), generator=torch.Generator().manual_seed(2))
+    tokens = torch.randint(0, TINY_GPT["vocab_size"], (3, 16), generator=torch.Generator().manual_seed(2))
     # rows hold 1 / 4 / 6 image tokens after the first call, then 3 / 3 / 7 after the second
-    calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 0])]
+    calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 1], [2, 0]),
+             (tokens[[2, 0], 13:16], [0, 0])]  # row 1 finished: the session drops it
     for batched, sequential in staggered_logits(model, model.encode(_prompt(model)), calls):
         for a, b in zip(batched, sequential):
             assert a.shape == b.shape
@@ -128,12 +129,14 @@ def test_pace_benchmark_rows(folders):
 
     model = load_model(folders["pt"], "cpu", torch.float32)
     rows = pace_rows(model, model.encode("3"), (1, 3), 4, (0, 1))
-    assert [(row["batch"], row["pace"]) for row in rows] == [(1, "shared"), (1, "per-row"), (3, "shared"),
-                                                             (3, "per-row")]
-    assert rows[0]["calls"] == rows[1]["calls"] == rows[1]["row_calls"] and rows[1]["calls_ratio"] == 1.0
-    shared, per_row = rows[2], rows[3]
+    assert [(row["batch"], row["pace"]) for row in rows] == [(b, pace) for b in (1, 3)
+                                                             for pace in ("shared", "per-row", "regrouped")]
+    assert rows[0]["calls"] == rows[1]["calls"] == rows[2]["calls"] == rows[1]["row_calls"]
+    assert rows[1]["calls_ratio"] == 1.0
+    shared, per_row, regrouped = rows[3:]
     assert shared["row_calls"] == shared["calls"]  # at a shared pace every row ends with the slowest
     assert per_row["row_calls"] < per_row["calls"] <= model.num_tokens
+    assert regrouped["row_calls"] < regrouped["calls"] <= model.num_tokens
 
 
 def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(folders):

@@ -50,6 +50,9 @@ CASES = [
     ("codes-rowend-cfg-topk-w4-above", dict(vocab_size=3, num_tokens=6, cfg=True, grid=(2, 3), code_ids=[7, 3, 5],
                                             forced_tokens={2: 9, 5: 9}),
      dict(window=4, cfg_scale=2.0, top_k=2, draft_init="above"), 2),
+    # rows at their own pace regroup as they finish (top-k, CFG, above drafts from a row-end grid)
+    ("rows-cfg-topk-w3-above", dict(vocab_size=4, num_tokens=6, cfg=True, grid=(2, 3), forced_tokens={2: 3}),
+     dict(window=3, cfg_scale=2.0, top_k=2, draft_init="above"), 1),
     # a video of 3 frames of 1 x 2 after a context frame: drafts copied from one frame earlier
     ("video-w3-previous-frame", dict(vocab_size=3, num_tokens=6, grid=(3, 1, 2), prefix_tokens=[2, 1],
                                      code_ids=[4, 1, 2]),

@@ -97,3 +97,6 @@ class TableSession:
     def rewind(self, n) -> None:
         self.length -= n
         assert (self.length >= 0).all(), "rewound past the start"
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.tokens, self.length = self.tokens[index], self.length[index]

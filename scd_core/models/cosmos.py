@@ -472,6 +472,14 @@ class CosmosSession:
         """Drop the last n codes of every row (an int) or of each row (a (batch,) tensor)."""
         self.cache.rewind(n)
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Go on with rows `index` only."""
+        index = index.to(self.device)
+        self.cache.keep_rows(index)
+        self.context, self.batch = self.context[index], index.numel()
+        if self.text_kv is not None:
+            self.text_kv = [tuple(part[index] for part in layer) for layer in self.text_kv]
+
 
 class CosmosModel:
     """A loaded Cosmos transformer + DV8x16x16 tokenizer (+ T5 encoder for Video2World)."""

@@ -395,6 +395,11 @@ class LlamaGenSession:
             n = n.repeat(2)  # a sample's cond and uncond rows move together
         self.cache.rewind(n)
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Go on with samples `index` only (their cond and uncond rows)."""
+        self.cache.keep_rows(torch.cat([index, index + self.batch]).to(self.device))
+        self.batch = index.numel()
+
 
 class LlamaGenModel:
     """A loaded LlamaGen GPT + VQ decoder (+ T5 captioner for text-conditional models)."""
