@@ -185,7 +185,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+",
                         help="--model (default demo): calls per batch and time per image at these batch sizes, "
                              "shared pace vs per-row pace, at the first window; with --shape 1B/7B also the "
-                             "per-row cache's call cost at that Janus-Pro shape")
+                             "calls of a Janus-Pro-sized synthetic grid and the per-row cache's call cost at that "
+                             "Janus-Pro shape")
     parser.add_argument("--readme", type=Path, help="write the tables into this README between bench markers")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)

@@ -181,21 +181,27 @@ def row_cache_call_cost(size: str, batches: Sequence[int], window: int,
 
 def pace_tables(path: str, prompt: str, batches: Sequence[int], window: int, seeds: Sequence[int],
                 shape: Optional[str], device: Optional[str], dtype: Optional[str]) -> str:
-    """The README tables: the model's calls and time per image; with `shape`, the Janus-Pro-shaped call cost."""
+    """The README tables: the model's calls and time per image; with `shape`, the calls of a synthetic grid of
+    Janus-Pro's 24 x 24 tokens and 16384 codes at medium entropy, and the time of its calls at that shape."""
     from .bench import markdown
+    from .bench_auto import MEDIUM_SHARPNESS
     from .bench_models import JANUS_SHAPES
     from .loading import load_model
+    from .synthetic import GridModel
 
     if shape is not None and shape not in JANUS_SHAPES:
         raise ValueError(f"--batches measures the Janus adapter's cache: --shape must be one of "
                          f"{', '.join(JANUS_SHAPES)}, got {shape!r}")
     model = load_model(path, device=device, dtype=dtype)
     rows = pace_rows(model, model.encode(prompt), batches, window, seeds)
+    columns = ("batch", "pace", "calls", "speedup", "calls_ratio", "row_calls", "rows_per_call")
     parts = [f"**{path}**, prompt {prompt!r}, SCD (maximal coupling), window {window}, {len(seeds)} seeds; "
              f"calls per batch of {model.num_tokens}-token images, calls_ratio against batch {batches[0]}\n\n"
-             + markdown(rows, ("batch", "pace", "calls", "speedup", "calls_ratio", "row_calls", "rows_per_call",
-                               "s_per_image"))]
+             + markdown(rows, columns + ("s_per_image",))]
     if shape:
+        rows = pace_rows(GridModel(24, 24, 16384, MEDIUM_SHARPNESS), None, batches, window, seeds)
+        parts.append(f"**grid 24x24, 16384 codes, medium entropy** (Janus-Pro's image tokens; synthetic), the same "
+                     f"settings\n\n" + markdown(rows, columns))
         cost = row_cache_call_cost(shape, batches, window, device, dtype)
         per_row = sorted((row["batch"], row["call_s"]) for row in cost if row["pace"] == "per-row")
         by_pace = {(row["batch"], row["pace"]): row for row in cost}
@@ -212,6 +218,6 @@ def pace_tables(path: str, prompt: str, batches: Sequence[int], window: int, see
                      f"call of the adapter's per-row cache after a {first['prefix']}-token prefix, CFG double "
                      f"batch, {first['device']} {first['dtype']}, {first['layers']} of {first['full_layers']} "
                      f"layers timed and scaled to full depth (regrouped: interpolated between the batch sizes "
-                     f"measured, at the mean rows per call); s_per_image uses the calls above\n\n"
+                     f"measured, at the mean rows per call); s_per_image uses the grid's calls\n\n"
                      + markdown(cost, ("batch", "pace", "rows_per_call", "call_s", "calls", "s_per_image")))
     return "\n\n".join(parts)

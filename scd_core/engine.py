@@ -389,7 +389,10 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
                                getattr(session, "prefix_tokens", None), copy_back)
         else:
             window = decoder.window if chooser is None else chooser.choose(n - done)
-            width = min(window, n - done)
+            # the last position is fed as a draft too (its slot then yields an unused distribution), so it is
+            # verified like every other draft whether or not other rows of the batch are behind: a row's
+            # tokens do not depend on its batch
+            width = min(window, n - done + 1)
             # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
             pad = min(window - width, done - 1) if config.fixed_shapes else 0
             if pad:

@@ -41,23 +41,28 @@ class GridModel:
 
 
 class GridSession:
-    """Stateless apart from the fed tokens: rewinding just moves the length back."""
+    """Stateless apart from the fed tokens: rewinding just moves a row's length back, so rows advance at their
+    own pace and a finished row can be dropped."""
+
+    rows_per_cache = 1
 
     def __init__(self, model: GridModel, batch: int) -> None:
         self.model = model
         self.tokens = torch.zeros(batch, model.num_tokens, dtype=torch.long, device=model.device)
-        self.length = 0
+        self.length = torch.zeros(batch, 1, dtype=torch.long, device=model.device)
 
     def prefill(self):
-        positions = torch.zeros(self.tokens.shape[0], 1, dtype=torch.long, device=self.model.device)
-        return self.model.logits(self.tokens, positions), None
+        return self.model.logits(self.tokens, torch.zeros_like(self.length)), None
 
     def forward(self, new: torch.Tensor):
-        width = new.shape[1]
-        positions = self.length + torch.arange(width, device=new.device).expand_as(new)
-        self.tokens[:, self.length:self.length + width] = new
-        self.length += width
-        return self.model.logits(self.tokens, positions + 1), None
+        # a row running past the last position (while a slower one finishes) parks its extra tokens there
+        positions = (self.length + torch.arange(new.shape[1], device=new.device)).clamp(max=self.model.num_tokens - 1)
+        self.tokens.scatter_(1, positions, new)
+        self.length += new.shape[1]
+        return self.model.logits(self.tokens, (positions + 1).clamp(max=self.model.num_tokens - 1)), None
 
-    def rewind(self, n: int) -> None:
-        self.length -= n
+    def rewind(self, n) -> None:
+        self.length -= n.view(-1, 1) if isinstance(n, torch.Tensor) else n
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.tokens, self.length = self.tokens[index], self.length[index]
