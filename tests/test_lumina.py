@@ -12,6 +12,8 @@ from lumina_fixture import (BOI, CODES_1, CODES_2, END_OF_TURN, EOI, HEAD_DIM, H
                             RESOLUTION_1, RESOLUTION_2, ROW_END, SHARDS, SIDE, SPECIAL_IDS_1, SPECIAL_IDS_2,
                             fork_config, tiny_lumina2_dir, tiny_lumina_dir, write_tokenizer)  # noqa: F401
 
+from pace import staggered_logits
+
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import lumina
 from scd_core.tokenizer_files import TextTokenizer
@@ -153,6 +155,19 @@ def test_faithful_window_gives_the_autoregressive_tokens(model64: lumina.LuminaM
         result = generate(model64, prompt, SamplerConfig(coupler="faithful", window=window, seed=5), batch_size=2)
         assert torch.equal(result.tokens, ar.tokens)
         assert result.nfe < ar.nfe
+
+
+@pytest.mark.parametrize("negative", [None, "blurry"])
+def test_rows_at_different_positions_give_each_rows_sequential_logits(model64: lumina.LuminaModel,
+                                                                       negative: str | None) -> None:
+    """Samples at different lengths in one call, over slots they rejected, then without the one that finished."""
+    tokens = model64.code_ids[torch.randint(0, CODES_1, (3, 16), generator=torch.Generator().manual_seed(2))]
+    calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 1], [2, 0]),
+             (tokens[[2, 0], 13:16], [0, 0])]
+    for batched, sequential in staggered_logits(model64, model64.encode(PROMPT, negative), calls):
+        for a, b in zip(batched, sequential):
+            assert a.shape == b.shape
+            assert float((a - b).abs().max()) <= 1e-10
 
 
 def test_cfg_branches_differ_and_scale_matters(model32: lumina.LuminaModel) -> None:
