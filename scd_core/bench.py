@@ -31,11 +31,13 @@ from .synthetic import GridModel
 
 METHODS = (("AR", "independent"), ("SJD", "independent"), ("SCD-MC", "maximal"), ("SCD-GS", "gumbel"),
            ("faithful", "faithful"))
-# The NFE tables also show SJD with block verification (exact with independent drafts only) and SCD whose
-# new drafts are drawn half the time from the final p of the position they would copy.
-NFE_METHODS = (METHODS[:2] + (("SJD-block", "independent"),) + METHODS[2:3] + (("SCD-MC-mix", "maximal"),)
-               + METHODS[3:])
-OPTIONS = {"SJD-block": dict(verification="block"), "SCD-MC-mix": dict(draft_mix=0.5)}
+# The NFE tables also show SJD with block verification (exact with independent drafts only), SCD whose
+# new drafts are drawn half the time from the final p of the position they would copy, and SCD with a second
+# candidate for the first draft of every call (a tree of two chains).
+NFE_METHODS = (METHODS[:2] + (("SJD-block", "independent"),) + METHODS[2:3]
+               + (("SCD-MC-mix", "maximal"), ("SCD-MC-cand2", "maximal")) + METHODS[3:])
+OPTIONS = {"SJD-block": dict(verification="block"), "SCD-MC-mix": dict(draft_mix=0.5),
+           "SCD-MC-cand2": dict(candidates=2)}
 SHARPNESS = (("high", 0.5), ("medium", 1.5), ("low", 2.5))  # per-token entropy about 6.5 / 4 / 2.2 nats
 
 
@@ -55,6 +57,7 @@ def measure(model: Any, cond: Any, config: SamplerConfig, seeds: Iterable[int], 
     nfe = statistics.mean(r.nfe for r in runs)
     iterations = sum(r.nfe for r in runs)
     return dict(nfe=nfe, tokens_per_call=model.num_tokens / nfe,
+                fed_per_call=statistics.mean(sum(r.fed[1:]) / max(r.nfe - 1, 1) for r in runs),
                 acceptance=statistics.mean(statistics.mean(r.acceptance[1:] or [1.0]) for r in runs),
                 draft_changes=statistics.mean(statistics.mean(r.draft_changes[1:] or [0.0]) for r in runs),
                 forward_ms=1000 * sum(r.forward_s for r in runs) / iterations,
@@ -85,7 +88,8 @@ def markdown(rows: list[dict], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-NFE_COLUMNS = ("method", "window", "nfe", "speedup", "tokens_per_call", "acceptance", "draft_changes")
+NFE_COLUMNS = ("method", "window", "nfe", "speedup", "tokens_per_call", "fed_per_call", "acceptance",
+               "draft_changes")
 
 
 def synthetic_tables(seeds: Sequence[int], windows: Sequence[int]) -> str:

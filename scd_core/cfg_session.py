@@ -17,6 +17,7 @@ import torch
 from .row_cache import RowCache
 
 Embed = Callable[[torch.Tensor], torch.Tensor]  # (rows, T) ids -> (rows, T, hidden)
+Backbone = Callable[[torch.Tensor, int], torch.Tensor]  # (rows, T, hidden) embeddings, tree branches -> hidden
 
 
 def cfg_prefix(cond: Sequence[int], uncond: Sequence[int], pad: int, batch_size: int, device: torch.device
@@ -34,7 +35,7 @@ class CFGSession:
     rows_per_cache = 1
 
     def __init__(self, prefix: torch.Tensor, prefix_mask: torch.Tensor, num_tokens: int,
-                 backbone: Callable[[RowCache, torch.Tensor], Embed], embed_prefix: Embed, embed_image: Embed,
+                 backbone: Callable[[RowCache, torch.Tensor], Backbone], embed_prefix: Embed, embed_image: Embed,
                  head: Embed) -> None:
         """`prefix` (2 x batch, width) ids, left-padded where `prefix_mask` is 0; `backbone(cache, pads)`
         builds the callable that runs input embeddings (rows, T, hidden) over `cache`, `pads` (rows, 1)
@@ -53,19 +54,25 @@ class CFGSession:
         return self._run(self._embed_prefix(self._prefix), last_only=True)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed (batch, T) image-position ids (codes and framing ids), each sample after its own cached tokens."""
+    def forward(self, tokens: torch.Tensor, branches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed (batch, T) image-position ids (codes and framing ids), each sample after its own cached tokens;
+        with `branches` > 1 they are a tree (`row_cache.tree_layout`)."""
         if not self.cache.longest:
             raise RuntimeError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self._batch or tokens.shape[1] < 1:
             raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
-        return self._run(self._embed_image(tokens.to(self._prefix.device).repeat(2, 1)))  # same drafts, both rows
+        # the same drafts in both rows of a sample
+        return self._run(self._embed_image(tokens.to(self._prefix.device).repeat(2, 1)), branches=branches)
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
         """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
         if isinstance(n, torch.Tensor) and n.dim() > 0:
             n = n.repeat(2)  # a sample's cond and uncond rows move together
         self.cache.rewind(n)
+
+    def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
+        """After a tree call: keep each sample's chain `branch` (both of its rows)."""
+        self.cache.keep_branch(branch.to(self._prefix.device).repeat(2), width, branches)
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Go on with samples `index` only (their cond and uncond rows)."""
@@ -74,8 +81,9 @@ class CFGSession:
         self._backbone.pads = self._backbone.pads[rows]
         self._prefix, self._batch = self._prefix[rows], index.numel()
 
-    def _run(self, embeds: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self._backbone(embeds)
+    def _run(self, embeds: torch.Tensor, last_only: bool = False, branches: int = 1
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self._backbone(embeds, branches)
         logits = self._head(hidden[:, -1:] if last_only else hidden)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return logits[: self._batch], logits[self._batch:]

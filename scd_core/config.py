@@ -12,6 +12,7 @@ VERIFICATIONS = ("token", "block")
 MAX_WINDOW = 1024
 AUTO_WINDOW = "auto"
 MAX_SEED = 2**64 - 1
+MAX_CANDIDATES = 8
 
 
 def _check(ok: bool, field: str, allowed: str, value: object) -> None:
@@ -49,6 +50,10 @@ class SamplerConfig:
     verification: "token" (modified rejection sampling draft by draft, stopping at the first rejection) or
       "block" (block verification: a joint rule over the whole window that accepts at least as many drafts
       in expectation; independent drafts only).
+    candidates: how many candidates the first draft of each call gets (1 = just the draft).  The others are
+      the next tokens of the draft's proposal, drawn without replacement, each followed by the window's later
+      drafts as a chain of its own; one call scores the tree and recursive rejection sampling picks at most
+      one chain, so the law stays exact.  Needs a session that scores trees (`keep_branch`; every family here).
     draft_mix: with this probability a position entering the window is drafted from the final distribution
       of the position it would copy (above, left, previous frame) instead of copying that position's token;
       the mixture is recorded as the draft's proposal.  0 copies the token.
@@ -66,6 +71,7 @@ class SamplerConfig:
     verification: str = "token"
     draft_mix: float = 0.0
     fixed_shapes: bool = False
+    candidates: int = 1
 
     def __post_init__(self) -> None:
         _check(self.coupler in COUPLERS, "coupler", f"one of {', '.join(COUPLERS)}", self.coupler)
@@ -95,3 +101,8 @@ class SamplerConfig:
         _check(self.verification == "token" or self.coupler == "independent", "verification",
                "'token' unless coupler is independent", self.verification)
         _check(isinstance(self.fixed_shapes, bool), "fixed_shapes", "True or False", self.fixed_shapes)
+        _check(_is_int(self.candidates) and 1 <= self.candidates <= MAX_CANDIDATES, "candidates",
+               f"an integer in 1..{MAX_CANDIDATES}", self.candidates)
+        _check(self.candidates == 1 or (self.coupler != "faithful" and self.verification == "token"
+                                        and not self.fixed_shapes), "candidates",
+               "1 with the faithful coupler, block verification or fixed shapes", self.candidates)

@@ -25,9 +25,10 @@ import torch
 
 from . import rng
 from . import auto_window
-from .config import AUTO_WINDOW, SamplerConfig
+from .config import AUTO_WINDOW, MAX_CANDIDATES, SamplerConfig
 from .model import Logits, TokenModel, model_default
-from .sampling import block_verify, gumbel_argmax, modified_rejection, sample, to_probs
+from .sampling import (block_verify, gumbel_argmax, modified_rejection, recursive_rejection, sample, to_probs,
+                       without_replacement)
 
 
 class GenerationCancelled(RuntimeError):
@@ -59,6 +60,7 @@ class GenerationResult:
     acceptance: list[float] = field(default_factory=list)
     draft_changes: list[float] = field(default_factory=list)
     windows: list[int] = field(default_factory=list)  # width of each call (1 for the prefill)
+    fed: list[int] = field(default_factory=list)  # tokens each call fed: its width, more with candidates
     forward_s: float = 0.0
     sample_s: float = 0.0
     prefill_s: float = 0.0
@@ -243,16 +245,55 @@ class _Decoder:
         """Model ids -> code indices (a forced non-code id maps to code 0; its slot is never verified)."""
         return self.code_index[ids]
 
-    def step(self, p: torch.Tensor, iteration: int, start: Optional[int]
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Verify, commit and re-draft; returns (commit counts, accepted, draft-change counts)."""
+    def alternatives(self, count: int, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`count` more candidates for the first draft: its proposal's next tokens without replacement.
+        Returns (model ids (B, count), valid (B, count)); an invalid one repeats the draft."""
+        position = self.committed.unsqueeze(1)
+        draft = self.seq.gather(1, position).squeeze(1)
+        noise = self.noise.gumbel(self.rows, position, self.vocab, rng.CANDIDATE, iteration).squeeze(1)
+        codes, valid = without_replacement(self.proposals[:, 0], self.to_index(draft), count, noise)
+        return torch.where(valid, self.code_ids[codes], draft.unsqueeze(1)), valid
+
+    def _first_of(self, tree: torch.Tensor, alternatives: torch.Tensor, valid: torch.Tensor, iteration: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Recursive rejection sampling of the first position over the draft and its alternatives.
+        Returns (the candidate kept (B,), -1 where none was, the token committed there)."""
+        position = self.committed.unsqueeze(1)
+        candidates = torch.cat([self.to_index(self.seq.gather(1, position)), self.to_index(alternatives)], dim=1)
+        valid = torch.cat([torch.ones_like(valid[:, :1]), valid], dim=1)
+        stage = position * MAX_CANDIDATES + torch.arange(candidates.shape[1], device=self.device)
+        return recursive_rejection(tree[:, 0, 0], self.proposals[:, 0], candidates, valid,
+                                   self.noise.uniform(rng.CANDIDATE_ACCEPT, self.rows, stage, iteration),
+                                   self.noise.uniform(rng.CANDIDATE_RESIDUAL, self.rows, position, iteration)[:, 0])
+
+    def step(self, p: torch.Tensor, iteration: int, start: Optional[int],
+             tree: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """Verify, commit and re-draft; returns (commit counts, accepted, draft-change counts, chain kept).
+
+        With `tree` = (p of every chain (B, k, width, V), alternatives (B, k - 1), valid): the first position
+        is settled over all candidates, and the row then goes on with the chain of the one it kept (the draft's
+        own when none), whose p is what the later drafts are verified against and coupled to.
+        """
         width = p.shape[1]
         positions = self.committed.unsqueeze(1) + self.slots[:width]
         drafts = self.seq.gather(1, positions[:, :width - 1])
         forced = self.forced[positions]
-        window = _Window(p, positions, self.to_index(drafts), self.proposals[:, :width - 1],
+        codes, chain = self.to_index(drafts), None
+        if tree is not None:
+            chains, alternatives, valid = tree
+            kept, first = self._first_of(chains, alternatives, valid, iteration)
+            kept = torch.where(forced[:, 0], 0, kept)
+            chain = kept.clamp(min=0)
+            p = chains[torch.arange(self.batch, device=self.device), chain]
+            picked = torch.cat([drafts[:, :1], alternatives], dim=1).gather(1, chain.unsqueeze(1))
+            codes[:, :1] = self.to_index(picked)
+        window = _Window(p, positions, codes, self.proposals[:, :width - 1],
                          self.gumbel(positions, start), ~forced, self.rows)
         accepted, verified, coupled = propose_next(self.config, self.noise, window, iteration)
+        if tree is not None:  # the first position as settled over every candidate
+            accepted[:, 0] = kept >= 0
+            verified[:, 0] = torch.where(forced[:, 0], verified[:, 0], first)
         if self.config.verification == "token":  # block verification accounts for forced slots itself
             accepted = accepted | forced[:, :width - 1]
         verified = torch.where(forced, self.forced_ids[positions], self.code_ids[verified])
@@ -275,7 +316,7 @@ class _Decoder:
         self.committed += shared
         self._next_proposals(p, shared)
         self._init_new_drafts(width - shared, iteration)
-        return shared, accepted, changes
+        return shared, accepted, changes, chain
 
     def tokens(self, count: int) -> torch.Tensor:
         """The first `count` tokens of every row of the caller's batch, (batch, count)."""
@@ -368,11 +409,15 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as a
     # smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
     regroup = rows_per_cache == 1 and callable(getattr(session, "keep_rows", None)) and not config.fixed_shapes
+    branches = config.candidates
+    if branches > 1 and not callable(getattr(session, "keep_branch", None)):
+        raise ValueError(f"candidates={branches} needs a model whose session scores a tree of drafts "
+                         f"(keep_branch); this one takes candidates=1")
 
     result = GenerationResult(tokens=torch.empty(0), nfe=0)
     decoder: Optional[_Decoder] = None
     chooser: Optional[auto_window.WindowChooser] = None
-    done, iteration = 0, 0
+    done, leader, iteration = 0, 1, 0
     n = model.num_tokens
     while done < n:
         if should_cancel is not None and should_cancel():
@@ -382,6 +427,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
             chooser = auto_window.session_chooser(model, session, decoder.window_inputs, decoder.probs, rewind_all,
                                                   batch_size, decoder.window)
         t0 = time.perf_counter()
+        tree, pad = False, 0
         if decoder is None:
             logits, width = session.prefill(), 1
             window = min(auto_window.CANDIDATES[-1] if config.window == AUTO_WINDOW else config.window, n)
@@ -397,36 +443,57 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
             pad = min(window - width, done - 1) if config.fixed_shapes else 0
             if pad:
                 rewind_all(pad)
-            logits = session.forward(decoder.window_inputs(width, pad))
+            inputs = decoder.window_inputs(width, pad)
+            # candidates: a tree of chains that differ in the first draft, while every row has room for it
+            tree = branches > 1 and width > 1 and leader + branches * (width - 1) <= n
+            if tree:
+                alternatives, valid = decoder.alternatives(branches - 1, iteration)
+                later = inputs[:, 2:]
+                inputs = torch.cat([inputs] + [torch.cat([alternatives[:, c:c + 1], later], dim=1)
+                                               for c in range(branches - 1)], dim=1)
+                logits = session.forward(inputs, branches)
+            else:
+                logits = session.forward(inputs)
             if pad:
                 logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
         if sync_timing and decoder.device.type == "cuda":
             torch.cuda.synchronize(decoder.device)
         t1 = time.perf_counter()
 
-        p = decoder.probs(logits, width)
-        shared, accepted, changes = decoder.step(p, iteration, done if rows_per_cache == batch_size else None)
+        new = inputs.shape[1] if tree else width  # tokens fed after the committed ones
+        p = decoder.probs(logits, new)
+        chains = None
+        if new > width:  # every chain's p: the first slot (before the branch point) is shared
+            extra = p[:, width:].unflatten(1, (branches - 1, width - 1))
+            chains = torch.cat([p[:, :width].unsqueeze(1),
+                                torch.cat([p[:, :1].unsqueeze(1).expand(-1, branches - 1, -1, -1), extra], dim=2)],
+                               dim=1)
+            p = p[:, :width]
+        shared, accepted, changes, chain = decoder.step(p, iteration, done if rows_per_cache == batch_size else None,
+                                                        None if chains is None else (chains, alternatives, valid))
         # the one host synchronisation of the iteration: counts, flags, the chooser's commit histogram
         # (one count per cache group) and the per-slot acceptance, as float32 (exact for these integers)
         values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (MPS: no bincount)
         counts = ((shared[::rows_per_cache].unsqueeze(1) == values).sum(0) if chooser is not None
                   else shared[:0])
         live_rows = decoder.committed < n
-        summary = torch.cat([torch.stack([decoder.committed.min(), torch.isnan(p).any().long(), live_rows.sum()]),
-                             changes, counts]).float()
+        summary = torch.cat([torch.stack([decoder.committed.min(), decoder.committed.max(),
+                                          torch.isnan(p).any().long(), live_rows.sum()]), changes, counts]).float()
         summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
-        slowest, has_nan, live, changed, carried = map(int, summary[:5])
+        slowest, leader, has_nan, live, changed, carried = map(int, summary[:6])
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
         committed, done = slowest - done, slowest
-        acceptance = summary[5 + counts.numel():]
+        acceptance = summary[6 + counts.numel():]
         if chooser is not None:
-            chooser.observe(width, summary[5:5 + counts.numel()])
+            chooser.observe(width, summary[6:6 + counts.numel()])
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")
+        if chain is not None:
+            session.keep_branch(chain, new, branches)
         if iteration > 0:
-            rewind = width - shared
-            session.rewind(rewind if rows_per_cache < batch_size else width - committed)
+            rewind = new - shared
+            session.rewind(rewind if rows_per_cache < batch_size else new - committed)
         if regroup and 0 < live <= decoder.batch // 2:
             index = torch.nonzero(live_rows).squeeze(1)
             session.keep_rows(index)
@@ -435,6 +502,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
 
         result.nfe += 1
         result.windows.append(width)
+        result.fed.append(new + pad)
         result.committed.append(committed)
         result.acceptance.append(sum(acceptance) / len(acceptance) if acceptance else 1.0)
         result.draft_changes.append(changed / carried if carried else 0.0)

@@ -14,7 +14,8 @@ import torch
 M32 = 0xFFFFFFFF
 
 # What a draw is for; each purpose gets its own independent stream.
-ACCEPT, RESIDUAL, FRESH, ALPHA, INIT, GUMBEL, BLOCK, BLOCK_RESIDUAL, MIX, MIX_SAMPLE = range(10)
+(ACCEPT, RESIDUAL, FRESH, ALPHA, INIT, GUMBEL, BLOCK, BLOCK_RESIDUAL, MIX, MIX_SAMPLE, CANDIDATE, CANDIDATE_ACCEPT,
+ CANDIDATE_RESIDUAL) = range(13)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -53,9 +54,11 @@ class KeyedRandom:
         """One uniform per (row, position); `rows` and `positions` broadcast together."""
         return _to_uniform(self._key(purpose, rows, positions, counter))
 
-    def gumbel(self, rows: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """Gumbel noise of shape broadcast(rows, positions) + (vocab,), fixed for each absolute position."""
-        key = self._key(GUMBEL, rows, positions, 0).unsqueeze(-1)
+    def gumbel(self, rows: torch.Tensor, positions: torch.Tensor, vocab_size: int, purpose: int = GUMBEL,
+               counter: int = 0) -> torch.Tensor:
+        """Gumbel noise of shape broadcast(rows, positions) + (vocab,); by default the coupler's, fixed for each
+        absolute position."""
+        key = self._key(purpose, rows, positions, counter).unsqueeze(-1)
         vocab = torch.arange(vocab_size, dtype=torch.int64, device=self.device)
         u = _to_uniform(_mix32(_mix32(key ^ vocab)))
         return -torch.log(-torch.log(u))

@@ -32,11 +32,11 @@ class RowAttentionBackbone:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.groups = config.num_attention_heads // config.num_key_value_heads
 
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+    def __call__(self, hidden: torch.Tensor, branches: int = 1) -> torch.Tensor:
         """(rows, T, hidden) input embeddings, each row after its own cached slots -> final-norm hidden states."""
         net = self.backbone
         batch, width = hidden.shape[:2]
-        slots, visible = self.rows.begin(width)
+        slots, visible = self.rows.begin(width, branches)
         cos, sin = net.rotary_emb(hidden, (slots - self.pads).clamp(min=0))  # left padding takes no position
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         mask = visible.unsqueeze(1).repeat(1, 1, self.groups, 1)  # (rows, 1, groups * T, keys)

@@ -17,6 +17,20 @@ from typing import Optional, Union
 import torch
 
 
+def tree_layout(width: int, branches: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position offsets (width,) and who-sees-whom (width, width) of `width` new tokens laid out as a chain of
+    L = (width - 1) / branches + 1 tokens followed by branches - 1 chains of L - 1 tokens, each of which takes the
+    place of the first chain's tokens 2..L (same positions) and sees the first chain's first token."""
+    chain = (width - 1) // branches
+    if branches < 1 or chain * branches != width - 1:
+        raise ValueError(f"{width} tokens do not make {branches} chains branching after one shared token")
+    index = torch.arange(width, device=device)
+    branch = torch.where(index == 0, 0, (index - 1) // chain) if chain else torch.zeros_like(index)
+    offset = torch.where(index == 0, 0, (index - 1) % chain + 1) if chain else index
+    sees = (index.unsqueeze(1) >= index) & ((branch.unsqueeze(1) == branch) | (index == 0))
+    return offset, sees
+
+
 class RowCache:
     """Keys/values of `rows` sequences of at most `capacity` slots, the first `prefix` never rewound.
 
@@ -39,28 +53,49 @@ class RowCache:
         self._slots = torch.zeros(rows, 0, dtype=torch.long, device=device)
         self._key_len = 0
 
-    def begin(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append `width` slots to every row; returns (query slots (rows, width), visible (rows, width, keys)).
+    def begin(self, width: int, branches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `width` slots to every row; returns (positions (rows, width), visible (rows, width, keys)).
 
         `visible[r, t, s]` says whether row r's new token t attends to key slot s:
         causal over the row's own slots, left padding hidden; a padding query sees
-        itself so that no query row is fully masked.
+        itself so that no query row is fully masked.  With `branches` = k > 1 the new
+        tokens are a tree (`tree_layout`): a chain of L tokens, then k - 1 chains of
+        L - 1 that branch off after its first token, each seeing that token and itself.
         """
         if self.shortest + width > self.capacity:
             raise ValueError(f"feeding {width} tokens would pass the {self.capacity - self.prefix} cached positions "
                              f"(a row already holds {self.shortest - self.prefix})")
-        query = self.lengths.unsqueeze(1) + torch.arange(width, device=self.lengths.device)
+        device = self.lengths.device
+        offset, sees = tree_layout(width, branches, device)
+        slots = self.lengths.unsqueeze(1) + torch.arange(width, device=device)
         # A faster row may run past the end while a slower one finishes; those tokens only yield logits
         # of positions past the last, so they share the last slot.
-        self._slots = query.clamp(max=self.capacity - 1)
+        self._slots = slots.clamp(max=self.capacity - 1)
         self._key_len = min(self.longest + width, self.capacity)
-        keys = torch.arange(self._key_len, device=query.device)
-        at_or_before = keys <= query.unsqueeze(-1)
-        visible = at_or_before & (self.real[:, None, :self._key_len] | (keys == query.unsqueeze(-1)))
+        keys = torch.arange(self._key_len, device=device)
+        new = keys - self.lengths.unsqueeze(1)  # (rows, keys): index among this call's tokens, < 0 if cached
+        cached = (new < 0).unsqueeze(1) & self.real[:, None, :self._key_len]
+        among_new = sees[:, new.clamp(0, width - 1)].transpose(0, 1) & (new < width).unsqueeze(1)
+        padding = ~self.real[:, None, :self._key_len]  # only in the prefill: a padded query sees itself only
+        itself = new.unsqueeze(1) == torch.arange(width, device=device).view(1, -1, 1)
+        visible = cached | (among_new & (~padding | itself) & (new >= 0).unsqueeze(1))
         self.lengths += width
         self.shortest += width
         self.longest += width
-        return query, visible
+        return self.lengths.unsqueeze(1) - width + offset, visible
+
+    def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
+        """After a `branches`-tree call of `width` tokens: each row keeps the chain `branch[r]` (0 = the first)
+        in place of the first chain's, by copying its slots there; rewind then drops what is not kept."""
+        chain = (width - 1) // branches  # tokens after the shared first one, in every chain
+        start = self.lengths - width + 1  # the first chain's second slot, per row
+        source = torch.where(branch > 0, start + chain + (branch - 1) * chain, start)
+        steps = torch.arange(chain, device=self.lengths.device)
+        source, target = source.unsqueeze(1) + steps, start.unsqueeze(1) + steps
+        for store in (self.keys, self.values):
+            for tensor in store:
+                index = lambda slots: slots[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+                tensor.scatter_(2, index(target), tensor.gather(2, index(source)))
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store (rows, heads, width, dim) keys/values of this call; returns the attended slots of the layer."""

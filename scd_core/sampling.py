@@ -66,6 +66,47 @@ def modified_rejection(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, u_
     return accepted, torch.where(accepted, draft, sample(residual, u_residual))
 
 
+def without_replacement(q: torch.Tensor, first: torch.Tensor, count: int, noise: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` more draws from q (B, V) after `first` (B,), each from q without the tokens drawn before it.
+
+    Gumbel-top-k on log q with fresh noise (B, V) is exactly sequential sampling without replacement.
+    Returns (tokens (B, count), valid (B, count)): a draw is invalid once q has no mass left.
+    """
+    scores = (torch.log(q) + noise).scatter(-1, first.unsqueeze(-1), float("-inf"))
+    top = torch.topk(scores, count, dim=-1)
+    return top.indices, torch.isfinite(top.values)
+
+
+def recursive_rejection(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor,
+                        u_accept: torch.Tensor, u_residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick at most one of several candidates for one position so that the result is distributed as p (B, V).
+
+    candidates (B, k): the first drawn from q, each later one from q without the earlier ones (`valid` False
+    where none was left).  Candidate m is kept with probability min(1, r_m(c)/Q_m(c)), r_1 = p, Q_1 = q; on
+    rejection r_{m+1} = norm(max(0, r_m - Q_m)) and Q_{m+1} = Q_m without c, renormalised.  Each stage is
+    modified rejection sampling of r_m from a candidate distributed as Q_m given everything before it, so the
+    output of stage m is distributed as r_m; after the last stage the token is drawn from the final residual.
+    Returns (chosen (B,) index of the kept candidate or -1, token (B,)).
+    """
+    r, proposal = p, q / q.sum(-1, keepdim=True)
+    chosen = torch.full(candidates.shape[:1], -1, dtype=torch.long, device=p.device)
+    for m in range(candidates.shape[1]):
+        c = candidates[:, m:m + 1]
+        open_ = valid[:, m] & (chosen < 0)
+        keep = open_ & (u_accept[:, m] * proposal.gather(-1, c).squeeze(-1) < r.gather(-1, c).squeeze(-1))
+        chosen = torch.where(keep, m, chosen)
+        rejected = (open_ & ~keep).unsqueeze(-1)
+        residual = (r - proposal).clamp_min(0.0)
+        mass = residual.sum(-1, keepdim=True)
+        r = torch.where(rejected & (mass > 0), residual / mass.clamp_min(1e-30), r)
+        rest = proposal.scatter(-1, c, 0.0)
+        rest_mass = rest.sum(-1, keepdim=True)
+        proposal = torch.where(rejected, rest / rest_mass.clamp_min(1e-30), proposal)
+    picked = candidates.gather(-1, chosen.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return chosen, torch.where(chosen >= 0, picked, sample(r, u_residual))
+
+
 def block_verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, free: torch.Tensor, eta: torch.Tensor,
                  u_residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification (Sun et al., ICLR 2025): accept a prefix of the drafts by a joint rule.

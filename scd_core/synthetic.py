@@ -10,9 +10,38 @@ the engine's alone.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
+
+from .row_cache import tree_layout
+
+Logits = tuple[torch.Tensor, Optional[torch.Tensor]]
+
+
+def feed_tokens(tokens: torch.Tensor, start: torch.Tensor, new: torch.Tensor, branches: int,
+                logits: Callable[[torch.Tensor, torch.Tensor], Logits]) -> tuple[Logits, list[torch.Tensor]]:
+    """Write `new` (B, T) after each row's `start` (B, 1) fed tokens into `tokens` (B, N) and score them with
+    `logits(table, positions)`, for sessions that keep no cache but the token table.  With `branches` > 1 the
+    new tokens are a tree (`row_cache.tree_layout`): each later chain is scored on a copy of the table that
+    holds it instead of the first chain.  Returns (logits of the next positions in the order fed, the tables
+    of the later chains)."""
+    last = tokens.shape[1] - 1
+    width = new.shape[1]
+    offset, _ = tree_layout(width, branches, new.device)
+    chain = (width - 1) // branches
+    # a row running past the last position (while a slower one finishes) parks its extra tokens there
+    positions = (start + offset).clamp(max=last)
+    outputs, tables = [], []
+    for branch in range(branches):
+        columns = torch.arange(chain + 1) if branch == 0 else 1 + chain * branch + torch.arange(chain)
+        table = tokens if branch == 0 else tokens.clone()
+        table.scatter_(1, positions[:, columns], new[:, columns])
+        outputs.append(logits(table, (positions[:, columns] + 1).clamp(max=last)))
+        if branch:
+            tables.append(table)
+    joined = tuple(None if parts[0] is None else torch.cat(parts, dim=1) for parts in zip(*outputs))
+    return joined, tables
 
 
 class GridModel:
@@ -54,15 +83,18 @@ class GridSession:
     def prefill(self):
         return self.model.logits(self.tokens, torch.zeros_like(self.length)), None
 
-    def forward(self, new: torch.Tensor):
-        # a row running past the last position (while a slower one finishes) parks its extra tokens there
-        positions = (self.length + torch.arange(new.shape[1], device=new.device)).clamp(max=self.model.num_tokens - 1)
-        self.tokens.scatter_(1, positions, new)
+    def forward(self, new: torch.Tensor, branches: int = 1):
+        logits, self.branch_tables = feed_tokens(self.tokens, self.length, new, branches,
+                                                 lambda table, positions: (self.model.logits(table, positions), None))
         self.length += new.shape[1]
-        return self.model.logits(self.tokens, (positions + 1).clamp(max=self.model.num_tokens - 1)), None
+        return logits
 
     def rewind(self, n) -> None:
         self.length -= n.view(-1, 1) if isinstance(n, torch.Tensor) else n
 
     def keep_rows(self, index: torch.Tensor) -> None:
         self.tokens, self.length = self.tokens[index], self.length[index]
+
+    def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
+        for number, table in enumerate(self.branch_tables, start=1):
+            self.tokens = torch.where((branch == number).unsqueeze(1), table, self.tokens)

@@ -13,12 +13,17 @@ from typing import Any, Sequence
 import torch
 
 
-def _sequential(model: Any, cond: Any, tokens: list[int], last: int) -> tuple[torch.Tensor, ...]:
+def _cat(parts: Sequence[tuple], dim: int) -> tuple:
+    """Concatenate (cond, uncond) pairs branch by branch; uncond stays None for a model without CFG."""
+    return tuple(None if pieces[0] is None else torch.cat(pieces, dim=dim) for pieces in zip(*parts))
+
+
+def _sequential(model: Any, cond: Any, tokens: list[int], last: int) -> tuple:
     """(cond, uncond) logits of the last `last` tokens, fed one at a time to a fresh batch-1 session."""
     session = model.start(cond, 1)
     session.prefill()
     steps = [session.forward(torch.tensor([[token]])) for token in tokens]
-    return tuple(torch.cat([step[branch] for step in steps[-last:]], dim=1) for branch in (0, 1))
+    return _cat(steps[-last:], dim=1)
 
 
 def staggered_logits(model: Any, cond: Any, calls: Sequence[tuple]
@@ -37,10 +42,37 @@ def staggered_logits(model: Any, cond: Any, calls: Sequence[tuple]
         batched = session.forward(tokens)
         rows = [_sequential(model, cond, kept[r] + tokens[r].tolist(), tokens.shape[1])
                 for r in range(tokens.shape[0])]
-        pairs.append((batched, tuple(torch.cat([row[branch] for row in rows]) for branch in (0, 1))))
+        pairs.append((batched, _cat(rows, dim=0)))
         session.rewind(torch.tensor(rewind))
         kept = [(k + t)[:len(k) + len(t) - n] for k, t, n in zip(kept, tokens.tolist(), rewind)]
         if keep:
             session.keep_rows(torch.tensor(keep[0]))
             kept = [kept[r] for r in keep[0]]
+    return pairs
+
+
+def tree_logits(model: Any, cond: Any, ids: torch.Tensor
+                ) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
+    """Two rows at different positions are fed a tree of 3 chains of width 3 (`row_cache.tree_layout`), keep
+    chains 2 and 1 (3 and 2 of their tokens), then take 3 more tokens; `ids` (2, 13) supplies every token.
+    Returns (batched logits, sequential logits) for each chain of the tree and for the call after it."""
+    session = model.start(cond, 2)
+    session.prefill()
+    session.forward(ids[:, :3])
+    session.rewind(torch.tensor([1, 0]))
+    held = [ids[0, :2].tolist(), ids[1, :3].tolist()]
+    width, branches, tree = 3, 3, ids[:, 3:10]
+    batched = session.forward(tree, branches)
+    chains = [[0, 1, 2], [0, 3, 4], [0, 5, 6]]
+    pairs = []
+    for chain in chains:
+        rows = [_sequential(model, cond, held[r] + tree[r, chain].tolist(), width) for r in range(2)]
+        pairs.append((tuple(None if branch is None else branch[:, chain] for branch in batched), _cat(rows, dim=0)))
+    kept, counts = [2, 1], [3, 2]
+    session.keep_branch(torch.tensor(kept), tree.shape[1], branches)
+    session.rewind(tree.shape[1] - torch.tensor(counts))
+    held = [held[r] + tree[r, chains[kept[r]]].tolist()[:counts[r]] for r in range(2)]
+    batched = session.forward(ids[:, 10:13])
+    rows = [_sequential(model, cond, held[r] + ids[r, 10:13].tolist(), 3) for r in range(2)]
+    pairs.append((batched, _cat(rows, dim=0)))
     return pairs

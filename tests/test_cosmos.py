@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pace import tree_logits
 from cosmos_fixture import CONTEXT_DIM, FRAME_SIZE, TINY, context_frames, write_cosmos, write_tokenizer
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
 from scd_core.models.cosmos import (TOKENIZER_FOLDER, VideoContext, config_for, detect, official_keys,
@@ -86,6 +87,16 @@ def test_context_conditions_the_logits(folders):
     other = model.start(model.encode_video(context_frames(9, seed=5)), 1).prefill()[0]
     assert one.shape == nine.shape == (1, 1, TINY["vocab_size"])
     assert (nine - one).abs().max() > 1e-3 and (nine - other).abs().max() > 1e-3
+
+
+def test_tree_of_chains_gives_each_chains_sequential_logits(folders):
+    """Candidates at the first draft: every chain of a tree call, and the call after keeping one chain per row."""
+    model = load_model(folders["4B"], "cpu", torch.float64)
+    ids = torch.randint(0, model.vocab_size, (2, 13), generator=torch.Generator().manual_seed(4))
+    for batched, sequential in tree_logits(model, _context(model), ids):
+        assert batched[1] is None and sequential[1] is None
+        assert batched[0].shape == sequential[0].shape
+        assert float((batched[0] - sequential[0]).abs().max()) <= 1e-10
 
 
 @pytest.mark.parametrize("draft_init", ["previous_frame", "above"])

@@ -76,7 +76,7 @@ def test_statistics_add_up_and_callback_sees_every_iteration():
     ("coupler", "greedy"), ("window", 0), ("window", 2000), ("window", 2.5), ("cfg_scale", -1.0),
     ("cfg_scale", float("nan")), ("temperature", 0.0), ("temperature", -1.0), ("top_k", 0), ("top_k", 1.5),
     ("top_p", 0.0), ("top_p", 1.5), ("seed", -1), ("seed", 2**64), ("draft_init", "diagonal"),
-    ("alpha", 1.5), ("alpha", -0.1),
+    ("alpha", 1.5), ("alpha", -0.1), ("candidates", 0), ("candidates", 9), ("candidates", 1.0),
 ])
 def test_invalid_settings_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -86,6 +86,22 @@ def test_invalid_settings_name_the_field(field, value):
 def test_alpha_needs_a_coupling_coupler():
     with pytest.raises(ValueError, match="alpha"):
         SamplerConfig(coupler="independent", alpha=0.5)
+
+
+def test_candidates_need_token_verification_a_coupler_that_verifies_and_a_tree_session():
+    for settings in (dict(coupler="faithful"), dict(coupler="independent", verification="block"),
+                     dict(fixed_shapes=True)):
+        with pytest.raises(ValueError, match="candidates"):
+            SamplerConfig(candidates=2, **settings)
+
+    class ChainOnly(GridModel):
+        def start(self, cond, batch_size):
+            session = super().start(cond, batch_size)
+            session.keep_branch = None  # a session that cannot score a tree
+            return session
+
+    with pytest.raises(ValueError, match="candidates=2 needs a model whose session scores a tree"):
+        generate(ChainOnly(rows=4, cols=4, vocab_size=16), None, SamplerConfig(candidates=2))
 
 
 def test_invalid_batch_size():

@@ -11,6 +11,7 @@ import torch
 from scipy import stats
 
 from scd_core import SamplerConfig, auto_window, engine, generate
+from scd_core.sampling import sample
 from toy_models import TablePrefixModel
 
 SAMPLES = 200_000
@@ -106,6 +107,41 @@ def test_drafts_mixed_with_the_source_positions_final_p_are_lossless(coupler, ca
     _, model_kwargs, sampler_kwargs, rows_per_cache = case
     result, law = sample_case(coupler, model_kwargs, {**sampler_kwargs, "draft_mix": 0.5}, rows_per_cache)
     assert chi_square_pvalue(result.tokens, law) > P_MIN
+
+
+# (case, candidates, window): a call feeds a tree only while every row has room for it (k (window - 1) more
+# positions), so the windows are small enough for these short sequences
+CANDIDATE_CASES = [(CASES[0], 2, 2), (CASES[1], 3, 2), (CASES[2], 3, 2), (CASES[3], 2, 3), (CASES[5], 2, 2),
+                   (CASES[6], 2, 3), (CASES[7], 2, 2)]
+
+
+@pytest.mark.parametrize("coupler", ["maximal", "gumbel", "independent"])
+@pytest.mark.parametrize("case,candidates,window", CANDIDATE_CASES, ids=[c[0][0] for c in CANDIDATE_CASES])
+def test_candidates_at_the_first_draft_are_lossless(coupler, case, candidates, window):
+    """A tree of chains differing in the first draft, one picked by recursive rejection sampling."""
+    _, model_kwargs, sampler_kwargs, rows_per_cache = case
+    result, law = sample_case(coupler, model_kwargs, {**sampler_kwargs, "window": window}, rows_per_cache,
+                              candidates=candidates)
+    assert max(result.fed[1:]) > max(result.windows[1:])  # trees were fed
+    assert chi_square_pvalue(result.tokens, law) > P_MIN
+
+
+def tries_every_candidate_against_p(p, q, candidates, valid, u_accept, u_residual):
+    """Wrong: each alternative is tested against p and q again instead of the residual left by the ones before."""
+    chosen = torch.full(candidates.shape[:1], -1, dtype=torch.long)
+    for m in range(candidates.shape[1]):
+        c = candidates[:, m:m + 1]
+        keep = valid[:, m] & (chosen < 0) & (u_accept[:, m] * q.gather(-1, c).squeeze(-1) < p.gather(-1, c).squeeze(-1))
+        chosen = torch.where(keep, m, chosen)
+    picked = candidates.gather(-1, chosen.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return chosen, torch.where(chosen >= 0, picked, sample((p - q).clamp_min(0) + 1e-12 * p, u_residual))
+
+
+def test_enumeration_test_rejects_candidates_without_recursion(monkeypatch):
+    monkeypatch.setattr(engine, "recursive_rejection", tries_every_candidate_against_p)
+    result, law = sample_case("maximal", dict(vocab_size=4, num_tokens=6, scale=2.0),
+                              dict(window=2, draft_init="random"), 1, candidates=3)
+    assert chi_square_pvalue(result.tokens, law) < 1e-6
 
 
 @pytest.mark.parametrize("coupler", ["maximal", "gumbel"])

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from scd_core.sampling import to_probs
+from scd_core.synthetic import feed_tokens
 
 
 class TablePrefixModel:
@@ -86,13 +87,16 @@ class TableSession:
         self.model.calls += 1
         return self.model.logits_for(self.tokens, torch.zeros_like(self.length).unsqueeze(1))
 
-    def forward(self, new: torch.Tensor):
+    def forward(self, new: torch.Tensor, branches: int = 1):
         self.model.calls += 1
-        index = self.length.unsqueeze(1) + torch.arange(new.shape[1])
-        # tokens past the last position are never part of a prefix: park them in the last column
-        self.tokens.scatter_(1, index.clamp(max=self.model.num_tokens - 1), new)
+        logits, self.branch_tables = feed_tokens(self.tokens, self.length.unsqueeze(1), new, branches,
+                                                 self.model.logits_for)
         self.length += new.shape[1]
-        return self.model.logits_for(self.tokens, index + 1)
+        return logits
+
+    def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
+        for number, table in enumerate(self.branch_tables, start=1):
+            self.tokens = torch.where((branch == number).unsqueeze(1), table, self.tokens)
 
     def rewind(self, n) -> None:
         self.length -= n

@@ -297,11 +297,12 @@ class CosmosTransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: RowCache,
                 text_kv: Optional[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None,
-                last_only: bool = False
+                last_only: bool = False, branches: int = 1
                 ) -> torch.Tensor:
-        """Codes (B, T) after each row's cached positions -> float32 logits (B, T, vocab), or (B, 1, vocab)
-        of the last position only (a 5120-token context would otherwise give 1.3 GB of logits per row)."""
-        positions, visible = cache.begin(tokens.shape[1])
+        """Codes (B, T) after each row's cached positions (a tree with `branches` > 1) -> float32 logits
+        (B, T, vocab), or (B, 1, vocab) of the last position only (a 5120-token context would otherwise give
+        1.3 GB of logits per row)."""
+        positions, visible = cache.begin(tokens.shape[1], branches)
         # positions past the last (a finished row's window) only give logits that are never used
         positions = positions.clamp(max=self.rope.shape[0] - 1)
         angles = self.rope[positions]
@@ -450,9 +451,9 @@ class CosmosSession:
                 self.text_kv = net.text_keys_values(cond.text.to(self.device).expand(batch_size, -1, -1),
                                                     cond.text_mask.to(self.device).expand(batch_size, -1))
 
-    def _run(self, tokens: torch.Tensor, last_only: bool = False) -> tuple[torch.Tensor, None]:
+    def _run(self, tokens: torch.Tensor, last_only: bool = False, branches: int = 1) -> tuple[torch.Tensor, None]:
         with torch.no_grad():
-            logits = self.net(tokens, self.cache, self.text_kv, last_only)
+            logits = self.net(tokens, self.cache, self.text_kv, last_only, branches)
         return logits, None
 
     def prefill(self) -> tuple[torch.Tensor, None]:
@@ -460,13 +461,18 @@ class CosmosSession:
             raise ValueError("prefill() was already called for this session")
         return self._run(self.context, last_only=True)
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, None]:
-        """Feed (batch, T) codes, each row after its own cached tokens."""
+    def forward(self, tokens: torch.Tensor, branches: int = 1) -> tuple[torch.Tensor, None]:
+        """Feed (batch, T) codes, each row after its own cached tokens; with `branches` > 1 they are a tree
+        (`row_cache.tree_layout`)."""
         if not self.cache.longest:
             raise ValueError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self.batch:
             raise ValueError(f"expected codes of shape ({self.batch}, T), got {tuple(tokens.shape)}")
-        return self._run(tokens.to(self.device))
+        return self._run(tokens.to(self.device), branches=branches)
+
+    def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
+        """After a tree call: keep each row's chain `branch`."""
+        self.cache.keep_branch(branch.to(self.device), width, branches)
 
     def rewind(self, n: int | torch.Tensor) -> None:
         """Drop the last n codes of every row (an int) or of each row (a (batch,) tensor)."""

@@ -101,9 +101,9 @@ class RowBackbone:
         self._cache = _row_cache_view()(rows)
         self._cache_keyword = cache_keyword()
 
-    def __call__(self, embeds: torch.Tensor) -> torch.Tensor:
-        """(rows, T, hidden) input embeddings -> last hidden states, same shape."""
-        slots, visible = self.rows.begin(embeds.shape[1])
+    def __call__(self, embeds: torch.Tensor, branches: int = 1) -> torch.Tensor:
+        """(rows, T, hidden) input embeddings (a tree with `branches` > 1) -> last hidden states, same shape."""
+        slots, visible = self.rows.begin(embeds.shape[1], branches)
         positions = (slots - self.pads).clamp(min=0)  # left padding takes no position
         # additive, in the model's dtype: what both sdpa and eager attention take as a 4-D mask
         mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=embeds.device)

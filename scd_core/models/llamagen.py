@@ -207,7 +207,7 @@ class GPT(nn.Module):
         """Caption features (B, cls_token_num, caption_dim) -> (B, cls_token_num, dim)."""
         return self.cls_embedding.cap_proj(features)
 
-    def forward(self, h: torch.Tensor, cache: Optional[RowCache] = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, cache: Optional[RowCache] = None, branches: int = 1) -> torch.Tensor:
         """Embeddings (B, T, dim) after each row's cached positions -> float32 logits (B, T, V).
 
         Without a cache this is plain causal training/scoring from position 0.  The
@@ -220,7 +220,7 @@ class GPT(nn.Module):
                 raise ValueError(f"sequence position {t} beyond the {self.rope.shape[0]} this model has")
             positions, mask = torch.arange(t, device=h.device)[None], None
         else:
-            positions, visible = cache.begin(t)
+            positions, visible = cache.begin(t, branches)
             mask = visible[:, None]
         # positions past the last (a finished row's window) only give logits that are never used
         rope = self.rope[positions.clamp(max=self.rope.shape[0] - 1)]
@@ -367,9 +367,9 @@ class LlamaGenSession:
                                  "use the model's encode()")
         self.cache = RowCache(rows, self.prefix + cfg.num_tokens, self.prefix, weight.device, real)
 
-    def _run(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, h: torch.Tensor, branches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            logits = self.gpt(h, self.cache)
+            logits = self.gpt(h, self.cache, branches)
         return logits[:self.batch], logits[self.batch:]
 
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -378,8 +378,9 @@ class LlamaGenSession:
         cond, uncond = self._run(self.prefix_embeddings)
         return cond[:, -1:], uncond[:, -1:]
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed (batch, T) ids, each sample after its own cached tokens."""
+    def forward(self, tokens: torch.Tensor, branches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed (batch, T) ids, each sample after its own cached tokens; with `branches` > 1 they are a tree
+        (`row_cache.tree_layout`)."""
         if not self.cache.longest:
             raise ValueError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self.batch:
@@ -387,7 +388,7 @@ class LlamaGenSession:
         ids = tokens.to(self.device).repeat(2, 1)
         with torch.no_grad():
             h = self.gpt.tok_embeddings(ids)
-        return self._run(h)
+        return self._run(h, branches)
 
     def rewind(self, n: int | torch.Tensor) -> None:
         """Drop the last n tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
@@ -399,6 +400,10 @@ class LlamaGenSession:
         """Go on with samples `index` only (their cond and uncond rows)."""
         self.cache.keep_rows(torch.cat([index, index + self.batch]).to(self.device))
         self.batch = index.numel()
+
+    def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
+        """After a tree call: keep each sample's chain `branch` (both of its rows)."""
+        self.cache.keep_branch(branch.to(self.device).repeat(2), width, branches)
 
 
 class LlamaGenModel:
