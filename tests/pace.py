@@ -76,3 +76,12 @@ def tree_logits(model: Any, cond: Any, ids: torch.Tensor
     rows = [_sequential(model, cond, held[r] + ids[r, 10:13].tolist(), 3) for r in range(2)]
     pairs.append((batched, _cat(rows, dim=0)))
     return pairs
+
+
+def assert_each_row_matches(pairs: Sequence[tuple], tolerance: float) -> None:
+    """Every (batched, sequential) pair of `staggered_logits` / `tree_logits` agrees within `tolerance`."""
+    for batched, sequential in pairs:
+        for a, b in zip(batched, sequential):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.shape == b.shape and float((a - b).abs().max()) <= tolerance

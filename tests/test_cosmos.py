@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pace import tree_logits
+from pace import assert_each_row_matches, tree_logits
 from cosmos_fixture import CONTEXT_DIM, FRAME_SIZE, TINY, context_frames, write_cosmos, write_tokenizer
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
 from scd_core.models.cosmos import (TOKENIZER_FOLDER, VideoContext, config_for, detect, official_keys,
@@ -93,10 +93,7 @@ def test_tree_of_chains_gives_each_chains_sequential_logits(folders):
     """Candidates at the first draft: every chain of a tree call, and the call after keeping one chain per row."""
     model = load_model(folders["4B"], "cpu", torch.float64)
     ids = torch.randint(0, model.vocab_size, (2, 13), generator=torch.Generator().manual_seed(4))
-    for batched, sequential in tree_logits(model, _context(model), ids):
-        assert batched[1] is None and sequential[1] is None
-        assert batched[0].shape == sequential[0].shape
-        assert float((batched[0] - sequential[0]).abs().max()) <= 1e-10
+    assert_each_row_matches(tree_logits(model, _context(model), ids), 1e-10)
 
 
 @pytest.mark.parametrize("draft_init", ["previous_frame", "above"])

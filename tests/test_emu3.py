@@ -11,7 +11,7 @@ import pytest
 import torch
 from emu3_fixture import EOF, EOI, EOL, EOS, IMAGE_CODES, SPATIAL_FACTOR, VISUAL_TOKENS
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture, one checkpoint per session)
-from pace import staggered_logits, tree_logits
+from pace import assert_each_row_matches, staggered_logits, tree_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.bench_pace import PaceRecorder
@@ -242,19 +242,13 @@ def test_rows_at_different_positions_give_each_rows_sequential_logits(model64: e
     tokens = model64.code_ids[torch.randint(0, IMAGE_CODES, (3, 16), generator=torch.Generator().manual_seed(2))]
     calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 1], [2, 0]),
              (tokens[[2, 0], 13:16], [0, 0])]  # row 1 finished: the session drops it
-    for batched, sequential in staggered_logits(model64, model64.encode(PROMPT, negative), calls):
-        for a, b in zip(batched, sequential):
-            assert a.shape == b.shape
-            assert float((a - b).abs().max()) <= 1e-12
+    assert_each_row_matches(staggered_logits(model64, model64.encode(PROMPT, negative), calls), 1e-12)
 
 
 def test_tree_of_chains_gives_each_chains_sequential_logits(model64: emu3.Emu3Model) -> None:
     """Candidates at the first draft: every chain of a tree call, and the call after keeping one chain per row."""
-    for batched, sequential in tree_logits(model64, model64.encode(PROMPT), model64.code_ids[torch.randint(0, IMAGE_CODES, (2, 13), generator=torch.Generator().manual_seed(4))]):
-        for a, b in zip(batched, sequential):
-            assert (a is None) == (b is None)
-            if a is not None:
-                assert a.shape == b.shape and float((a - b).abs().max()) <= 1e-10
+    ids = model64.code_ids[torch.randint(0, IMAGE_CODES, (2, 13), generator=torch.Generator().manual_seed(4))]
+    assert_each_row_matches(tree_logits(model64, model64.encode(PROMPT), ids), 1e-10)
 
 
 def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(model64: emu3.Emu3Model) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from janus_fixture import BOI, BOS, CFG_PAD, IMAGE_CODES, IMAGE_SIZE
-from pace import staggered_logits, tree_logits
+from pace import assert_each_row_matches, staggered_logits, tree_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.bench_pace import PaceRecorder
@@ -106,19 +106,13 @@ def test_rows_at_different_positions_give_each_rows_sequential_logits(model64: j
     tokens = torch.randint(0, IMAGE_CODES, (3, 16), generator=torch.Generator().manual_seed(2))
     calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 1], [2, 0]),
              (tokens[[2, 0], 13:16], [0, 0])]  # row 1 finished: the session drops it
-    for batched, sequential in staggered_logits(model64, model64.encode(PROMPT, negative), calls):
-        for a, b in zip(batched, sequential):
-            assert a.shape == b.shape
-            assert float((a - b).abs().max()) <= 1e-12
+    assert_each_row_matches(staggered_logits(model64, model64.encode(PROMPT, negative), calls), 1e-12)
 
 
 def test_tree_of_chains_gives_each_chains_sequential_logits(model64: janus.JanusModel) -> None:
     """Candidates at the first draft: every chain of a tree call, and the call after keeping one chain per row."""
-    for batched, sequential in tree_logits(model64, model64.encode(PROMPT), torch.randint(0, IMAGE_CODES, (2, 13), generator=torch.Generator().manual_seed(4))):
-        for a, b in zip(batched, sequential):
-            assert (a is None) == (b is None)
-            if a is not None:
-                assert a.shape == b.shape and float((a - b).abs().max()) <= 1e-10
+    ids = torch.randint(0, IMAGE_CODES, (2, 13), generator=torch.Generator().manual_seed(4))
+    assert_each_row_matches(tree_logits(model64, model64.encode(PROMPT), ids), 1e-10)
 
 
 def test_cache_is_allocated_once_and_rewound_in_place(model32: janus.JanusModel) -> None:

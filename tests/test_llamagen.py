@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pace import staggered_logits, tree_logits
+from pace import assert_each_row_matches, staggered_logits, tree_logits
 from llamagen_fixture import (IMAGE_SIZE, TINY_GPT, original_gpt_keys, write_original_c2i, write_safetensors_c2i,
                               write_t2i, write_training_c2i)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
@@ -102,10 +102,7 @@ def test_rows_at_different_positions_give_each_rows_sequential_logits(folders, k
     # rows hold 1 / 4 / 6 image tokens after the first call, then 3 / 3 / 7 after the second
     calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 1], [2, 0]),
              (tokens[[2, 0], 13:16], [0, 0])]  # row 1 finished: the session drops it
-    for batched, sequential in staggered_logits(model, model.encode(_prompt(model)), calls):
-        for a, b in zip(batched, sequential):
-            assert a.shape == b.shape
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert_each_row_matches(staggered_logits(model, model.encode(_prompt(model)), calls), 1e-10)
 
 
 @pytest.mark.parametrize("kind", ["pt", "t2i"])
@@ -113,10 +110,7 @@ def test_tree_of_chains_gives_each_chains_sequential_logits(folders, kind):
     """Candidates at the first draft: every chain of a tree call, and the call after keeping one chain per row."""
     model = load_model(folders[kind], "cpu", torch.float64)
     ids = torch.randint(0, TINY_GPT["vocab_size"], (2, 13), generator=torch.Generator().manual_seed(4))
-    for batched, sequential in tree_logits(model, model.encode(_prompt(model)), ids):
-        for a, b in zip(batched, sequential):
-            assert a.shape == b.shape
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert_each_row_matches(tree_logits(model, model.encode(_prompt(model)), ids), 1e-10)
 
 
 def test_cache_is_allocated_once_and_rewound_in_place(folders):

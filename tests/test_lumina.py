@@ -12,7 +12,7 @@ from lumina_fixture import (BOI, CODES_1, CODES_2, END_OF_TURN, EOI, HEAD_DIM, H
                             RESOLUTION_1, RESOLUTION_2, ROW_END, SHARDS, SIDE, SPECIAL_IDS_1, SPECIAL_IDS_2,
                             fork_config, tiny_lumina2_dir, tiny_lumina_dir, write_tokenizer)  # noqa: F401
 
-from pace import staggered_logits, tree_logits
+from pace import assert_each_row_matches, staggered_logits, tree_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import lumina
@@ -164,19 +164,13 @@ def test_rows_at_different_positions_give_each_rows_sequential_logits(model64: l
     tokens = model64.code_ids[torch.randint(0, CODES_1, (3, 16), generator=torch.Generator().manual_seed(2))]
     calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 1], [2, 0]),
              (tokens[[2, 0], 13:16], [0, 0])]
-    for batched, sequential in staggered_logits(model64, model64.encode(PROMPT, negative), calls):
-        for a, b in zip(batched, sequential):
-            assert a.shape == b.shape
-            assert float((a - b).abs().max()) <= 1e-10
+    assert_each_row_matches(staggered_logits(model64, model64.encode(PROMPT, negative), calls), 1e-10)
 
 
 def test_tree_of_chains_gives_each_chains_sequential_logits(model64: lumina.LuminaModel) -> None:
     """Candidates at the first draft: every chain of a tree call, and the call after keeping one chain per row."""
-    for batched, sequential in tree_logits(model64, model64.encode(PROMPT), model64.code_ids[torch.randint(0, CODES_1, (2, 13), generator=torch.Generator().manual_seed(4))]):
-        for a, b in zip(batched, sequential):
-            assert (a is None) == (b is None)
-            if a is not None:
-                assert a.shape == b.shape and float((a - b).abs().max()) <= 1e-10
+    ids = model64.code_ids[torch.randint(0, CODES_1, (2, 13), generator=torch.Generator().manual_seed(4))]
+    assert_each_row_matches(tree_logits(model64, model64.encode(PROMPT), ids), 1e-10)
 
 
 def test_cfg_branches_differ_and_scale_matters(model32: lumina.LuminaModel) -> None:
