@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from . import SamplerConfig, generate, load_model
 from .train_demo import load_digits_ink, render
 
-MODES = (("AR", "maximal", 1), ("maximal", "maximal", 16), ("gumbel", "gumbel", 16),
-         ("independent", "independent", 16), ("faithful", "faithful", 16))
+# (name, coupler, window, candidates for the first draft of a call)
+MODES = (("AR", "maximal", 1, 1), ("maximal", "maximal", 16, 1), ("gumbel", "gumbel", 16, 1),
+         ("independent", "independent", 16, 1), ("faithful", "faithful", 16, 1), ("maximal+cand2", "maximal", 16, 2))
 
 
 FEATURE_SIDE = 14  # ink averaged over 14x14 cells
@@ -77,12 +78,14 @@ class ModeReport:
 
 
 def evaluate_mode(model: Any, classifier: Any, name: str, coupler: str, window: int, per_class: int,
-                  seed: int, cfg_scale: Optional[float] = None, top_k: Optional[int] = None) -> ModeReport:
+                  seed: int, cfg_scale: Optional[float] = None, top_k: Optional[int] = None,
+                  candidates: int = 1) -> ModeReport:
     """Sample `per_class` images of every digit; None settings mean the model's defaults."""
     started, hits, nfes = time.time(), 0, []
     histogram = [0] * 10
     for digit in range(10):
-        config = SamplerConfig(coupler=coupler, window=window, seed=seed + digit, cfg_scale=cfg_scale, top_k=top_k)
+        config = SamplerConfig(coupler=coupler, window=window, seed=seed + digit, cfg_scale=cfg_scale, top_k=top_k,
+                               candidates=candidates)
         result = generate(model, model.encode(str(digit)), config, batch_size=per_class)
         predicted = classify(classifier, model.decode(result.tokens))
         hits += int((predicted == digit).sum())
@@ -111,11 +114,12 @@ def main() -> None:
     print(f"classifier on real digits it was not trained on: "
           f"{fit_digit_classifier(digits, held_out=5).score(features[unseen], labels[unseen]):.3f} accuracy")
     classifier = fit_digit_classifier(digits)
-    print(f"{'mode':<12} {'accuracy':>16} {'mean NFE':>9}  histogram of predicted digits 0..9 (+- ~sqrt(n))")
-    for offset, (name, coupler, window) in enumerate(MODES):
+    print(f"{'mode':<14} {'accuracy':>16} {'mean NFE':>9}  histogram of predicted digits 0..9 (+- ~sqrt(n))")
+    for offset, (name, coupler, window, candidates) in enumerate(MODES):
         report = evaluate_mode(model, classifier, name, coupler, window, args.per_class,
-                               args.seed + 100 * offset, cfg_scale=args.cfg_scale, top_k=args.top_k)
-        print(f"{name:<12} {report.accuracy:>8.3f} +- {report.accuracy_error():.3f} {report.mean_nfe:>9.1f}  "
+                               args.seed + 100 * offset, cfg_scale=args.cfg_scale, top_k=args.top_k,
+                               candidates=candidates)
+        print(f"{name:<14} {report.accuracy:>8.3f} +- {report.accuracy_error():.3f} {report.mean_nfe:>9.1f}  "
               f"{report.histogram}  ({report.seconds:.0f}s)", flush=True)
 
 
