@@ -144,6 +144,23 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
     return accepted, verified, coupled
 
 
+def tree_inputs(window: torch.Tensor, alternatives: torch.Tensor) -> torch.Tensor:
+    """A window's inputs (B, L): the last committed token, the first draft, the later drafts; with k - 1
+    alternatives (B, k - 1) for the first draft, the tree `row_cache.tree_layout` describes: the window, then
+    for each alternative a chain of it and the later drafts."""
+    later = window[:, 2:]
+    return torch.cat([window] + [torch.cat([alternatives[:, c:c + 1], later], dim=1)
+                                 for c in range(alternatives.shape[1])], dim=1)
+
+
+def chain_probs(probs: torch.Tensor, width: int, branches: int) -> torch.Tensor:
+    """p of a tree call's slots (B, T, V) -> p of every chain (B, branches, width, V); the first slot, computed
+    before the chains part, is every chain's."""
+    extra = probs[:, width:].unflatten(1, (branches - 1, width - 1))
+    first = probs[:, :1].unsqueeze(1).expand(-1, branches - 1, -1, -1)
+    return torch.cat([probs[:, :width].unsqueeze(1), torch.cat([first, extra], dim=2)], dim=1)
+
+
 def draft_source(model: TokenModel, config: SamplerConfig) -> Optional[int]:
     """How far back (in positions) an initial draft is copied from: None for random drafts, 1 for the left
     neighbour, a grid row for `above`, a grid frame for `previous_frame`.  Unset, the model's default applies."""
@@ -448,9 +465,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
             tree = branches > 1 and width > 1 and leader + branches * (width - 1) <= n
             if tree:
                 alternatives, valid = decoder.alternatives(branches - 1, iteration)
-                later = inputs[:, 2:]
-                inputs = torch.cat([inputs] + [torch.cat([alternatives[:, c:c + 1], later], dim=1)
-                                               for c in range(branches - 1)], dim=1)
+                inputs = tree_inputs(inputs, alternatives)
                 logits = session.forward(inputs, branches)
             else:
                 logits = session.forward(inputs)
@@ -461,16 +476,11 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         t1 = time.perf_counter()
 
         new = inputs.shape[1] if tree else width  # tokens fed after the committed ones
-        p = decoder.probs(logits, new)
-        chains = None
-        if new > width:  # every chain's p: the first slot (before the branch point) is shared
-            extra = p[:, width:].unflatten(1, (branches - 1, width - 1))
-            chains = torch.cat([p[:, :width].unsqueeze(1),
-                                torch.cat([p[:, :1].unsqueeze(1).expand(-1, branches - 1, -1, -1), extra], dim=2)],
-                               dim=1)
-            p = p[:, :width]
-        shared, accepted, changes, chain = decoder.step(p, iteration, done if rows_per_cache == batch_size else None,
-                                                        None if chains is None else (chains, alternatives, valid))
+        probs = decoder.probs(logits, new)
+        p = probs[:, :width]
+        shared, accepted, changes, chain = decoder.step(
+            p, iteration, done if rows_per_cache == batch_size else None,
+            (chain_probs(probs, width, branches), alternatives, valid) if tree else None)
         # the one host synchronisation of the iteration: counts, flags, the chooser's commit histogram
         # (one count per cache group) and the per-slot acceptance, as float32 (exact for these integers)
         values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (MPS: no bincount)
@@ -478,7 +488,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
                   else shared[:0])
         live_rows = decoder.committed < n
         summary = torch.cat([torch.stack([decoder.committed.min(), decoder.committed.max(),
-                                          torch.isnan(p).any().long(), live_rows.sum()]), changes, counts]).float()
+                                          torch.isnan(probs).any().long(), live_rows.sum()]), changes, counts]).float()
         summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
         slowest, leader, has_nan, live, changed, carried = map(int, summary[:6])
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
