@@ -155,7 +155,7 @@ def row_cache_call_cost(size: str, batches: Sequence[int], window: int,
             embeds = (torch.randn(count, prefix + window, shape["hidden_size"], generator=generator) * 0.02)
             embeds = embeds.to(device, dtype)
             cache = RowCache(count, prefix + window, 0, device)
-            run = RowBackbone(backbone, cache, torch.zeros(count, 1, dtype=torch.long, device=device))
+            run = RowBackbone(backbone, cache)
             run(embeds[:, :prefix])
             for pace in PACES[:2]:  # regrouped: per-row calls of fewer rows once rows are done
                 if pace == "per-row":

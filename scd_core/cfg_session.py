@@ -35,16 +35,16 @@ class CFGSession:
     rows_per_cache = 1
 
     def __init__(self, prefix: torch.Tensor, prefix_mask: torch.Tensor, num_tokens: int,
-                 backbone: Callable[[RowCache, torch.Tensor], Backbone], embed_prefix: Embed, embed_image: Embed,
+                 backbone: Callable[[RowCache], Backbone], embed_prefix: Embed, embed_image: Embed,
                  head: Embed) -> None:
-        """`prefix` (2 x batch, width) ids, left-padded where `prefix_mask` is 0; `backbone(cache, pads)`
-        builds the callable that runs input embeddings (rows, T, hidden) over `cache`, `pads` (rows, 1)
-        being each row's left padding."""
+        """`prefix` (2 x batch, width) ids, left-padded where `prefix_mask` is 0; `backbone(cache)` builds the
+        callable that runs input embeddings (rows, T, hidden) over `cache` (whose `pads` is each row's left
+        padding)."""
         self._prefix = prefix
         self._batch = prefix.shape[0] // 2
         width = prefix.shape[1]
         self.cache = RowCache(prefix.shape[0], width + num_tokens, width, prefix.device, real=prefix_mask)
-        self._backbone = backbone(self.cache, (prefix_mask == 0).sum(dim=1, keepdim=True))
+        self._backbone = backbone(self.cache)
         self._embed_prefix, self._embed_image, self._head = embed_prefix, embed_image, head
 
     @torch.no_grad()
@@ -78,7 +78,6 @@ class CFGSession:
         """Go on with samples `index` only (their cond and uncond rows)."""
         rows = torch.cat([index, index + self._batch]).to(self._prefix.device)
         self.cache.keep_rows(rows)
-        self._backbone.pads = self._backbone.pads[rows]
         self._prefix, self._batch = self._prefix[rows], index.numel()
 
     def _run(self, embeds: torch.Tensor, last_only: bool = False, branches: int = 1

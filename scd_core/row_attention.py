@@ -23,12 +23,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RowAttentionBackbone:
-    """`backbone` (embed_tokens, layers, norm, rotary_emb, config) over `rows`; `pads` (rows, 1) is each
-    row's left padding, subtracted from its slots to give its position ids."""
+    """`backbone` (embed_tokens, layers, norm, rotary_emb, config) over `rows`; each row's left padding
+    (`rows.pads`) is subtracted from its slots to give its position ids."""
 
-    def __init__(self, backbone: torch.nn.Module, rows: RowCache, pads: torch.Tensor) -> None:
+    def __init__(self, backbone: torch.nn.Module, rows: RowCache) -> None:
         config = backbone.config
-        self.backbone, self.rows, self.pads = backbone, rows, pads
+        self.backbone, self.rows = backbone, rows
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.groups = config.num_attention_heads // config.num_key_value_heads
 
@@ -37,7 +37,7 @@ class RowAttentionBackbone:
         net = self.backbone
         batch, width = hidden.shape[:2]
         slots, visible = self.rows.begin(width, branches)
-        cos, sin = net.rotary_emb(hidden, (slots - self.pads).clamp(min=0))  # left padding takes no position
+        cos, sin = net.rotary_emb(hidden, (slots - self.rows.pads).clamp(min=0))  # left padding takes no position
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         mask = visible.unsqueeze(1).repeat(1, 1, self.groups, 1)  # (rows, 1, groups * T, keys)
         split = (batch, width, -1, self.head_dim)

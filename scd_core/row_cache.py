@@ -35,8 +35,9 @@ class RowCache:
     """Keys/values of `rows` sequences of at most `capacity` slots, the first `prefix` never rewound.
 
     `real` (rows, prefix) marks the prefix slots that may be attended (False at
-    left padding); every later slot is real.  Call `begin(width)` once per forward,
-    then `write(layer, k, v)` in each layer.
+    left padding); every later slot is real, and `pads` (rows, 1) counts each row's
+    padding (families whose padding takes no position subtract it from the slots).
+    Call `begin(width)` once per forward, then `write(layer, k, v)` in each layer.
     """
 
     def __init__(self, rows: int, capacity: int, prefix: int, device: torch.device,
@@ -48,6 +49,7 @@ class RowCache:
         self.real = torch.ones(rows, capacity, dtype=torch.bool, device=device)
         if real is not None:
             self.real[:, :real.shape[1]] = real.to(device=device, dtype=torch.bool)
+        self.pads = (~self.real[:, :prefix]).sum(dim=1, keepdim=True)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._slots = torch.zeros(rows, 0, dtype=torch.long, device=device)
@@ -110,7 +112,8 @@ class RowCache:
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep rows `index` (in that order) and drop the others, e.g. those of finished samples."""
-        self.lengths, self.real, self._slots = self.lengths[index], self.real[index], self._slots[index]
+        self.lengths, self.real, self.pads = self.lengths[index], self.real[index], self.pads[index]
+        self._slots = self._slots[index]
         self.keys = [k[index] for k in self.keys]
         self.values = [v[index] for v in self.values]
         self.shortest, self.longest = torch.stack([self.lengths.min(), self.lengths.max()]).tolist()

@@ -146,7 +146,7 @@ class Emu3Model:
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._bos, batch_size, self.device)
         net = self.module
         return CFGSession(prefix, mask, self.num_tokens,
-                          backbone=lambda cache, pads: RowAttentionBackbone(net.model.text_model, cache, pads),
+                          backbone=lambda cache: RowAttentionBackbone(net.model.text_model, cache),
                           embed_prefix=net.get_input_embeddings(), embed_image=net.get_input_embeddings(),
                           # only the image-code rows of lm_head (32768 of ~184k); a slice when the ids are contiguous
                           head=lambda hidden: F.linear(hidden, net.lm_head.weight[self.code_rows]))

@@ -92,19 +92,19 @@ def _row_cache_view() -> type:
 class RowBackbone:
     """A transformers Llama backbone run over a RowCache: each row's tokens after its own cached slots.
 
-    `pads` (rows, 1) is each row's left padding, subtracted from the slot to give
-    its position id.
+    Each row's left padding (`rows.pads`) is subtracted from the slot to give its
+    position id.
     """
 
-    def __init__(self, backbone: torch.nn.Module, rows: RowCache, pads: torch.Tensor) -> None:
-        self.backbone, self.rows, self.pads = backbone, rows, pads
+    def __init__(self, backbone: torch.nn.Module, rows: RowCache) -> None:
+        self.backbone, self.rows = backbone, rows
         self._cache = _row_cache_view()(rows)
         self._cache_keyword = cache_keyword()
 
     def __call__(self, embeds: torch.Tensor, branches: int = 1) -> torch.Tensor:
         """(rows, T, hidden) input embeddings (a tree with `branches` > 1) -> last hidden states, same shape."""
         slots, visible = self.rows.begin(embeds.shape[1], branches)
-        positions = (slots - self.pads).clamp(min=0)  # left padding takes no position
+        positions = (slots - self.rows.pads).clamp(min=0)  # left padding takes no position
         # additive, in the model's dtype: what both sdpa and eager attention take as a 4-D mask
         mask = torch.zeros(visible.shape, dtype=embeds.dtype, device=embeds.device)
         mask = mask.masked_fill_(~visible, torch.finfo(embeds.dtype).min).unsqueeze(1)
@@ -162,7 +162,7 @@ class JanusModel:
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._pad, batch_size, self.device)
         net = self.module
         return CFGSession(prefix, mask, self.num_tokens,
-                          backbone=lambda cache, pads: RowBackbone(net.model.language_model, cache, pads),
+                          backbone=lambda cache: RowBackbone(net.model.language_model, cache),
                           embed_prefix=net.get_input_embeddings(),
                           embed_image=net.prepare_embeddings_for_image_generation,  # image ids have their own table
                           head=net.model.generation_head)

@@ -181,7 +181,7 @@ class LuminaModel:
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._boi, batch_size, self.device)
         lm = self.module["lm"]
         return CFGSession(prefix, mask, self.num_tokens,
-                          backbone=lambda cache, pads: RowBackbone(lm.model, cache, pads),
+                          backbone=lambda cache: RowBackbone(lm.model, cache),
                           embed_prefix=lm.model.embed_tokens, embed_image=lm.model.embed_tokens,
                           # the code rows only: transformers' own head would mask the image rows
                           head=lambda hidden: F.linear(hidden, self.code_head()))
