@@ -44,6 +44,14 @@ def feed_tokens(tokens: torch.Tensor, start: torch.Tensor, new: torch.Tensor, br
     return joined, tables
 
 
+def kept_branch(tokens: torch.Tensor, tables: list[torch.Tensor], branch: torch.Tensor) -> torch.Tensor:
+    """The token table after a tree call when row r keeps chain `branch[r]`: `tokens` (chain 0) or one of the
+    later chains' `tables` from `feed_tokens`."""
+    for number, table in enumerate(tables, start=1):
+        tokens = torch.where((branch == number).unsqueeze(1), table, tokens)
+    return tokens
+
+
 class GridModel:
     def __init__(self, rows: int = 16, cols: int = 16, vocab_size: int = 1024, sharpness: float = 1.0,
                  rank: int = 32, seed: int = 0, device: str = "cpu") -> None:
@@ -96,5 +104,4 @@ class GridSession:
         self.tokens, self.length = self.tokens[index], self.length[index]
 
     def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
-        for number, table in enumerate(self.branch_tables, start=1):
-            self.tokens = torch.where((branch == number).unsqueeze(1), table, self.tokens)
+        self.tokens = kept_branch(self.tokens, self.branch_tables, branch)

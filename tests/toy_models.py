@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from scd_core.sampling import to_probs
-from scd_core.synthetic import feed_tokens
+from scd_core.synthetic import feed_tokens, kept_branch
 
 
 class TablePrefixModel:
@@ -95,8 +95,7 @@ class TableSession:
         return logits
 
     def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
-        for number, table in enumerate(self.branch_tables, start=1):
-            self.tokens = torch.where((branch == number).unsqueeze(1), table, self.tokens)
+        self.tokens = kept_branch(self.tokens, self.branch_tables, branch)
 
     def rewind(self, n) -> None:
         self.length -= n
