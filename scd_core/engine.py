@@ -434,7 +434,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     result = GenerationResult(tokens=torch.empty(0), nfe=0)
     decoder: Optional[_Decoder] = None
     chooser: Optional[auto_window.WindowChooser] = None
-    done, leader, iteration = 0, 1, 0
+    done, iteration = 0, 0
     n = model.num_tokens
     while done < n:
         if should_cancel is not None and should_cancel():
@@ -461,8 +461,8 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
             if pad:
                 rewind_all(pad)
             inputs = decoder.window_inputs(width, pad)
-            # candidates: a tree of chains that differ in the first draft, while every row has room for it
-            tree = branches > 1 and width > 1 and leader + branches * (width - 1) <= n
+            # candidates: a tree of chains that differ in the first draft
+            tree = branches > 1 and width > 1
             if tree:
                 alternatives, valid = decoder.alternatives(branches - 1, iteration)
                 inputs = tree_inputs(inputs, alternatives)
@@ -487,15 +487,15 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         counts = ((shared[::rows_per_cache].unsqueeze(1) == values).sum(0) if chooser is not None
                   else shared[:0])
         live_rows = decoder.committed < n
-        summary = torch.cat([torch.stack([decoder.committed.min(), decoder.committed.max(),
-                                          torch.isnan(probs).any().long(), live_rows.sum()]), changes, counts]).float()
+        summary = torch.cat([torch.stack([decoder.committed.min(), torch.isnan(probs).any().long(),
+                                          live_rows.sum()]), changes, counts]).float()
         summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
-        slowest, leader, has_nan, live, changed, carried = map(int, summary[:6])
+        slowest, has_nan, live, changed, carried = map(int, summary[:5])
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
         committed, done = slowest - done, slowest
-        acceptance = summary[6 + counts.numel():]
+        acceptance = summary[5 + counts.numel():]
         if chooser is not None:
-            chooser.observe(width, summary[6:6 + counts.numel()])
+            chooser.observe(width, summary[5:5 + counts.numel()])
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")

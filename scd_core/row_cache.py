@@ -64,6 +64,8 @@ class RowCache:
         tokens are a tree (`tree_layout`): a chain of L tokens, then k - 1 chains of
         L - 1 that branch off after its first token, each seeing that token and itself.
         """
+        if branches > 1 and self.longest + width > self.capacity:
+            self._grow(self.longest + width)
         if self.shortest + width > self.capacity:
             raise ValueError(f"feeding {width} tokens would pass the {self.capacity - self.prefix} cached positions "
                              f"(a row already holds {self.shortest - self.prefix})")
@@ -85,6 +87,15 @@ class RowCache:
         self.shortest += width
         self.longest += width
         return self.lengths.unsqueeze(1) - width + offset, visible
+
+    def _grow(self, capacity: int) -> None:
+        """Make room for `capacity` slots per row: a tree near the end holds more tokens than the positions left
+        (its chains repeat positions), and the slots of a tree must not share the last one."""
+        extra = capacity - self.capacity
+        self.real = torch.nn.functional.pad(self.real, (0, extra), value=True)
+        for store in (self.keys, self.values):
+            store[:] = [torch.nn.functional.pad(tensor, (0, 0, 0, extra)) for tensor in store]
+        self.capacity = capacity
 
     def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
         """After a `branches`-tree call of `width` tokens: each row keeps the chain `branch[r]` (0 = the first)

@@ -54,27 +54,31 @@ def staggered_logits(model: Any, cond: Any, calls: Sequence[tuple]
 def tree_logits(model: Any, cond: Any, ids: torch.Tensor
                 ) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]]:
     """Two rows at different positions are fed a tree of 3 chains of width 3 (`row_cache.tree_layout`), keep
-    chains 2 and 1 (3 and 2 of their tokens), then take 3 more tokens; `ids` (2, 13) supplies every token.
-    Returns (batched logits, sequential logits) for each chain of the tree and for the call after it."""
-    session = model.start(cond, 2)
-    session.prefill()
-    session.forward(ids[:, :3])
-    session.rewind(torch.tensor([1, 0]))
-    held = [ids[0, :2].tolist(), ids[1, :3].tolist()]
-    width, branches, tree = 3, 3, ids[:, 3:10]
-    batched = session.forward(tree, branches)
-    chains = [[0, 1, 2], [0, 3, 4], [0, 5, 6]]
+    chains 2 and 1 (3 and 2 of their tokens), then take 2 more tokens: once at the start of the image, and once
+    ending at its last position, where the tree holds more tokens than positions are left.  `ids` (2, N + 5)
+    supplies every token.  Returns (batched logits, sequential logits) for each chain and for the call after."""
     pairs = []
-    for chain in chains:
-        rows = [_sequential(model, cond, held[r] + tree[r, chain].tolist(), width) for r in range(2)]
-        pairs.append((tuple(None if branch is None else branch[:, chain] for branch in batched), _cat(rows, dim=0)))
-    kept, counts = [2, 1], [3, 2]
-    session.keep_branch(torch.tensor(kept), tree.shape[1], branches)
-    session.rewind(tree.shape[1] - torch.tensor(counts))
-    held = [held[r] + tree[r, chains[kept[r]]].tolist()[:counts[r]] for r in range(2)]
-    batched = session.forward(ids[:, 10:13])
-    rows = [_sequential(model, cond, held[r] + ids[r, 10:13].tolist(), 3) for r in range(2)]
-    pairs.append((batched, _cat(rows, dim=0)))
+    for offset in (0, model.num_tokens - 7):
+        session = model.start(cond, 2)
+        session.prefill()
+        session.forward(ids[:, :offset + 3])
+        session.rewind(torch.tensor([1, 0]))
+        held = [ids[0, :offset + 2].tolist(), ids[1, :offset + 3].tolist()]
+        width, branches, tree = 3, 3, ids[:, offset + 3:offset + 10]
+        batched = session.forward(tree, branches)
+        chains = [[0, 1, 2], [0, 3, 4], [0, 5, 6]]
+        for chain in chains:
+            rows = [_sequential(model, cond, held[r] + tree[r, chain].tolist(), width) for r in range(2)]
+            pairs.append((tuple(None if branch is None else branch[:, chain] for branch in batched),
+                          _cat(rows, dim=0)))
+        kept, counts = [2, 1], [3, 2]
+        session.keep_branch(torch.tensor(kept), tree.shape[1], branches)
+        session.rewind(tree.shape[1] - torch.tensor(counts))
+        held = [held[r] + tree[r, chains[kept[r]]].tolist()[:counts[r]] for r in range(2)]
+        after = ids[:, offset + 10:offset + 12]
+        batched = session.forward(after)
+        rows = [_sequential(model, cond, held[r] + after[r].tolist(), 2) for r in range(2)]
+        pairs.append((batched, _cat(rows, dim=0)))
     return pairs
 
 

@@ -92,7 +92,7 @@ def test_context_conditions_the_logits(folders):
 def test_tree_of_chains_gives_each_chains_sequential_logits(folders):
     """Candidates at the first draft: every chain of a tree call, and the call after keeping one chain per row."""
     model = load_model(folders["4B"], "cpu", torch.float64)
-    ids = torch.randint(0, model.vocab_size, (2, 13), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(0, model.vocab_size, (2, model.num_tokens + 5), generator=torch.Generator().manual_seed(4))
     assert_each_row_matches(tree_logits(model, _context(model), ids), 1e-10)
 
 

@@ -111,7 +111,7 @@ def test_rows_at_different_positions_give_each_rows_sequential_logits(model64: j
 
 def test_tree_of_chains_gives_each_chains_sequential_logits(model64: janus.JanusModel) -> None:
     """Candidates at the first draft: every chain of a tree call, and the call after keeping one chain per row."""
-    ids = torch.randint(0, IMAGE_CODES, (2, 13), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(0, IMAGE_CODES, (2, model64.num_tokens + 5), generator=torch.Generator().manual_seed(4))
     assert_each_row_matches(tree_logits(model64, model64.encode(PROMPT), ids), 1e-10)
 
 

@@ -109,7 +109,8 @@ def test_rows_at_different_positions_give_each_rows_sequential_logits(folders, k
 def test_tree_of_chains_gives_each_chains_sequential_logits(folders, kind):
     """Candidates at the first draft: every chain of a tree call, and the call after keeping one chain per row."""
     model = load_model(folders[kind], "cpu", torch.float64)
-    ids = torch.randint(0, TINY_GPT["vocab_size"], (2, 13), generator=torch.Generator().manual_seed(4))
+    ids = torch.randint(0, TINY_GPT["vocab_size"], (2, model.num_tokens + 5),
+                        generator=torch.Generator().manual_seed(4))
     assert_each_row_matches(tree_logits(model, model.encode(_prompt(model)), ids), 1e-10)
 
 
