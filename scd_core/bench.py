@@ -7,6 +7,7 @@
     python -m scd_core.bench --video         # synthetic video model: previous-frame drafts vs random / above
     python -m scd_core.bench --long          # time per call at positions ~100 / 2000 / 8000 of an 8k-token image
     python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 --shape 1B   # shared vs per-row pace
+    python -m scd_core.bench --candidates --seeds 30   # candidates against SCD-MC, seed for seed
     python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
     ... --readme README.md                   # also write the tables between the README's bench markers
 
@@ -182,6 +183,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="--device-check: tiny shapes (tests the same code path)")
     parser.add_argument("--auto", action="store_true",
                         help="time per image, automatic window against fixed ones: demo and Janus-Pro-1B-shaped")
+    parser.add_argument("--candidates", action="store_true",
+                        help="candidates=2..4 against SCD-MC at window 32, seed for seed (demo and the grids)")
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--device")
@@ -202,6 +205,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         section = "batches"
         text = pace_tables(args.model or "demo", args.prompt, args.batches, args.windows[0], seeds, args.shape,
                            args.device, args.dtype)
+    elif args.candidates:
+        from .bench_candidates import candidate_table
+
+        section, text = "candidates", candidate_table(seeds)
     elif args.auto:
         from .bench_auto import auto_tables
 

@@ -450,6 +450,11 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
             window = min(auto_window.CANDIDATES[-1] if config.window == AUTO_WINDOW else config.window, n)
             decoder = _Decoder(model, config, window, batch_size, logits[0].device, rows_per_cache,
                                getattr(session, "prefix_tokens", None), copy_back)
+            # a proposal holds at most top-k tokens (one more where draft_mix mixes a copied draft in): more
+            # candidates than that could only repeat the draft
+            top_k = decoder.sampling[2]
+            if top_k:
+                branches = min(branches, top_k + (config.draft_mix > 0))
         else:
             window = decoder.window if chooser is None else chooser.choose(n - done)
             # the last position is fed as a draft too (its slot then yields an unused distribution), so it is
