@@ -89,20 +89,21 @@ def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
     return {width: min(fastest[i:]) for i, width in enumerate(widths)}
 
 
-def cost_key(model: Any, batch_size: int) -> tuple:
-    """What a call's cost depends on besides the model: its dtype, its device and the batch."""
-    return str(getattr(model, "dtype", None)), str(getattr(model, "device", None)), batch_size
+def cost_key(model: Any, batch_size: int, branches: int = 1) -> tuple:
+    """What a call's cost depends on besides the model: its dtype, its device, the batch and the chains of a
+    tree of candidates (a call of width L then feeds 1 + branches (L - 1) tokens)."""
+    return str(getattr(model, "dtype", None)), str(getattr(model, "device", None)), batch_size, branches
 
 
-def remember_costs(model: Any, batch_size: int, costs: dict[int, float]) -> None:
+def remember_costs(model: Any, batch_size: int, costs: dict[int, float], branches: int = 1) -> None:
     """Use `costs` (seconds per call by width) for `model` from now on instead of measuring them,
     e.g. costs measured on another model of the same shape."""
-    _COSTS.setdefault(model, {})[cost_key(model, batch_size)] = dict(costs)
+    _COSTS.setdefault(model, {})[cost_key(model, batch_size, branches)] = dict(costs)
 
 
 def call_costs(model: Any, key: tuple, widths: Sequence[int], call: Callable[[int], torch.Tensor]
                ) -> dict[int, float]:
-    """cost(width) for `model` under `key` (dtype, device, batch), measured with `call` on a cache miss."""
+    """cost(width) for `model` under `key` (`cost_key`), measured with `call` on a cache miss."""
     try:
         per_model = _COSTS.setdefault(model, {})
     except TypeError:
@@ -113,21 +114,12 @@ def call_costs(model: Any, key: tuple, widths: Sequence[int], call: Callable[[in
     return {w: known[w] for w in widths}
 
 
-def session_chooser(model: Any, session: Any, inputs: Callable[[int], torch.Tensor],
-                    probs: Callable[[Any, int], torch.Tensor], rewind: Callable[[int], None], batch_size: int,
-                    largest: int) -> "WindowChooser":
-    """A chooser for one run, with costs measured on `session` (right after its prefill) when not cached.
-
-    A timed call feeds `inputs(width)`, turns the logits into sampling distributions with `probs` and
-    rewinds the session by `width`, so the run continues exactly as if it had not happened.
-    """
-    def call(width: int) -> torch.Tensor:
-        p = probs(session.forward(inputs(width)), width)
-        rewind(width)
-        return p
-
+def session_chooser(model: Any, call: Callable[[int], torch.Tensor], batch_size: int, largest: int,
+                    branches: int = 1) -> "WindowChooser":
+    """A chooser for one run, with costs measured by `call(width)` when not cached: a call of that width as the
+    run makes them (a tree with `branches` > 1) that leaves the session as it found it (rewound)."""
     widths = candidate_widths(model.num_tokens, largest)
-    return WindowChooser(call_costs(model, cost_key(model, batch_size), widths, call))
+    return WindowChooser(call_costs(model, cost_key(model, batch_size, branches), widths, call))
 
 
 class WindowChooser:

@@ -431,6 +431,20 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         raise ValueError(f"candidates={branches} needs a model whose session scores a tree of drafts "
                          f"(keep_branch); this one takes candidates=1")
 
+    def feed(inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[torch.Tensor, Logits]:
+        """One forward of a window's inputs, or of the tree they make with the first draft's alternatives."""
+        if alternatives is None:
+            return inputs, session.forward(inputs)
+        inputs = tree_inputs(inputs, alternatives)
+        return inputs, session.forward(inputs, branches)
+
+    def timed_call(width: int) -> torch.Tensor:
+        """A call of `width` as the run makes them (a tree with candidates), rewound: the auto window's cost."""
+        inputs = decoder.window_inputs(width)
+        fed, logits = feed(inputs, inputs[:, 1:2].expand(-1, branches - 1) if branches > 1 and width > 1 else None)
+        rewind_all(fed.shape[1])
+        return decoder.probs(logits, fed.shape[1])
+
     result = GenerationResult(tokens=torch.empty(0), nfe=0)
     decoder: Optional[_Decoder] = None
     chooser: Optional[auto_window.WindowChooser] = None
@@ -440,9 +454,8 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         if should_cancel is not None and should_cancel():
             raise GenerationCancelled(f"generation cancelled after {done} of {n} tokens")
         if decoder is not None and config.window == AUTO_WINDOW and chooser is None:
-            # once per model, dtype, device and batch in a process: a few timed calls, each rewound
-            chooser = auto_window.session_chooser(model, session, decoder.window_inputs, decoder.probs, rewind_all,
-                                                  batch_size, decoder.window)
+            # once per model, dtype, device, batch and candidates in a process: a few timed calls, each rewound
+            chooser = auto_window.session_chooser(model, timed_call, batch_size, decoder.window, branches)
         t0 = time.perf_counter()
         tree, pad = False, 0
         if decoder is None:
@@ -470,10 +483,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
             tree = branches > 1 and width > 1
             if tree:
                 alternatives, valid = decoder.alternatives(branches - 1, iteration)
-                inputs = tree_inputs(inputs, alternatives)
-                logits = session.forward(inputs, branches)
-            else:
-                logits = session.forward(inputs)
+            inputs, logits = feed(inputs, alternatives if tree else None)
             if pad:
                 logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
         if sync_timing and decoder.device.type == "cuda":

@@ -170,3 +170,23 @@ def test_without_counts_a_call_is_expected_to_commit_its_width_capped_by_the_res
     chooser = WindowChooser({1: 1.0, 64: 2.0})
     assert chooser.expected_commits() == {1: 1.0, 64: 64.0}
     assert math.isclose(chooser.expected_commits(remaining=10)[64], 10.0)
+
+
+def test_with_candidates_the_costs_are_timed_on_trees_and_kept_apart(monkeypatch):
+    """A call of width L with k candidates feeds 1 + k (L - 1) tokens: the auto window must price that."""
+    fed = []
+    real = auto_window.measure_costs
+
+    def recording(call, widths):
+        for width in widths:
+            fed.append((width, call(width).shape[1]))
+        return real(call, widths)
+
+    monkeypatch.setattr(auto_window, "measure_costs", recording)
+    model = TablePrefixModel(vocab_size=8, num_tokens=40, grid=(5, 8), table_rows=4096)
+    tree = generate(model, None, SamplerConfig(window="auto", candidates=3, seed=2), batch_size=2)
+    assert fed == [(w, 1 + 3 * (w - 1)) for w in (1, 2, 4, 8, 16, 32)]
+    plain = generate(model, None, SamplerConfig(window="auto", seed=2), batch_size=2)
+    assert fed[6:] == [(w, w) for w in (1, 2, 4, 8, 16, 32)]  # measured again: not the trees' costs
+    same = generate(model, None, SamplerConfig(window="auto", candidates=3, seed=2), batch_size=2)
+    assert len(fed) == 12 and torch.equal(same.tokens, tree.tokens) and plain.nfe > 0
