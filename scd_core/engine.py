@@ -219,8 +219,10 @@ class _Decoder:
         self.rows = torch.arange(batch, device=device).unsqueeze(1)
         self.finished: Optional[torch.Tensor] = None
         self.slots = torch.arange(self.window, device=device)
-        # position-fixed Gumbel noise of the window, reused while its positions stay in the window
-        self.noise_start, self.noise_window = 0, torch.zeros(batch, 0, self.vocab, device=device)
+        # position-fixed Gumbel noise of each row's last window (from noise_start), reused while a position
+        # stays in the window
+        self.noise_start = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.noise_window = torch.zeros(batch, 0, self.vocab, device=device)
         # final p of the latest committed positions, for draft_mix: a ring long enough that a position
         # `copy_back` before any window slot is still there; the extra last row takes uncommitted slots
         self.ring = (copy_back or 0) + self.window if config.draft_mix > 0 and copy_back else 0
@@ -241,21 +243,20 @@ class _Decoder:
         index = (self.committed - 1 - pad).unsqueeze(1) + self.slots[:pad + width]
         return self.seq.gather(1, index)
 
-    def gumbel(self, positions: torch.Tensor, start: Optional[int]) -> Optional[torch.Tensor]:
-        """Noise for the window's positions; only positions new to the window are hashed.
+    def gumbel(self, positions: torch.Tensor, max_shift: int) -> Optional[torch.Tensor]:
+        """Noise for the window's positions (B, width); only positions new to a row's window are hashed.
 
-        `start` is the common first position when every row is at the same one, else
-        None (rows advancing independently: no reuse).
+        `max_shift` (a host int) bounds how far any row moved since the last call, so the last `fresh` slots
+        cover every row's new positions and the slots before them are all in the kept window.
         """
         if self.config.coupler not in ("gumbel", "faithful"):
             return None
-        if start is None:
-            return self.noise.gumbel(self.rows, positions, self.vocab)
-        width = positions.shape[1]
-        kept = self.noise_window[:, start - self.noise_start:][:, :width]
-        new = torch.arange(start + kept.shape[1], start + width, device=self.device).unsqueeze(0)
-        self.noise_window = torch.cat([kept, self.noise.gumbel(self.rows, new, self.vocab)], dim=1)
-        self.noise_start = start
+        width, cached = positions.shape[1], self.noise_window.shape[1]
+        fresh = min(width, max(0, width - cached + max_shift))
+        source = (self.slots[:width - fresh] + positions[:, :1] - self.noise_start).unsqueeze(-1)
+        kept = self.noise_window.gather(1, source.expand(-1, -1, self.vocab))
+        new = self.noise.gumbel(self.rows, positions[:, width - fresh:], self.vocab)
+        self.noise_window, self.noise_start = torch.cat([kept, new], dim=1), positions[:, :1]
         return self.noise_window
 
     def to_index(self, ids: torch.Tensor) -> torch.Tensor:
@@ -283,10 +284,11 @@ class _Decoder:
                                    self.noise.uniform(rng.CANDIDATE_ACCEPT, self.rows, stage, iteration),
                                    self.noise.uniform(rng.CANDIDATE_RESIDUAL, self.rows, position, iteration)[:, 0])
 
-    def step(self, p: torch.Tensor, iteration: int, start: Optional[int],
+    def step(self, p: torch.Tensor, iteration: int, max_shift: int,
              tree: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Verify, commit and re-draft; returns (commit counts, accepted, draft-change counts, chain kept).
+        `max_shift` is the most any row committed in the previous call (`gumbel`).
 
         With `tree` = (p of every chain (B, k, width, V), alternatives (B, k - 1), valid): the first position
         is settled over all candidates, and the row then goes on with the chain of the one it kept (the draft's
@@ -306,7 +308,7 @@ class _Decoder:
             picked = torch.cat([drafts[:, :1], alternatives], dim=1).gather(1, chain.unsqueeze(1))
             codes[:, :1] = self.to_index(picked)
         window = _Window(p, positions, codes, self.proposals[:, :width - 1],
-                         self.gumbel(positions, start), ~forced, self.rows)
+                         self.gumbel(positions, max_shift), ~forced, self.rows)
         accepted, verified, coupled = propose_next(self.config, self.noise, window, iteration)
         if tree is not None:  # the first position as settled over every candidate
             accepted[:, 0] = kept >= 0
@@ -350,7 +352,8 @@ class _Decoder:
         else:
             self.finished[self.rows.squeeze(1)] = self.seq[:, :self.n]
         self.rows, self.committed, self.prefix = self.rows[index], self.committed[index], self.prefix[index]
-        self.seq, self.proposals, self.noise_window = self.seq[index], self.proposals[index], self.noise_window[index]
+        self.seq, self.proposals = self.seq[index], self.proposals[index]
+        self.noise_window, self.noise_start = self.noise_window[index], self.noise_start[index]
         if self.final_p is not None:
             self.final_p = self.final_p[index]
         self.batch = index.numel()
@@ -448,7 +451,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     result = GenerationResult(tokens=torch.empty(0), nfe=0)
     decoder: Optional[_Decoder] = None
     chooser: Optional[auto_window.WindowChooser] = None
-    done, iteration = 0, 0
+    done, iteration, max_shift = 0, 0, 0
     n = model.num_tokens
     while done < n:
         if should_cancel is not None and should_cancel():
@@ -494,23 +497,22 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         probs = decoder.probs(logits, new)
         p = probs[:, :width]
         shared, accepted, changes, chain = decoder.step(
-            p, iteration, done if rows_per_cache == batch_size else None,
-            (chain_probs(probs, width, branches), alternatives, valid) if tree else None)
+            p, iteration, max_shift, (chain_probs(probs, width, branches), alternatives, valid) if tree else None)
         # the one host synchronisation of the iteration: counts, flags, the chooser's commit histogram
         # (one count per cache group) and the per-slot acceptance, as float32 (exact for these integers)
         values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (MPS: no bincount)
         counts = ((shared[::rows_per_cache].unsqueeze(1) == values).sum(0) if chooser is not None
                   else shared[:0])
         live_rows = decoder.committed < n
-        summary = torch.cat([torch.stack([decoder.committed.min(), torch.isnan(probs).any().long(),
+        summary = torch.cat([torch.stack([decoder.committed.min(), shared.max(), torch.isnan(probs).any().long(),
                                           live_rows.sum()]), changes, counts]).float()
         summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
-        slowest, has_nan, live, changed, carried = map(int, summary[:5])
+        slowest, max_shift, has_nan, live, changed, carried = map(int, summary[:6])
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
         committed, done = slowest - done, slowest
-        acceptance = summary[5 + counts.numel():]
+        acceptance = summary[6 + counts.numel():]
         if chooser is not None:
-            chooser.observe(width, summary[5:5 + counts.numel()])
+            chooser.observe(width, summary[6:6 + counts.numel()])
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")

@@ -159,17 +159,22 @@ def test_cancel_stops_promptly_and_the_next_run_is_unaffected():
     assert torch.equal(again.tokens, reference.tokens)
 
 
-@pytest.mark.parametrize("coupler", ["gumbel", "faithful"])
-def test_reused_window_noise_equals_fresh_noise(coupler, monkeypatch):
-    """Rows in lockstep reuse the window's Gumbel noise; the result must equal hashing it anew every call."""
+@pytest.mark.parametrize("coupler, options, batch", [
+    ("gumbel", dict(window=12), 2), ("faithful", dict(window=12), 2),
+    ("gumbel", dict(window="auto", candidates=2), 5), ("faithful", dict(window=9, fixed_shapes=True), 3)])
+def test_reused_window_noise_equals_fresh_noise(coupler, options, batch, monkeypatch):
+    """Each row reuses its window's Gumbel noise (rows at their own pace, widths that change, rows dropped once
+    half are done); the result must equal hashing the whole window anew every call."""
     model = grid_model(sharpness=0.5)
-    config = SamplerConfig(coupler=coupler, window=12, seed=4)
-    reused = generate(model, None, config, batch_size=2)
+    config = SamplerConfig(coupler=coupler, seed=4, **options)
+    reused = generate(model, None, config, batch_size=batch)
     original = engine._Decoder.gumbel
-    monkeypatch.setattr(engine._Decoder, "gumbel", lambda self, positions, start: original(self, positions, None))
-    fresh = generate(model, None, config, batch_size=2)
+    monkeypatch.setattr(engine._Decoder, "gumbel",
+                        lambda self, positions, max_shift: original(self, positions, 10**9))  # all new
+    fresh = generate(model, None, config, batch_size=batch)
     assert torch.equal(reused.tokens, fresh.tokens)
     assert reused.nfe == fresh.nfe < model.num_tokens
+    assert reused.windows == fresh.windows
 
 
 class RepeatingVideo:
