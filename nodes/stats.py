@@ -32,7 +32,7 @@ def summary_text(stats: SamplingStats) -> str:
         f"{stats.model_name}: {tokens} tokens x {stats.batch_size} in {result.nfe} model calls "
         f"(autoregressive: {tokens}) - {tokens / result.nfe:.2f}x fewer calls",
         f"coupler {config.coupler}, window {window_text(stats)}, draft init {config.draft_init or 'auto'}, "
-        f"seed {config.seed}",
+        + (f"{config.candidates} candidates, " if config.candidates > 1 else "") + f"seed {config.seed}",
         f"wall {result.total_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "
         f"sampling {result.sample_s:.2f} s"])
 

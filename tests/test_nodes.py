@@ -163,7 +163,7 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
     node = node_classes["SCDSampler"]
     inputs = inputs_of(node)
     assert list(inputs) == ["model", "conditioning", "coupler", "window", "cfg_scale", "seed", "temperature",
-                            "top_k", "top_p", "draft_init", "batch_size"]
+                            "top_k", "top_p", "draft_init", "batch_size", "candidates"]
     expect = {"conditioning": ("SCD_COND", {}),
               "coupler": (["maximal", "gumbel", "independent", "faithful"],
                           {"options": ["maximal", "gumbel", "independent", "faithful"], "default": "maximal"}),
@@ -175,10 +175,13 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
               "top_p": ("FLOAT", {"min": 0.0, "max": 1.0, "default": 0.0}),
               "draft_init": (["auto", "random", "left", "above", "previous_frame"],
                              {"options": ["auto", "random", "left", "above", "previous_frame"], "default": "auto"}),
-              "batch_size": ("INT", {"min": 1, "max": 16, "default": 1})}
+              "batch_size": ("INT", {"min": 1, "max": 16, "default": 1}),
+              "candidates": ("INT", {"min": 1, "max": 8, "default": 1})}
     for name, (io_type, options) in expect.items():
         assert inputs[name][0] == io_type, name
         assert {k: inputs[name][1].get(k) for k in options} == options, name
+    # optional, so API workflows saved before it existed still validate
+    assert list(node.GET_NODE_INFO_V1()["input"]["optional"]) == ["candidates"]
     assert node.GET_NODE_INFO_V1()["output_name"] == ["tokens", "stats"]
     # ComfyUI checks every input itself; a validate_inputs would switch that off for the inputs it names
     # and flag all of them with one message
@@ -241,6 +244,9 @@ def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> N
     assert sampler_config("maximal", 0, -1.0, 1, 1.0, 0, 1.0, "left").window == "auto"
     with pytest.raises(ValueError, match="window"):
         sampler_config("maximal", -1, -1.0, 1, 1.0, 0, 1.0, "left")
+    assert sampler_config("maximal", 8, -1.0, 1, 1.0, 0, 1.0, "left").candidates == 1  # the optional widget's default
+    with pytest.raises(ValueError, match="candidates"):
+        sampler_config("faithful", 8, -1.0, 1, 1.0, 0, 1.0, "left", candidates=2)
 
 
 # -- executing the nodes on the tiny Janus --------------------------------------------------------
@@ -274,6 +280,16 @@ def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any],
     # three lines that stay lines in the frontend's Markdown text preview (a hard break ends each)
     lines = summary.split("\n")
     assert len(lines) == 3 and all(line.endswith("  ") for line in lines[:-1])
+
+
+def test_candidates_feed_trees_and_the_summary_says_so(node_classes: dict[str, Any], janus: Any,
+                                                       fake_server: FakeServer) -> None:
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a red square", negative_prompt="")
+    tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, window=4, candidates=3))
+    assert tokens.shape == (1, janus.model.num_tokens) and stats.config.candidates == 3
+    assert stats.result.fed[1] == 1 + 3 * 3  # a tree: the shared token, then 3 chains of the 3 later slots
+    (_, summary) = run_node(node_classes["SCDStats"], stats=stats)
+    assert "3 candidates" in summary
 
 
 def test_window_0_picks_the_width_per_call_and_the_summary_lists_the_widths(node_classes: dict[str, Any],

@@ -179,6 +179,7 @@ def test_interrupt_ends_the_run_within_a_second(comfy_server: ComfyServer) -> No
     ({"1": {"model": "no-such-folder"}}, "model 'no-such-folder' not found"),
     ({"1": {"device": "tpu"}}, "device: 'tpu' not in ['auto', 'cpu', 'cuda', 'mps']"),
     ({"1": {"dtype": "int8"}}, "dtype: 'int8' not in"),
+    ({"3": {"candidates": 9}}, "Value 9 bigger than max of 8"),
 ])
 def test_invalid_inputs_are_rejected_clearly(comfy_server: ComfyServer, change: dict[str, Any],
                                              expected: str) -> None:
@@ -205,4 +206,16 @@ def test_unloadable_model_folder_is_an_execution_error(comfy_server: ComfyServer
     (error,) = run.of_type("execution_error")
     assert error["node_id"] == "1" and error["exception_type"].endswith("ModelLoadError")
     assert "is not a model folder" in error["exception_message"]
+    assert_serving(comfy_server)
+
+
+def test_candidates_run_and_a_coupler_without_them_is_an_execution_error(comfy_server: ComfyServer) -> None:
+    """`candidates` is optional (the pipelines above leave it out); set, the run feeds trees."""
+    run = comfy_server.run(pipeline("demo", "7", seed=505, window=16, candidates=2))
+    assert run.status == "success", run.events[-3:]
+    assert "2 candidates" in summary_text(run)
+    run = comfy_server.run(pipeline("demo", "7", seed=505, coupler="faithful", candidates=2))
+    assert run.status == "error"
+    (error,) = run.of_type("execution_error")
+    assert error["node_id"] == "3" and "candidates" in error["exception_message"]
     assert_serving(comfy_server)
