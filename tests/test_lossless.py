@@ -109,8 +109,7 @@ def test_drafts_mixed_with_the_source_positions_final_p_are_lossless(coupler, ca
     assert chi_square_pvalue(result.tokens, law) > P_MIN
 
 
-# (case, candidates, window): a call feeds a tree only while every row has room for it (k (window - 1) more
-# positions), so the windows are small enough for these short sequences
+# (case, candidates, window): on these 4-6-token sequences most trees hold more tokens than positions are left
 CANDIDATE_CASES = [(CASES[0], 2, 2), (CASES[1], 3, 2), (CASES[2], 3, 2), (CASES[3], 2, 3), (CASES[5], 2, 2),
                    (CASES[6], 2, 3), (CASES[7], 2, 2)]
 
