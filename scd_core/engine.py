@@ -288,11 +288,11 @@ class _Decoder:
              tree: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Verify, commit and re-draft; returns (commit counts, accepted, draft-change counts, chain kept).
-        `max_shift` is the most any row committed in the previous call (`gumbel`).
 
-        With `tree` = (p of every chain (B, k, width, V), alternatives (B, k - 1), valid): the first position
-        is settled over all candidates, and the row then goes on with the chain of the one it kept (the draft's
-        own when none), whose p is what the later drafts are verified against and coupled to.
+        `max_shift` is the most any row committed in the previous call (`gumbel`).  With `tree` = (p of every
+        chain (B, k, width, V), alternatives (B, k - 1), valid): the first position is settled over all
+        candidates, and the row then goes on with the chain of the one it kept (the draft's own when none), whose
+        p is what the later drafts are verified against and coupled to.
         """
         width = p.shape[1]
         positions = self.committed.unsqueeze(1) + self.slots[:width]
