@@ -9,8 +9,8 @@ import comfy.model_patcher
 import torch
 from comfy_api.latest import io
 from scd_core import load_model
-from scd_core.loading import pick_device
-from scd_core.checkpoints import ModelLoadError
+from scd_core.models.loading import pick_device
+from scd_core.models.checkpoints import ModelLoadError
 
 from .checks import CheckedCombo, choice_error
 from .model_folders import DEMO, model_choices, unknown_model_message

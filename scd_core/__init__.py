@@ -1,10 +1,10 @@
 """Exact speculative Jacobi decoding (SJD) and speculative coupled decoding (SCD)
 for autoregressive image models.  ComfyUI-free; the node pack is a thin layer on top."""
 
-from .checkpoints import ModelLoadError
+from .models.checkpoints import ModelLoadError
 from .config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .engine import GenerationCancelled, GenerationResult, IterationStats, ModelOutputError, generate
-from .loading import load_model
+from .models.loading import load_model
 from .model import Session, TokenModel
 
 __all__ = ["COUPLERS", "DRAFT_INITS", "GenerationCancelled", "GenerationResult", "IterationStats",

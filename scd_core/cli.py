@@ -20,10 +20,10 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from .auto_window import widths_used
-from .checkpoints import ModelLoadError
+from .models.checkpoints import ModelLoadError
 from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .engine import GenerationResult, IterationStats, ModelOutputError, generate
-from .loading import load_model, pick_device
+from .models.loading import load_model, pick_device
 from .model import set_image_size
 
 EXIT_BAD_INPUT = 2

@@ -9,7 +9,7 @@ import torch
 
 from scd_core import SamplerConfig, auto_window, generate, load_model
 from scd_core.auto_window import WindowChooser, measure_costs
-from scd_core.synthetic import GridModel
+from scd_core.bench.synthetic import GridModel
 from toy_models import TablePrefixModel
 
 FLAT = {1: 1.0, 2: 1.01, 4: 1.02, 8: 1.03}  # a wider call costs barely more

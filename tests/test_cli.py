@@ -71,7 +71,7 @@ def test_compare_writes_one_panel_per_mode_and_a_table(tiny_janus_dir, tmp_path,
 
 
 def test_demo_model_decodes_in_fewer_calls_than_ar(tmp_path, capsys):
-    from scd_core.train_demo import IMAGE_SIZE as DEMO_SIZE
+    from scd_core.bench.train_demo import IMAGE_SIZE as DEMO_SIZE
 
     output = tmp_path / "demo.png"
     code, out, err = run_cli(capsys, "generate", "--model", "demo", "--prompt", "7", "--coupler", "maximal",

@@ -7,9 +7,9 @@ import json
 import torch
 
 from scd_core import SamplerConfig, generate, load_model
-from scd_core.demo_quality import classify, fit_digit_classifier
-from scd_core.loading import DEMO_DIR
-from scd_core.train_demo import CFG_SCALE, GPT_CONFIG, IMAGE_SIZE, TOP_K, VQ_CONFIG, load_digits_ink, render
+from scd_core.bench.demo_quality import classify, fit_digit_classifier
+from scd_core.models.loading import DEMO_DIR
+from scd_core.bench.train_demo import CFG_SCALE, GPT_CONFIG, IMAGE_SIZE, TOP_K, VQ_CONFIG, load_digits_ink, render
 
 
 def test_demo_is_small_and_described():

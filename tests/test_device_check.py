@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from scd_core import bench
-from scd_core.device_check import SHAPES, TINY_SHAPES, WIDTHS
+from scd_core.bench.device_check import SHAPES, TINY_SHAPES, WIDTHS
 
 
 def test_device_check_writes_a_table_and_json(tmp_path, capsys):

@@ -14,9 +14,9 @@ from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture, one checkpoint p
 from pace import assert_each_row_matches, staggered_logits, tree_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
-from scd_core.bench_pace import PaceRecorder
+from scd_core.bench.pace import PaceRecorder
 from scd_core.models import emu3
-from scd_core.tokenizer_files import TextTokenizer
+from scd_core.models.tokenizer_files import TextTokenizer
 
 CPU = torch.device("cpu")
 PROMPT = "a red cube on a wooden table"
@@ -375,7 +375,7 @@ def test_mismatched_weights_leave_nothing_loaded(tiny_emu3_dir: Path, tmp_path: 
 # ---- the long-sequence benchmark ----
 
 def test_long_benchmark_rows_and_memory() -> None:
-    from scd_core.bench_long import kv_cache_bytes, long_benchmark
+    from scd_core.bench.long import kv_cache_bytes, long_benchmark
 
     rows, memory = long_benchmark(device="cpu", window=8, positions=(1, 40), hidden=32, layers=1,
                                   image_area=64 * 64)  # 8 x 8 codes: 8 * 9 + 3 = 75 tokens

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scd_core import GenerationCancelled, ModelOutputError, SamplerConfig, engine, generate
-from scd_core.synthetic import GridModel
+from scd_core.bench.synthetic import GridModel
 from toy_models import TablePrefixModel
 
 

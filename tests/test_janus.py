@@ -13,9 +13,9 @@ from janus_fixture import BOI, BOS, CFG_PAD, IMAGE_CODES, IMAGE_SIZE
 from pace import assert_each_row_matches, staggered_logits, tree_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
-from scd_core.bench_pace import PaceRecorder
+from scd_core.bench.pace import PaceRecorder
 from scd_core.models import janus
-from scd_core.tokenizer_files import TextTokenizer
+from scd_core.models.tokenizer_files import TextTokenizer
 
 CPU = torch.device("cpu")
 PROMPT = "a red cube on a wooden table"
@@ -269,7 +269,7 @@ def test_mismatched_weights_leave_nothing_loaded(tiny_janus_dir: Path, tmp_path:
 
 def test_model_benchmark_rows(tiny_janus_dir: Path) -> None:
     from scd_core.bench import markdown
-    from scd_core.bench_models import model_benchmark
+    from scd_core.bench.shapes import model_benchmark
 
     rows = model_benchmark(str(tiny_janus_dir), couplers=("maximal",), windows=(4,), seeds=(0,), device="cpu")
     assert [(row["method"], row["window"]) for row in rows] == [("AR", 1), ("SCD-maximal", 4)]
@@ -280,7 +280,7 @@ def test_model_benchmark_rows(tiny_janus_dir: Path) -> None:
 
 
 def test_shape_benchmark_one_layer() -> None:
-    from scd_core.bench_models import shape_benchmark
+    from scd_core.bench.shapes import shape_benchmark
 
     rows = shape_benchmark("1B", windows=(2, 1), device="cpu", layers=1, prefix=8, repeats=1)
     assert [row["window"] for row in rows] == [1, 2]

@@ -15,9 +15,9 @@ from pace import assert_each_row_matches, staggered_logits, tree_logits
 from llamagen_fixture import (IMAGE_SIZE, TINY_GPT, original_gpt_keys, write_original_c2i, write_safetensors_c2i,
                               write_t2i, write_training_c2i)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
-from scd_core.bench_pace import PaceRecorder
-from scd_core.captions import clean_caption
-from scd_core.checkpoints import read_weights
+from scd_core.bench.pace import PaceRecorder
+from scd_core.models.captions import clean_caption
+from scd_core.models.checkpoints import read_weights
 from scd_core.models.llamagen import Caption, ClassLabel, GPTConfig, detect, rope_table_2d
 
 
@@ -131,7 +131,7 @@ def test_cache_is_allocated_once_and_rewound_in_place(folders):
 
 
 def test_pace_benchmark_rows(folders):
-    from scd_core.bench_pace import pace_rows
+    from scd_core.bench.pace import pace_rows
 
     model = load_model(folders["pt"], "cpu", torch.float32)
     rows = pace_rows(model, model.encode("3"), (1, 3), 4, (0, 1))

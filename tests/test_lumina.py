@@ -16,7 +16,7 @@ from pace import assert_each_row_matches, staggered_logits, tree_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import lumina
-from scd_core.tokenizer_files import TextTokenizer
+from scd_core.models.tokenizer_files import TextTokenizer
 
 PROMPT = "a red cube on a wooden table"
 CPU = torch.device("cpu")

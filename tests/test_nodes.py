@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import pytest
 import torch
-from scd_core.checkpoints import ModelLoadError
+from scd_core.models.checkpoints import ModelLoadError
 
 from comfy_server import REPO_ROOT, comfyui_main
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)

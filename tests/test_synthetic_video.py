@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from scd_core import SamplerConfig, generate
-from scd_core.bench_video import video_rows
-from scd_core.synthetic_video import VideoGridModel
+from scd_core.bench.video import video_rows
+from scd_core.bench.synthetic_video import VideoGridModel
 
 
 def small(change: float) -> VideoGridModel:

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from scd_core.sampling import to_probs
-from scd_core.synthetic import feed_tokens, kept_branch
+from scd_core.bench.synthetic import feed_tokens, kept_branch
 
 
 class TablePrefixModel:

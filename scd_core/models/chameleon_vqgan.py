@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoints import read_weights
+from .checkpoints import read_weights
 from .taming import VQDecoder, load_decoder
 
 CHECKPOINT = "vqgan.ckpt"

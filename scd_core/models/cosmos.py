@@ -44,9 +44,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import ModelLoadError, read_torch_checkpoint
-from ..row_cache import RowCache
-from ..tokenizer_files import read_json
+from .checkpoints import ModelLoadError, read_torch_checkpoint
+from .row_cache import RowCache
+from .tokenizer_files import read_json
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
 WEIGHTS = "model.pt"

@@ -11,7 +11,7 @@ lm_head rows are the only ones computed).  CFG as the authors run it: the prompt
 gets a quality suffix, the uncond rows hold a negative prompt with the same
 image prefix; cond and uncond rows are left-padded to one length and batched.
 The KV cache is pre-allocated for the whole image with one length per row
-(`scd_core.row_cache`), so each sample of a batch advances at its own pace.
+(`scd_core.models.row_cache`), so each sample of a batch advances at its own pace.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ..cfg_session import CFGSession, cfg_prefix
-from ..checkpoints import ModelLoadError
-from ..hf_folders import check_safetensors_weights, load_pretrained
-from ..row_attention import RowAttentionBackbone
-from ..tokenizer_files import TextTokenizer, read_json
+from .cfg_session import CFGSession, cfg_prefix
+from .checkpoints import ModelLoadError
+from .hf_folders import check_safetensors_weights, load_pretrained
+from .row_attention import RowAttentionBackbone
+from .tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "emu3"
 HF_FORMAT_HINT = ("download the transformers-format repository BAAI/Emu3-Gen-hf instead (BAAI/Emu3-Gen holds "

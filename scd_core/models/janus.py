@@ -25,11 +25,11 @@ from typing import Any, Optional
 
 import torch
 
-from ..cfg_session import CFGSession, cfg_prefix
-from ..checkpoints import ModelLoadError
-from ..hf_folders import check_safetensors_weights, load_pretrained
-from ..row_cache import RowCache
-from ..tokenizer_files import TextTokenizer, read_json
+from .cfg_session import CFGSession, cfg_prefix
+from .checkpoints import ModelLoadError
+from .hf_folders import check_safetensors_weights, load_pretrained
+from .row_cache import RowCache
+from .tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "janus"
 # The deepseek-ai repositories hold the original code's layout (config model_type "multi_modality").

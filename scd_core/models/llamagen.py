@@ -41,9 +41,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..captions import clean_caption
-from ..checkpoints import ModelLoadError, read_weights
-from ..row_cache import RowCache
+from .captions import clean_caption
+from .checkpoints import ModelLoadError, read_weights
+from .row_cache import RowCache
 from .vq16 import VQModel, vq_from_state_dict
 
 # Attention heads of the published sizes, keyed by model width (all use 64-wide heads except 3B/7B).

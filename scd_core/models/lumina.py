@@ -36,10 +36,10 @@ from typing import Iterator, Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ..cfg_session import CFGSession, cfg_prefix
-from ..checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
-from ..hf_folders import raise_load_failure
-from ..tokenizer_files import TextTokenizer, read_json
+from .cfg_session import CFGSession, cfg_prefix
+from .checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
+from .hf_folders import raise_load_failure
+from .tokenizer_files import TextTokenizer, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
 from .janus import RowBackbone
 from .movqgan import CHECKPOINT as MOVQGAN_CHECKPOINT, load_movqgan

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import ModelLoadError
+from .checkpoints import ModelLoadError
 from .vq16 import Upsample
 
 NORM_GROUPS = 32  # not stored in the checkpoints; 32 in every published VQGAN of this design

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checkpoints import ModelLoadError
+from .checkpoints import ModelLoadError
 
 # Buffers of the original training code that inference does not need.
 IGNORED_KEYS = ("quantize.codebook_used",)

@@ -17,7 +17,7 @@ from .checkpoints import ModelLoadError
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
 FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.models.emu3",
             "scd_core.models.cosmos", "scd_core.models.lumina")
-DEMO_DIR = Path(__file__).parent / "demo"
+DEMO_DIR = Path(__file__).parents[1] / "demo"
 
 
 def pick_device(device: Union[str, torch.device, None]) -> torch.device:

@@ -18,9 +18,9 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
-from .config import SamplerConfig
-from .engine import generate
-from .loading import load_model, pick_device, pick_dtype
+from ..config import SamplerConfig
+from ..engine import generate
+from ..models.loading import load_model, pick_device, pick_dtype
 
 DEFAULT_PROMPT = "A portrait of young girl. masterpiece, film grained, best quality."
 
@@ -118,7 +118,7 @@ def _build_backbone(shape: dict[str, int], layers: int, device: torch.device, dt
     from transformers import LlamaConfig, LlamaModel
     from transformers.models.janus.modeling_janus import JanusVQVAEConfig, JanusVQVAEHead
 
-    from .hf_folders import dtype_keyword
+    from ..models.hf_folders import dtype_keyword
 
     config = LlamaConfig(**dict(shape, num_hidden_layers=layers), vocab_size=16, max_position_embeddings=16384)
     with torch.device(device):
@@ -133,7 +133,7 @@ def _build_chameleon(shape: dict[str, int], layers: int, device: torch.device, d
     """A random Chameleon backbone plus a head over Lumina-mGPT's image codes, with the published layer sizes."""
     from transformers import ChameleonConfig, ChameleonModel
 
-    from .hf_folders import dtype_keyword
+    from ..models.hf_folders import dtype_keyword
 
     # the image encoder inside ChameleonModel is never run here: keep it tiny
     vq = dict(embed_dim=4, num_embeddings=16, latent_channels=4, base_channels=32, channel_multiplier=[1],
@@ -172,7 +172,7 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
         raise ValueError(f"not even one {size} layer fits in the free memory of {device}")
     build = _build_chameleon if size in LUMINA_SHAPES else _build_backbone
     backbone, head = build(shape, depth, device, dtype)
-    from .models.janus import cache_keyword, new_cache  # the adapter's own cache handling
+    from ..models.janus import cache_keyword, new_cache  # the adapter's own cache handling
 
     rows_in_batch = 2 * batch_size  # the CFG double batch
     generator = torch.Generator(device="cpu").manual_seed(0)

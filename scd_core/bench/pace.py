@@ -22,8 +22,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy
 import torch
 
-from .config import SamplerConfig
-from .engine import generate
+from ..config import SamplerConfig
+from ..engine import generate
 
 PACES = ("shared", "per-row", "regrouped")
 
@@ -137,10 +137,10 @@ def row_cache_call_cost(size: str, batches: Sequence[int], window: int,
     window below it.  `layers` of the backbone are built; `call_s` scales them
     to full depth and adds the image head once.
     """
-    from .bench_models import JANUS_SHAPES, _build_backbone, _sync
-    from .loading import pick_device, pick_dtype
-    from .models.janus import RowBackbone
-    from .row_cache import RowCache
+    from .shapes import JANUS_SHAPES, _build_backbone, _sync
+    from ..models.loading import pick_device, pick_dtype
+    from ..models.janus import RowBackbone
+    from ..models.row_cache import RowCache
 
     shape = JANUS_SHAPES[size]
     device = pick_device(device)
@@ -183,10 +183,10 @@ def pace_tables(path: str, prompt: str, batches: Sequence[int], window: int, see
                 shape: Optional[str], device: Optional[str], dtype: Optional[str]) -> str:
     """The README tables: the model's calls and time per image; with `shape`, the calls of a synthetic grid of
     Janus-Pro's 24 x 24 tokens and 16384 codes at medium entropy, and the time of its calls at that shape."""
-    from .bench import markdown
-    from .bench_auto import MEDIUM_SHARPNESS
-    from .bench_models import JANUS_SHAPES
-    from .loading import load_model
+    from .tables import markdown
+    from .auto import MEDIUM_SHARPNESS
+    from .shapes import JANUS_SHAPES
+    from ..models.loading import load_model
     from .synthetic import GridModel
 
     if shape is not None and shape not in JANUS_SHAPES:

@@ -31,12 +31,12 @@ from typing import Any, Optional
 
 import torch
 
-from . import auto_window
-from .bench import markdown
-from .bench_models import peak_memory_mb
-from .config import SamplerConfig
-from .engine import generate
-from .loading import pick_device, pick_dtype
+from .. import auto_window
+from .tables import markdown
+from .shapes import peak_memory_mb
+from ..config import SamplerConfig
+from ..engine import generate
+from ..models.loading import pick_device, pick_dtype
 from .synthetic import GridModel
 
 WIDTHS = auto_window.CANDIDATES
@@ -87,7 +87,7 @@ def build(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) ->
     """(transformers causal LM with random weights, image head over the codes) at `shape`'s sizes."""
     import transformers
 
-    from .hf_folders import dtype_keyword
+    from ..models.hf_folders import dtype_keyword
 
     if shape.family == "llama":
         cls, config = transformers.LlamaForCausalLM, transformers.LlamaConfig(**shape.config)
@@ -115,7 +115,7 @@ def build(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) ->
 def window_costs(model: Any, head: torch.nn.Module, shape: Shape, context: int,
                  device: torch.device) -> dict[int, float]:
     """Seconds of one call per width, two rows (CFG), `context` tokens already cached."""
-    from .models.janus import cache_keyword, new_cache
+    from ..models.janus import cache_keyword, new_cache
 
     backbone = model.model
     generator = torch.Generator().manual_seed(0)

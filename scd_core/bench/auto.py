@@ -20,10 +20,11 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from . import auto_window
-from .bench import SHARPNESS, markdown
-from .config import SamplerConfig
-from .engine import generate
+from .. import auto_window
+from .nfe import SHARPNESS
+from .tables import markdown
+from ..config import SamplerConfig
+from ..engine import generate
 from .synthetic import GridModel
 
 WINDOWS: tuple = (8, 16, 32, 64, "auto")
@@ -40,8 +41,8 @@ class ShapedGridModel(GridModel):
 
     def __init__(self, size: str = "1B", layers: int = 4, context: int = 352, device: str = "cpu",
                  dtype: Optional[torch.dtype] = None) -> None:
-        from .bench_models import JANUS_SHAPES, _build_backbone
-        from .models.janus import cache_keyword, new_cache
+        from .shapes import JANUS_SHAPES, _build_backbone
+        from ..models.janus import cache_keyword, new_cache
 
         super().__init__(rows=24, cols=24, vocab_size=16384, sharpness=MEDIUM_SHARPNESS, device=device)
         self.dtype = dtype or torch.float32
@@ -99,7 +100,7 @@ def time_windows(model: Any, cond: Any, windows: Sequence, seeds: Sequence[int])
 
 def profile_rows(seeds: Sequence[int]) -> list[dict[str, Any]]:
     """Time per image under each cost profile (sum of per-call costs), relative to the best fixed window."""
-    from .loading import load_model
+    from ..models.loading import load_model
 
     demo = load_model("demo")
     models = [("demo", demo, demo.encode("7"))]
@@ -123,7 +124,7 @@ def profile_rows(seeds: Sequence[int]) -> list[dict[str, Any]]:
 
 
 def auto_tables(seeds: Sequence[int], layers: int = 4) -> str:
-    from .loading import load_model
+    from ..models.loading import load_model
 
     torch.set_grad_enabled(False)
     demo = load_model("demo")

@@ -1,4 +1,4 @@
-"""Does every decoding mode sample the same digits?  `python -m scd_core.demo_quality`.
+"""Does every decoding mode sample the same digits?  `python -m scd_core.bench.demo_quality`.
 
 A support-vector classifier trained on the real digits the demo learnt from (MNIST,
 rendered as the demo's training images, plain and augmented, read as 14x14 ink)
@@ -20,7 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import SamplerConfig, generate, load_model
+from ..config import SamplerConfig
+from ..engine import generate
+from ..models.loading import load_model
 from .train_demo import load_digits_ink, render
 
 # (name, coupler, window, candidates for the first draft of a call)

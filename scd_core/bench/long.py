@@ -15,9 +15,9 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from .config import SamplerConfig
-from .engine import IterationStats, generate
-from .loading import pick_device, pick_dtype
+from ..config import SamplerConfig
+from ..engine import IterationStats, generate
+from ..models.loading import pick_device, pick_dtype
 
 # Emu3-Gen's text vocabulary and special ids; the image codes are the last 32768 ids.
 VOCAB, FIRST_CODE, CODES = 184622, 151854, 32768
@@ -45,7 +45,7 @@ def small_emu3(device: torch.device, dtype: torch.dtype, hidden: int = 128, laye
     """A random Emu3Model with the real vocabulary layout and a small backbone."""
     from transformers import Emu3Config, Emu3ForConditionalGeneration
 
-    from .models.emu3 import Emu3Model
+    from ..models.emu3 import Emu3Model
 
     text = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=9216,
@@ -79,8 +79,8 @@ def long_benchmark(device: Union[str, torch.device, None] = None, dtype: Union[s
                    window: int = 32, positions: Sequence[int] = POSITIONS, hidden: int = 128, layers: int = 2,
                    seed: int = 0, image_area: int = 720 * 720) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows (method, position, calls, forward_ms, sample_ms, call_ms) and a memory summary for one square image."""
-    from .bench_models import _reset_peak, peak_memory_mb
-    from .models.emu3 import Emu3Prompt
+    from .shapes import _reset_peak, peak_memory_mb
+    from ..models.emu3 import Emu3Prompt
 
     device = pick_device(device)
     dtype = pick_dtype(dtype, device)
@@ -117,7 +117,7 @@ def long_benchmark(device: Union[str, torch.device, None] = None, dtype: Union[s
 
 
 def long_table(device: Optional[str] = None, dtype: Optional[str] = None) -> str:
-    from .bench import markdown
+    from .tables import markdown
 
     rows, memory = long_benchmark(device, dtype)
     header = (f"Random-weight Emu3-Gen-shaped model (vocabulary {VOCAB}, {CODES} codes, {memory['layers']} layers "

@@ -1,34 +1,19 @@
-"""Benchmarks: model calls (NFE), tokens per call and acceptance for AR / SJD / SCD side by side.
-
-    python -m scd_core.bench                 # synthetic grid model, three entropy levels
-    python -m scd_core.bench --model demo    # any folder load_model accepts (NFE + latency split)
-    python -m scd_core.bench --shape 1B      # cost of one window forward vs window size, Janus-Pro-1B shape
-    python -m scd_core.bench --shape lumina-7b --layers 2   # the same at Lumina-mGPT-7B's 768 px sequence length
-    python -m scd_core.bench --video         # synthetic video model: previous-frame drafts vs random / above
-    python -m scd_core.bench --long          # time per call at positions ~100 / 2000 / 8000 of an 8k-token image
-    python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 --shape 1B   # shared vs per-row pace
-    python -m scd_core.bench --candidates --seeds 30   # candidates against SCD-MC, seed for seed
-    python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
-    ... --readme README.md                   # also write the tables between the README's bench markers
-
-Wall times are only comparable within one run on one machine; on a CPU quote the ratios.
-"""
+"""NFE tables: model calls, tokens per call, acceptance and draft flicker for AR / SJD / SCD side by side
+(synthetic grids, a loaded model, the cost of one window call at a published shape)."""
 
 from __future__ import annotations
 
-import argparse
-import re
 import statistics
 import time
-from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-from .config import SamplerConfig
-from .engine import generate
-from .sampling import to_probs
+from ..config import SamplerConfig
+from ..engine import generate
+from ..sampling import to_probs
 from .synthetic import GridModel
+from .tables import markdown
 
 METHODS = (("AR", "independent"), ("SJD", "independent"), ("SCD-MC", "maximal"), ("SCD-GS", "gumbel"),
            ("faithful", "faithful"))
@@ -80,15 +65,6 @@ def method_rows(model: Any, cond: Any, windows: Sequence[int], seeds: Sequence[i
     return rows
 
 
-def markdown(rows: list[dict], columns: Sequence[str]) -> str:
-    def cell(value: Any) -> str:
-        return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row[c]) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 NFE_COLUMNS = ("method", "window", "nfe", "speedup", "tokens_per_call", "fed_per_call", "acceptance",
                "draft_changes")
 
@@ -130,8 +106,8 @@ def sampling_cost_table(vocab: int = 16384, window: int = 64, batch: int = 2, se
 
 def model_tables(path: str, prompt: str, windows: Sequence[int], seeds: Sequence[int], device: Optional[str],
                  dtype: Optional[str]) -> str:
-    from .bench_models import model_benchmark
-    from .loading import load_model
+    from .shapes import model_benchmark
+    from ..models.loading import load_model
 
     model = load_model(path, device=device, dtype=dtype)
     cond = model.encode(prompt)
@@ -148,98 +124,10 @@ def model_tables(path: str, prompt: str, windows: Sequence[int], seeds: Sequence
 
 
 def shape_table(size: str, device: Optional[str], dtype: Optional[str], layers: Optional[int] = None) -> str:
-    from .bench_models import SHAPE_NAMES, shape_benchmark
+    from .shapes import SHAPE_NAMES, shape_benchmark
 
     rows = shape_benchmark(size, device=device, dtype=dtype, layers=layers)
     return (f"{SHAPE_NAMES[size]}-shaped backbone with random weights, one window after a {rows[0]['prefix']}-token "
             f"prefix, CFG double batch, {rows[0]['device']} {rows[0]['dtype']}, {rows[0]['layers']} of "
             f"{rows[0]['full_layers']} layers\n\n"
             + markdown(rows, ("window", "seconds", "ratio", "per_layer_ms", "full_depth_s")))
-
-
-def write_readme(readme: Path, section: str, text: str) -> None:
-    """Replace the text between <!-- bench:SECTION --> and <!-- /bench:SECTION -->."""
-    source = readme.read_text()
-    pattern = re.compile(rf"(<!-- bench:{section} -->\n).*?(<!-- /bench:{section} -->)", re.S)
-    if not pattern.search(source):
-        raise SystemExit(f"{readme} has no <!-- bench:{section} --> ... <!-- /bench:{section} --> markers")
-    readme.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), source))
-
-
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scd_core.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="a model folder (or 'demo') instead of the synthetic grid model")
-    parser.add_argument("--prompt", default="7", help="prompt or class label for --model")
-    parser.add_argument("--shape", choices=("1B", "7B", "lumina-7b"),
-                        help="window cost of a Janus-Pro- or Lumina-mGPT-shaped model")
-    parser.add_argument("--layers", type=int, help="--shape: layers to build (default: all that fit in memory)")
-    parser.add_argument("--video", action="store_true", help="synthetic video model (AR / SJD / SCD x draft init)")
-    parser.add_argument("--long", action="store_true",
-                        help="time and sampling time per call along an 8193-token Emu3-shaped image (AR, SCD)")
-    parser.add_argument("--device-check", action="store_true",
-                        help="window cost, sampling share, memory, AR vs transformers and predicted time per image "
-                             "for random-weight models at the published shapes (scd_core.device_check); needs --out")
-    parser.add_argument("--out", type=Path, help="--device-check: folder for device_check.md and .json")
-    parser.add_argument("--tiny", action="store_true", help="--device-check: tiny shapes (tests the same code path)")
-    parser.add_argument("--auto", action="store_true",
-                        help="time per image, automatic window against fixed ones: demo and Janus-Pro-1B-shaped")
-    parser.add_argument("--candidates", action="store_true",
-                        help="candidates=2..4 against SCD-MC at window 32, seed for seed (demo and the grids)")
-    parser.add_argument("--windows", type=int, nargs="+", default=[16, 32, 64])
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--device")
-    parser.add_argument("--dtype")
-    parser.add_argument("--batches", type=int, nargs="+",
-                        help="--model (default demo): calls per batch and time per image at these batch sizes, "
-                             "shared pace vs per-row pace, at the first window; with --shape 1B/7B also the "
-                             "calls of a Janus-Pro-sized synthetic grid and the per-row cache's call cost at that "
-                             "Janus-Pro shape")
-    parser.add_argument("--readme", type=Path, help="write the tables into this README between bench markers")
-    args = parser.parse_args(argv)
-    torch.set_grad_enabled(False)
-    seeds = list(range(args.seeds))
-    started = time.perf_counter()
-    if args.batches:
-        from .bench_pace import pace_tables
-
-        section = "batches"
-        text = pace_tables(args.model or "demo", args.prompt, args.batches, args.windows[0], seeds, args.shape,
-                           args.device, args.dtype)
-    elif args.candidates:
-        from .bench_candidates import candidate_table
-
-        section, text = "candidates", candidate_table(seeds)
-    elif args.auto:
-        from .bench_auto import auto_tables
-
-        section, text = "auto", auto_tables(seeds)
-    elif args.device_check:
-        from .device_check import run
-
-        if args.out is None:
-            parser.error("--device-check needs --out DIR")
-        section, text = "device-check", run(args.out, args.device, args.dtype, args.tiny)
-    elif args.shape:
-        section, text = f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype, args.layers)
-    elif args.long:
-        from .bench_long import long_table
-
-        section, text = "long", long_table(args.device, args.dtype)
-    elif args.video:
-        from .bench_video import video_tables
-
-        section, text = "video", video_tables(seeds, args.windows)
-    elif args.model:
-        section = "demo" if args.model == "demo" else "model"
-        text = model_tables(args.model, args.prompt, args.windows, seeds, args.device, args.dtype)
-    else:
-        section = "synthetic"
-        text = synthetic_tables(seeds, args.windows) + "\n\n" + sampling_cost_table()
-    print(text)
-    print(f"\n({time.perf_counter() - started:.0f} s)")
-    if args.readme:
-        write_readme(args.readme, section, text)
-
-
-if __name__ == "__main__":
-    main()

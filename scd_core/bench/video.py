@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from .config import SamplerConfig
+from ..config import SamplerConfig
 from .synthetic_video import VideoGridModel
 
 CHANGES = (0.1, 0.3)          # share of tokens redrawn per frame: a slow and a busier video
@@ -20,7 +20,7 @@ VIDEO_COLUMNS = ("method", "draft_init", "window", "nfe", "speedup", "tokens_per
 
 
 def video_rows(model: VideoGridModel, windows: Sequence[int], seeds: Sequence[int]) -> list[dict]:
-    from .bench import measure
+    from .nfe import measure
 
     ar = measure(model, None, SamplerConfig(coupler="independent", window=1), seeds)
     rows = [dict(method="AR", draft_init="-", window=1, **ar)]
@@ -37,7 +37,7 @@ def video_rows(model: VideoGridModel, windows: Sequence[int], seeds: Sequence[in
 
 
 def video_tables(seeds: Sequence[int], windows: Sequence[int]) -> str:
-    from .bench import markdown
+    from .tables import markdown
 
     parts = []
     for change in CHANGES:

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .row_cache import tree_layout
+from ..models.row_cache import tree_layout
 
 Logits = tuple[torch.Tensor, Optional[torch.Tensor]]
 

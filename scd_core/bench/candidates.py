@@ -10,9 +10,10 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from .bench import SHARPNESS, markdown
-from .config import SamplerConfig
-from .engine import generate
+from .nfe import SHARPNESS
+from .tables import markdown
+from ..config import SamplerConfig
+from ..engine import generate
 from .synthetic import GridModel
 
 MODES = (("SCD-MC", {}), ("cand2", dict(candidates=2)), ("cand3", dict(candidates=3)),
@@ -36,7 +37,7 @@ def paired_rows(name: str, model: Any, cond: Any, window: int, seeds: Sequence[i
 
 
 def candidate_table(seeds: Sequence[int], window: int = 32) -> str:
-    from .loading import load_model
+    from ..models.loading import load_model
 
     demo = load_model("demo")
     rows = paired_rows("demo", demo, demo.encode("7"), window, seeds)
