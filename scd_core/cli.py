@@ -99,9 +99,6 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                               "previous_frame for video, else above)")
     sampler.add_argument("--verification", choices=VERIFICATIONS, default=DEFAULTS.verification,
                          help="token: draft by draft; block: a joint rule over the window (independent coupler)")
-    sampler.add_argument("--draft-mix", type=float, default=DEFAULTS.draft_mix,
-                         help="probability of drafting a new position from the final p of the position it "
-                              "would copy instead of copying its token (0..1)")
     sampler.add_argument("--candidates", type=int, default=DEFAULTS.candidates,
                          help="candidates for the first draft of each call, each with a chain of the later drafts "
                               "(1..8; 1 = just the draft)")
@@ -117,7 +114,7 @@ def sampler_config(args: argparse.Namespace) -> SamplerConfig:
     return SamplerConfig(coupler=args.coupler, window=args.window, cfg_scale=args.cfg,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                          draft_init=args.draft_init, verification=args.verification,
-                         draft_mix=args.draft_mix, candidates=args.candidates)
+                         candidates=args.candidates)
 
 
 def check_device(name: Optional[str]) -> None:

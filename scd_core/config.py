@@ -54,9 +54,6 @@ class SamplerConfig:
       the next tokens of the draft's proposal, drawn without replacement, each followed by the window's later
       drafts as a chain of its own; one call scores the tree and recursive rejection sampling picks at most
       one chain, so the law stays exact.  Needs a session that scores trees (`keep_branch`; every family here).
-    draft_mix: with this probability a position entering the window is drafted from the final distribution
-      of the position it would copy (above, left, previous frame) instead of copying that position's token;
-      the mixture is recorded as the draft's proposal.  0 copies the token.
     """
 
     coupler: str = "maximal"
@@ -69,7 +66,6 @@ class SamplerConfig:
     draft_init: Optional[str] = None
     alpha: float = 1.0
     verification: str = "token"
-    draft_mix: float = 0.0
     fixed_shapes: bool = False
     candidates: int = 1
 
@@ -91,8 +87,6 @@ class SamplerConfig:
         _check(_is_real(self.alpha) and 0 <= self.alpha <= 1, "alpha", "a number in 0..1", self.alpha)
         _check(self.alpha == 1 or self.coupler in ("maximal", "gumbel"), "alpha",
                "1 unless coupler is maximal or gumbel", self.alpha)
-        _check(_is_real(self.draft_mix) and 0 <= self.draft_mix <= 1, "draft_mix", "a number in 0..1",
-               self.draft_mix)
         _check(self.verification in VERIFICATIONS, "verification", f"one of {', '.join(VERIFICATIONS)}",
                self.verification)
         # Block verification decides on every draft of the window, so a carried draft coupled to its old value

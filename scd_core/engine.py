@@ -223,10 +223,6 @@ class _Decoder:
         # stays in the window
         self.noise_start = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.noise_window = torch.zeros(batch, 0, self.vocab, device=device)
-        # final p of the latest committed positions, for draft_mix: a ring long enough that a position
-        # `copy_back` before any window slot is still there; the extra last row takes uncommitted slots
-        self.ring = (copy_back or 0) + self.window if config.draft_mix > 0 and copy_back else 0
-        self.final_p = torch.zeros(batch, self.ring + 1, self.vocab, device=device) if self.ring else None
 
     def probs(self, logits: Logits, width: int) -> torch.Tensor:
         cond, uncond = logits
@@ -329,9 +325,6 @@ class _Decoder:
         redrafted = slot[:, :width - 1] >= shared.unsqueeze(1)  # drafted before and still a draft
         changes = torch.stack([((nxt[:, :width - 1] != drafts) & redrafted).sum(), redrafted.sum()])
         self.seq.scatter_(1, positions, nxt)
-        if self.final_p is not None:
-            slot_row = torch.where(slot < shared.unsqueeze(1), positions % self.ring, self.ring)
-            self.final_p.scatter_(1, slot_row.unsqueeze(-1).expand(-1, -1, self.vocab), p)
         self.committed += shared
         self._next_proposals(p, shared)
         self._init_new_drafts(width - shared, iteration)
@@ -354,8 +347,6 @@ class _Decoder:
         self.rows, self.committed, self.prefix = self.rows[index], self.committed[index], self.prefix[index]
         self.seq, self.proposals = self.seq[index], self.proposals[index]
         self.noise_window, self.noise_start = self.noise_window[index], self.noise_start[index]
-        if self.final_p is not None:
-            self.final_p = self.final_p[index]
         self.batch = index.numel()
 
     def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor) -> None:
@@ -384,25 +375,187 @@ class _Decoder:
             left = self.seq.gather(1, first_new - 1).expand_as(positions)
             codes = self.to_index(torch.where(source + offset >= 0, copied, left))
         proposal = torch.nn.functional.one_hot(codes, self.vocab).to(self.proposals.dtype)
-        if self.final_p is not None:
-            codes, proposal = self._mix_in_final_p(codes, proposal, source, positions, iteration)
         tokens = torch.where(self.forced[positions], self.forced_ids[positions], self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
         if self.config.coupler != "faithful":
             self.proposals = torch.where(is_new.unsqueeze(-1), proposal, self.proposals)
 
-    def _mix_in_final_p(self, codes: torch.Tensor, proposal: torch.Tensor, source: torch.Tensor,
-                        positions: torch.Tensor, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """With probability draft_mix, draw the draft from the final p of the committed source position
-        instead of copying its token; the proposal becomes the mixture the draft is drawn from."""
-        mix = self.config.draft_mix
-        committed_source = (source >= 0) & (source < self.committed.unsqueeze(1))
-        source_p = self.final_p.gather(1, (source % self.ring).unsqueeze(-1).expand(-1, -1, self.vocab))
-        drawn = sample(source_p, self.noise.uniform(rng.MIX_SAMPLE, self.rows, positions, iteration))
-        use_p = committed_source & (self.noise.uniform(rng.MIX, self.rows, positions, iteration) < mix)
-        mixture = (1 - mix) * proposal + mix * source_p
-        return (torch.where(use_p, drawn, codes),
-                torch.where(committed_source.unsqueeze(-1), mixture, proposal))
+
+@dataclass
+class _Call:
+    """One model call: what was fed and what came back."""
+
+    width: int                 # window slots verified (1 for the prefill)
+    fed: int                   # tokens fed after the committed ones: the width, more for a tree
+    pad: int                   # committed tokens fed again in front (fixed shapes)
+    logits: Logits
+    tree: Optional[tuple[torch.Tensor, torch.Tensor]]  # (alternatives, valid) when the call fed a tree
+    forward_s: float
+
+
+@dataclass
+class _Outcome:
+    """What verifying one call decided, read back in the iteration's one host synchronisation."""
+
+    shared: torch.Tensor       # (B,) tokens each row's cache advances by
+    chain: Optional[torch.Tensor]  # (B,) the tree chain each row kept, or None
+    committed: int             # the slowest row's progress in this call
+    acceptance: list[float]    # share of drafts accepted per slot
+    changed: int               # carried drafts that changed ...
+    carried: int               # ... out of these
+    live: torch.Tensor         # (B,) rows not finished
+    live_count: int
+
+
+class _Run:
+    """One generation, step by step: prefill, choose a width, feed, verify, keep the books."""
+
+    def __init__(self, model: TokenModel, cond: Any, config: SamplerConfig, batch_size: int,
+                 sync_timing: bool) -> None:
+        self.model, self.config, self.batch_size, self.sync_timing = model, config, batch_size, sync_timing
+        self.session = model.start(cond, batch_size)  # first: a family may adopt the image size `cond` was made for
+        self.copy_back = draft_source(model, config)
+        self.rows_per_cache = getattr(self.session, "rows_per_cache", batch_size)
+        if batch_size % self.rows_per_cache:
+            raise ValueError(f"session.rows_per_cache={self.rows_per_cache} must divide batch_size={batch_size}")
+        # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as
+        # a smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
+        self.regroup = (self.rows_per_cache == 1 and callable(getattr(self.session, "keep_rows", None))
+                        and not config.fixed_shapes)
+        self.branches = config.candidates
+        if self.branches > 1 and not callable(getattr(self.session, "keep_branch", None)):
+            raise ValueError(f"candidates={self.branches} needs a model whose session scores a tree of drafts "
+                             f"(keep_branch); this one takes candidates=1")
+        self.n = model.num_tokens
+        self.result = GenerationResult(tokens=torch.empty(0), nfe=0)
+        self.decoder: Optional[_Decoder] = None
+        self.chooser: Optional[auto_window.WindowChooser] = None
+        self.done, self.iteration, self.max_shift = 0, 0, 0
+
+    def prefill(self) -> _Call:
+        """The prefix call, which yields position 0's distribution; the decoder is sized after it."""
+        t0 = time.perf_counter()
+        logits = self.session.prefill()
+        window = min(auto_window.CANDIDATES[-1] if self.config.window == AUTO_WINDOW else self.config.window, self.n)
+        self.decoder = _Decoder(self.model, self.config, window, self.batch_size, logits[0].device,
+                                self.rows_per_cache, getattr(self.session, "prefix_tokens", None), self.copy_back)
+        # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
+        top_k = self.decoder.sampling[2]
+        if top_k:
+            self.branches = min(self.branches, top_k)
+        return _Call(1, 1, 0, logits, None, self._elapsed(t0))
+
+    def choose_window(self) -> int:
+        """The call's window: the configured one, or the automatic window's choice from earlier calls."""
+        if self.config.window == AUTO_WINDOW and self.chooser is None:
+            # once per model, dtype, device, batch and candidates in a process: a few timed calls, each rewound
+            self.chooser = auto_window.session_chooser(self.model, self._timed_call, self.batch_size,
+                                                       self.decoder.window, self.branches)
+        return self.decoder.window if self.chooser is None else self.chooser.choose(self.n - self.done)
+
+    def feed(self, window: int) -> _Call:
+        """One forward of the window's inputs: the last committed token and the drafts, or, with candidates, the
+        tree of chains that differ in the first draft."""
+        t0 = time.perf_counter()
+        # the last position is fed as a draft too (its slot then yields an unused distribution), so it is
+        # verified like every other draft whether or not other rows of the batch are behind: a row's tokens do
+        # not depend on its batch
+        width = min(window, self.n - self.done + 1)
+        # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
+        pad = min(window - width, self.done - 1) if self.config.fixed_shapes else 0
+        if pad:
+            self._rewind_all(pad)
+        inputs = self.decoder.window_inputs(width, pad)
+        tree = None
+        if self.branches > 1 and width > 1:
+            tree = self.decoder.alternatives(self.branches - 1, self.iteration)
+        fed, logits = self._forward(inputs, None if tree is None else tree[0])
+        if pad:
+            logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
+        return _Call(width, fed - pad, pad, logits, tree, self._elapsed(t0))
+
+    def verify(self, call: _Call) -> _Outcome:
+        """Verify, commit and re-draft on the device, then the iteration's one host synchronisation: counts,
+        flags, the chooser's commit histogram (one count per cache group) and the per-slot acceptance, as float32
+        (exact for these integers)."""
+        decoder = self.decoder
+        probs = decoder.probs(call.logits, call.fed)
+        tree = None if call.tree is None else (chain_probs(probs, call.width, self.branches),) + call.tree
+        shared, accepted, changes, chain = decoder.step(probs[:, :call.width], self.iteration, self.max_shift, tree)
+        values = torch.arange(call.width + 1, device=shared.device)  # a histogram every backend has (no bincount)
+        counts = ((shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0) if self.chooser is not None
+                  else shared[:0])
+        live = decoder.committed < self.n
+        summary = torch.cat([torch.stack([decoder.committed.min(), shared.max(), torch.isnan(probs).any().long(),
+                                          live.sum()]), changes, counts]).float()
+        summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
+        slowest, self.max_shift, has_nan, live_count, changed, carried = map(int, summary[:6])
+        if self.chooser is not None:
+            self.chooser.observe(call.width, summary[6:6 + counts.numel()])
+        if has_nan:
+            raise ModelOutputError(f"model returned NaN logits at iteration {self.iteration}; "
+                                   "float16 overflow is a common cause: try bfloat16 or float32")
+        # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
+        committed, self.done = slowest - self.done, slowest
+        return _Outcome(shared, chain, committed, summary[6 + counts.numel():], changed, carried, live, live_count)
+
+    def settle_cache(self, call: _Call, outcome: _Outcome) -> None:
+        """Keep the tree chain each row chose, rewind what was not committed, drop finished rows."""
+        if outcome.chain is not None:
+            self.session.keep_branch(outcome.chain, call.fed, self.branches)
+        if self.iteration > 0:
+            per_row = self.rows_per_cache < self.batch_size
+            self.session.rewind(call.fed - outcome.shared if per_row else call.fed - outcome.committed)
+        if self.regroup and 0 < outcome.live_count <= self.decoder.batch // 2:
+            index = torch.nonzero(outcome.live).squeeze(1)
+            self.session.keep_rows(index)
+            self.decoder.keep_rows(index)
+
+    def record(self, call: _Call, outcome: _Outcome, sample_s: float,
+               callback: Optional[Callable[[IterationStats], None]]) -> None:
+        """The call's statistics, and the caller's callback."""
+        result = self.result
+        result.nfe += 1
+        result.windows.append(call.width)
+        result.fed.append(call.fed + call.pad)
+        result.committed.append(outcome.committed)
+        acceptance = outcome.acceptance
+        result.acceptance.append(sum(acceptance) / len(acceptance) if acceptance else 1.0)
+        result.draft_changes.append(outcome.changed / outcome.carried if outcome.carried else 0.0)
+        if self.iteration == 0:
+            result.prefill_s = call.forward_s
+        else:
+            result.forward_s += call.forward_s
+        result.sample_s += sample_s
+        if callback is not None:
+            callback(IterationStats(self.iteration, outcome.committed, self.done, self.n, result.nfe, acceptance,
+                                    self.decoder.tokens(self.done), call.forward_s, sample_s))
+        self.iteration += 1
+
+    def _forward(self, inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[int, Logits]:
+        """Feed a window's inputs, or the tree they make with the first draft's alternatives; (tokens fed, logits)."""
+        if alternatives is None:
+            return inputs.shape[1], self.session.forward(inputs)
+        inputs = tree_inputs(inputs, alternatives)
+        return inputs.shape[1], self.session.forward(inputs, self.branches)
+
+    def _timed_call(self, width: int) -> torch.Tensor:
+        """A call of `width` as the run makes them (a tree with candidates), rewound: the auto window's cost."""
+        inputs = self.decoder.window_inputs(width)
+        tree = self.branches > 1 and width > 1
+        fed, logits = self._forward(inputs, inputs[:, 1:2].expand(-1, self.branches - 1) if tree else None)
+        self._rewind_all(fed)
+        return self.decoder.probs(logits, fed)
+
+    def _rewind_all(self, count: int) -> None:
+        per_row = self.rows_per_cache != self.batch_size
+        self.session.rewind(torch.full((self.decoder.batch,), count) if per_row else count)
+
+    def _elapsed(self, t0: float) -> float:
+        """Seconds since t0, the device synchronised first when the caller wants an exact forward/sampling split."""
+        if self.sync_timing and self.decoder.device.type == "cuda":
+            torch.cuda.synchronize(self.decoder.device)
+        return time.perf_counter() - t0
 
 
 def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size: int = 1,
@@ -417,132 +570,15 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     started = time.perf_counter()
-    session = model.start(cond, batch_size)  # first: a family may adopt the image size `cond` was encoded for
-    copy_back = draft_source(model, config)
-    rows_per_cache = getattr(session, "rows_per_cache", batch_size)
-    if batch_size % rows_per_cache:
-        raise ValueError(f"session.rows_per_cache={rows_per_cache} must divide batch_size={batch_size}")
-
-    def rewind_all(count: int) -> None:
-        session.rewind(count if rows_per_cache == batch_size else torch.full((decoder.batch,), count))
-
-    # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as a
-    # smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
-    regroup = rows_per_cache == 1 and callable(getattr(session, "keep_rows", None)) and not config.fixed_shapes
-    branches = config.candidates
-    if branches > 1 and not callable(getattr(session, "keep_branch", None)):
-        raise ValueError(f"candidates={branches} needs a model whose session scores a tree of drafts "
-                         f"(keep_branch); this one takes candidates=1")
-
-    def feed(inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[torch.Tensor, Logits]:
-        """One forward of a window's inputs, or of the tree they make with the first draft's alternatives."""
-        if alternatives is None:
-            return inputs, session.forward(inputs)
-        inputs = tree_inputs(inputs, alternatives)
-        return inputs, session.forward(inputs, branches)
-
-    def timed_call(width: int) -> torch.Tensor:
-        """A call of `width` as the run makes them (a tree with candidates), rewound: the auto window's cost."""
-        inputs = decoder.window_inputs(width)
-        fed, logits = feed(inputs, inputs[:, 1:2].expand(-1, branches - 1) if branches > 1 and width > 1 else None)
-        rewind_all(fed.shape[1])
-        return decoder.probs(logits, fed.shape[1])
-
-    result = GenerationResult(tokens=torch.empty(0), nfe=0)
-    decoder: Optional[_Decoder] = None
-    chooser: Optional[auto_window.WindowChooser] = None
-    done, iteration, max_shift = 0, 0, 0
-    n = model.num_tokens
-    while done < n:
+    run = _Run(model, cond, config, batch_size, sync_timing)
+    while run.done < run.n:
         if should_cancel is not None and should_cancel():
-            raise GenerationCancelled(f"generation cancelled after {done} of {n} tokens")
-        if decoder is not None and config.window == AUTO_WINDOW and chooser is None:
-            # once per model, dtype, device, batch and candidates in a process: a few timed calls, each rewound
-            chooser = auto_window.session_chooser(model, timed_call, batch_size, decoder.window, branches)
-        t0 = time.perf_counter()
-        tree, pad = False, 0
-        if decoder is None:
-            logits, width = session.prefill(), 1
-            window = min(auto_window.CANDIDATES[-1] if config.window == AUTO_WINDOW else config.window, n)
-            decoder = _Decoder(model, config, window, batch_size, logits[0].device, rows_per_cache,
-                               getattr(session, "prefix_tokens", None), copy_back)
-            # a proposal holds at most top-k tokens (one more where draft_mix mixes a copied draft in): more
-            # candidates than that could only repeat the draft
-            top_k = decoder.sampling[2]
-            if top_k:
-                branches = min(branches, top_k + (config.draft_mix > 0))
-        else:
-            window = decoder.window if chooser is None else chooser.choose(n - done)
-            # the last position is fed as a draft too (its slot then yields an unused distribution), so it is
-            # verified like every other draft whether or not other rows of the batch are behind: a row's
-            # tokens do not depend on its batch
-            width = min(window, n - done + 1)
-            # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
-            pad = min(window - width, done - 1) if config.fixed_shapes else 0
-            if pad:
-                rewind_all(pad)
-            inputs = decoder.window_inputs(width, pad)
-            # candidates: a tree of chains that differ in the first draft
-            tree = branches > 1 and width > 1
-            if tree:
-                alternatives, valid = decoder.alternatives(branches - 1, iteration)
-            inputs, logits = feed(inputs, alternatives if tree else None)
-            if pad:
-                logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
-        if sync_timing and decoder.device.type == "cuda":
-            torch.cuda.synchronize(decoder.device)
+            raise GenerationCancelled(f"generation cancelled after {run.done} of {run.n} tokens")
+        call = run.prefill() if run.decoder is None else run.feed(run.choose_window())
         t1 = time.perf_counter()
-
-        new = inputs.shape[1] if tree else width  # tokens fed after the committed ones
-        probs = decoder.probs(logits, new)
-        p = probs[:, :width]
-        shared, accepted, changes, chain = decoder.step(
-            p, iteration, max_shift, (chain_probs(probs, width, branches), alternatives, valid) if tree else None)
-        # the one host synchronisation of the iteration: counts, flags, the chooser's commit histogram
-        # (one count per cache group) and the per-slot acceptance, as float32 (exact for these integers)
-        values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (MPS: no bincount)
-        counts = ((shared[::rows_per_cache].unsqueeze(1) == values).sum(0) if chooser is not None
-                  else shared[:0])
-        live_rows = decoder.committed < n
-        summary = torch.cat([torch.stack([decoder.committed.min(), shared.max(), torch.isnan(probs).any().long(),
-                                          live_rows.sum()]), changes, counts]).float()
-        summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
-        slowest, max_shift, has_nan, live, changed, carried = map(int, summary[:6])
-        # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
-        committed, done = slowest - done, slowest
-        acceptance = summary[6 + counts.numel():]
-        if chooser is not None:
-            chooser.observe(width, summary[6:6 + counts.numel()])
-        if has_nan:
-            raise ModelOutputError(f"model returned NaN logits at iteration {iteration}; "
-                                   "float16 overflow is a common cause: try bfloat16 or float32")
-        if chain is not None:
-            session.keep_branch(chain, new, branches)
-        if iteration > 0:
-            rewind = new - shared
-            session.rewind(rewind if rows_per_cache < batch_size else new - committed)
-        if regroup and 0 < live <= decoder.batch // 2:
-            index = torch.nonzero(live_rows).squeeze(1)
-            session.keep_rows(index)
-            decoder.keep_rows(index)
-        t2 = time.perf_counter()
-
-        result.nfe += 1
-        result.windows.append(width)
-        result.fed.append(new + pad)
-        result.committed.append(committed)
-        result.acceptance.append(sum(acceptance) / len(acceptance) if acceptance else 1.0)
-        result.draft_changes.append(changed / carried if carried else 0.0)
-        if iteration == 0:
-            result.prefill_s = t1 - t0
-        else:
-            result.forward_s += t1 - t0
-        result.sample_s += t2 - t1
-        if callback is not None:
-            callback(IterationStats(iteration, committed, done, n, result.nfe, acceptance,
-                                    decoder.tokens(done), t1 - t0, t2 - t1))
-        iteration += 1
-
-    result.tokens = decoder.tokens(n).cpu()
-    result.total_s = time.perf_counter() - started
-    return result
+        outcome = run.verify(call)
+        run.settle_cache(call, outcome)
+        run.record(call, outcome, time.perf_counter() - t1, callback)
+    run.result.tokens = run.decoder.tokens(run.n).cpu()
+    run.result.total_s = time.perf_counter() - started
+    return run.result

@@ -13,9 +13,10 @@ import torch
 
 M32 = 0xFFFFFFFF
 
-# What a draw is for; each purpose gets its own independent stream.
-(ACCEPT, RESIDUAL, FRESH, ALPHA, INIT, GUMBEL, BLOCK, BLOCK_RESIDUAL, MIX, MIX_SAMPLE, CANDIDATE, CANDIDATE_ACCEPT,
- CANDIDATE_RESIDUAL) = range(13)
+# What a draw is for; each purpose gets its own independent stream.  The numbers are part of every seed's
+# image: 8 and 9 belonged to the removed draft_mix and stay unused, so the other streams keep their draws.
+ACCEPT, RESIDUAL, FRESH, ALPHA, INIT, GUMBEL, BLOCK, BLOCK_RESIDUAL = range(8)
+CANDIDATE, CANDIDATE_ACCEPT, CANDIDATE_RESIDUAL = 10, 11, 12
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

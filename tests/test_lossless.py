@@ -101,14 +101,6 @@ def test_block_verification_with_coupled_drafts_is_biased(coupler, monkeypatch):
         SamplerConfig(coupler=coupler, verification="block")
 
 
-@pytest.mark.parametrize("coupler", COUPLERS)
-@pytest.mark.parametrize("case", [CASES[2], CASES[5], CASES[6]], ids=lambda c: c[0])
-def test_drafts_mixed_with_the_source_positions_final_p_are_lossless(coupler, case):
-    _, model_kwargs, sampler_kwargs, rows_per_cache = case
-    result, law = sample_case(coupler, model_kwargs, {**sampler_kwargs, "draft_mix": 0.5}, rows_per_cache)
-    assert chi_square_pvalue(result.tokens, law) > P_MIN
-
-
 # (case, candidates, window): on these 4-6-token sequences most trees hold more tokens than positions are left
 CANDIDATE_CASES = [(CASES[0], 2, 2), (CASES[1], 3, 2), (CASES[2], 3, 2), (CASES[3], 2, 3), (CASES[5], 2, 2),
                    (CASES[6], 2, 3), (CASES[7], 2, 2)]

@@ -17,7 +17,7 @@ from ..engine import generate
 from .synthetic import GridModel
 
 MODES = (("SCD-MC", {}), ("cand2", dict(candidates=2)), ("cand3", dict(candidates=3)),
-         ("cand4", dict(candidates=4)), ("cand4-mix", dict(candidates=4, draft_mix=0.5)))
+         ("cand4", dict(candidates=4)))
 
 
 def paired_rows(name: str, model: Any, cond: Any, window: int, seeds: Sequence[int], **sampling: Any) -> list[dict]:
