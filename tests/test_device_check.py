@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from scd_core import bench
+from scd_core.bench import cli as bench
 from scd_core.bench.device_check import SHAPES, TINY_SHAPES, WIDTHS
 
 

@@ -268,7 +268,7 @@ def test_mismatched_weights_leave_nothing_loaded(tiny_janus_dir: Path, tmp_path:
 # ---- benchmarks on the same checkpoint ----
 
 def test_model_benchmark_rows(tiny_janus_dir: Path) -> None:
-    from scd_core.bench import markdown
+    from scd_core.bench.tables import markdown
     from scd_core.bench.shapes import model_benchmark
 
     rows = model_benchmark(str(tiny_janus_dir), couplers=("maximal",), windows=(4,), seeds=(0,), device="cpu")

@@ -354,7 +354,7 @@ def test_bad_arguments(model32: lumina.LuminaModel, model2: lumina.LuminaModel) 
 
 
 def test_shape_benchmark_lumina_one_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    from scd_core import bench_models
+    from scd_core.bench import shapes as bench_models
 
     # the Chameleon build and the timing loop at a narrow width (the 4096-wide layer takes ~20 s to build here)
     narrow = dict(bench_models.LUMINA_SHAPES["lumina-7b"], hidden_size=256, num_attention_heads=4,
