@@ -28,6 +28,18 @@ TINY = {"dim": 48, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 12,
         "vocab_size": 64, "video_latent_shape": [4, 2, 3], "original_latent_shape": [2, 2, 3],
         "generated_frames": 2}
 CONTEXT_DIM = 16
+# Every field of NVIDIA's autoregressive ModelConfig at its default, as its code writes the config out: the
+# unset ones null (head_dim null means dim // n_heads, n_kv_heads null means n_heads).
+NVIDIA_MODEL_CONFIG = {
+    "dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "head_dim": None, "vocab_size": 128256,
+    "ffn_hidden_size": 14336, "norm_eps": 1e-5, "rope_theta": 500000, "apply_abs_pos_emb": False,
+    "max_batch_size": 1, "max_seq_len": 8192, "fuse_qkv": False, "causal_mask": True, "norm_type": "rmsnorm",
+    "precision": "bfloat16", "use_qk_normalization": False, "tokenizer": None, "ckpt_dir": None, "ckpt_path": None,
+    "apply_yarn": False, "yarn_scale": None, "yarn_beta_fast": None, "yarn_beta_slow": None,
+    "original_seq_len": None, "vision_encoder": None, "vision_encoder_in_channels": 3, "mm_projector": None,
+    "rope_dim": "1D", "pytorch_rope_version": "v2", "original_latent_shape": None, "pad_to_multiple_of": None,
+    "insert_cross_attn": False, "insert_cross_attn_every_k_layers": 1, "context_dim": 1024,
+    "num_video_frames": None, "video_height": None, "video_width": None, "video_latent_shape": None}
 FRAME_SIZE = (32, 48)  # pixels: 2 x 3 codes of 16 x 16
 
 
@@ -113,6 +125,20 @@ def write_cosmos(root: Path, size: str = "4B", nested: bool = True, seed: int = 
         torch.save(state, folder / "model.pt")
     if not (root / TOKENIZER_FOLDER).is_dir():
         write_tokenizer(root / TOKENIZER_FOLDER)
+    return folder
+
+
+def write_nvidia_config(folder: Path, **fields: object) -> Path:
+    """Replace the folder's config.json by NVIDIA's ModelConfig with the tiny 4B video model's values set,
+    as its video model config sets them, and `fields` on top (None writes null; "drop" leaves a key out)."""
+    config = {**NVIDIA_MODEL_CONFIG, "dim": TINY["dim"], "n_layers": TINY["n_layers"], "n_heads": TINY["n_heads"],
+              "n_kv_heads": TINY["n_kv_heads"], "vocab_size": TINY["vocab_size"],
+              "ffn_hidden_size": TINY["ffn_hidden_size"], "use_qk_normalization": True, "rope_dim": "3D",
+              "pad_to_multiple_of": 64, "ckpt_path": str(folder / "model.pt"), "num_video_frames": 25,
+              "video_height": FRAME_SIZE[0], "video_width": FRAME_SIZE[1],
+              "video_latent_shape": TINY["video_latent_shape"], **fields}
+    config = {key: value for key, value in config.items() if value != "drop"}
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pace import assert_each_row_matches, tree_logits
-from cosmos_fixture import CONTEXT_DIM, FRAME_SIZE, TINY, context_frames, write_cosmos, write_tokenizer
+from cosmos_fixture import (CONTEXT_DIM, FRAME_SIZE, TINY, context_frames, write_cosmos, write_nvidia_config,
+                            write_tokenizer)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
 from scd_core.models.cosmos import (TOKENIZER_FOLDER, VideoContext, config_for, detect, official_keys,
                                     read_state_dict, rope_table_3d, sincos_table_3d, yarn_factors, BASE_12B)
@@ -285,6 +286,41 @@ def test_detect_and_size_from_name(tmp_path, folders):
     (bad / "config.json").write_text('{"video_latent_shape": [4, 2]}')
     with pytest.raises(ModelLoadError, match="video_latent_shape"):
         load_model(bad, "cpu")
+
+
+def _heads(folder: Path) -> tuple[int, int, int, int]:
+    cfg = load_model(folder, "cpu").config  # loads strictly: the weights must fit the sizes read
+    return cfg.dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+
+
+def test_nvidia_model_config_with_null_head_dim_derives_it(tmp_path):
+    """NVIDIA's config.json: head_dim null (dim // n_heads), its other unset fields null too, YaRN off."""
+    folder = write_nvidia_config(write_cosmos(tmp_path, "4B"))  # weights of head_dim 12 = 48 // 4
+    assert _heads(folder) == (48, 4, 2, 12)
+    cfg = config_for(folder)
+    assert cfg.yarn_scale is None and (cfg.yarn_beta_fast, cfg.yarn_beta_slow) == (4.0, 1.0)
+    assert cfg.latent_shape == tuple(TINY["video_latent_shape"]) and cfg.original_latent_shape == (3, 40, 64)
+    assert not cfg.cross_attention and cfg.context_dim == 1024
+
+
+def test_new_dim_and_heads_without_head_dim_derive_it(tmp_path):
+    """Not the size's base head_dim (128 for the 4B, 128 for the 12B whose dim // n_heads is 160)."""
+    for size in ("4B", "12B"):
+        folder = write_cosmos(tmp_path / size, size, dim=64, n_heads=2, n_kv_heads=1, head_dim=32)
+        write_nvidia_config(folder, dim=64, n_heads=2, n_kv_heads=1, head_dim="drop")
+        assert _heads(folder) == (64, 2, 1, 32)
+
+
+def test_null_n_kv_heads_means_one_per_head(tmp_path):
+    folder = write_nvidia_config(write_cosmos(tmp_path, "4B", n_kv_heads=TINY["n_heads"]), n_kv_heads=None)
+    assert _heads(folder) == (48, 4, 4, 12)
+
+
+@pytest.mark.parametrize("field, value", [("n_heads", 0), ("dim", "48"), ("head_dim", 12.0), ("n_layers", True)])
+def test_sizes_must_be_positive_integers(tmp_path, field, value):
+    folder = write_nvidia_config(write_cosmos(tmp_path, "4B"), **{field: value})
+    with pytest.raises(ModelLoadError, match=f"{field} must be a positive integer"):
+        config_for(folder)
 
 
 def test_preview_shows_the_latent_frame_being_sampled(folders):

@@ -329,6 +329,18 @@ def test_vocabulary_map_without_visual_tokens(tiny_emu3_dir: Path, tmp_path: Pat
         load_model(folder, device="cpu")
 
 
+def test_null_codebook_size_means_the_default(tiny_emu3_dir: Path, tmp_path: Path) -> None:
+    folder = copy_of(tiny_emu3_dir, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    edit_config(folder, vq_config={**config["vq_config"], "codebook_size": None})
+    # the default 32768 codes, more than the tiny vocabulary_map lists
+    with pytest.raises(ModelLoadError, match=r"lacks the visual token .*\|> of a 32768-code VQ"):
+        load_model(folder, device="cpu")
+    edit_config(folder, vq_config={**config["vq_config"], "codebook_size": "many"})
+    with pytest.raises(ModelLoadError, match="vq_config.codebook_size must be a positive integer"):
+        load_model(folder, device="cpu")
+
+
 def test_missing_and_truncated_shards(tiny_emu3_dir: Path, tmp_path: Path) -> None:
     folder = copy_of(tiny_emu3_dir, tmp_path)
     shard = folder / "model-00002-of-00002.safetensors"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 from dataclasses import dataclass
@@ -327,6 +328,31 @@ def test_missing_pieces_are_named(tmp_path):
     folder = write_safetensors_c2i(tmp_path / "swapped")
     (folder / "vq.safetensors").rename(folder / "other.safetensors")
     with pytest.raises(ModelLoadError, match="vq.safetensors"):
+        load_model(folder, "cpu")
+
+
+def _write_settings(folder: Path, **settings: object) -> Path:
+    (folder / "llamagen.json").write_text(json.dumps({
+        "model_type": "llamagen", "gpt_checkpoint": "gpt.safetensors", "vq_checkpoint": "vq.safetensors",
+        "image_size": IMAGE_SIZE, **settings}))
+    return folder
+
+
+def test_null_settings_mean_the_defaults(tmp_path):
+    folder = _write_settings(write_safetensors_c2i(tmp_path / "m"), n_head=None, preset="GPT-B",
+                             vq={"norm_groups": None}, t5_folder=None, cfg_scale=None, top_k=None, family=None,
+                             class_names=None)
+    model = load_model(folder, "cpu", torch.float32)
+    assert (model.family, model.config.n_head, model.default_cfg_scale, model.class_names) == ("llamagen", 12, 4.0,
+                                                                                                None)
+    with pytest.raises(ModelLoadError, match="lacks gpt_checkpoint"):
+        load_model(_write_settings(folder, gpt_checkpoint=None), "cpu")
+
+
+@pytest.mark.parametrize("n_head", [5, 96])
+def test_heads_that_do_not_split_the_width_are_refused(tmp_path, n_head):
+    folder = _write_settings(write_safetensors_c2i(tmp_path / "m"), n_head=n_head)
+    with pytest.raises(ModelLoadError, match=f"do not split into {n_head} heads"):
         load_model(folder, "cpu")
 
 

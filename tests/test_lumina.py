@@ -332,6 +332,22 @@ def test_weights_that_do_not_fit_config(tiny_lumina_dir: Path, tmp_path: Path) -
         load_model(folder, device="cpu")
 
 
+def test_vocab_size_left_out_or_null_is_not_zero(tiny_lumina_dir: Path, tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina_dir, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    del config["vocab_size"]  # transformers' 65536: the code ids fit, the embedding table does not
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"embed_tokens.weight has shape \[\d+, \d+\] where config.json "
+                                             r"implies \[65536,"):
+        load_model(folder, device="cpu")
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": None}))
+    with pytest.raises(ModelLoadError, match="could not be loaded as Lumina-mGPT"):  # transformers' field
+        load_model(folder, device="cpu")
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": "large"}))
+    with pytest.raises(ModelLoadError, match="vocab_size must be a positive integer, got 'large'"):
+        load_model(folder, device="cpu")
+
+
 def test_resolution_must_come_from_the_folder_name(tiny_lumina_dir: Path, tmp_path: Path) -> None:
     folder = broken_copy(tiny_lumina_dir, tmp_path, "my-lumina")
     with pytest.raises(ModelLoadError, match="resolution of .*my-lumina"):

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from .checkpoints import ModelLoadError, read_torch_checkpoint
 from .row_cache import RowCache
-from .tokenizer_files import read_json
+from .tokenizer_files import positive_int, read_json
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
 WEIGHTS = "model.pt"
@@ -105,6 +105,8 @@ OVERRIDES = {"dim": "dim", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_h
              "original_latent_shape": "original_latent_shape", "insert_cross_attn": "cross_attention",
              "context_dim": "context_dim", "apply_abs_pos_emb": "abs_pos_emb", "top_p": "top_p",
              "begin_of_video": "begin_of_video"}
+SIZE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab_size", "context_dim",
+               "generated_frames")
 
 
 def size_from_name(folder: Path) -> Optional[str]:
@@ -114,13 +116,33 @@ def size_from_name(folder: Path) -> Optional[str]:
     return next(size for size in SIZES if size.lower() == match.group(1).lower())
 
 
+def _head_sizes(data: dict[str, Any], overrides: dict[str, Any], base: CosmosConfig) -> dict[str, int]:
+    """head_dim and n_kv_heads where config.json leaves them to be derived, as NVIDIA's ModelConfig does.
+
+    A null head_dim, or none beside a new dim or n_heads, is dim // n_heads (the size's own head_dim
+    belongs to the size's own dim and heads); a null n_kv_heads is n_heads.
+    """
+    dim, n_heads = overrides.get("dim", base.dim), overrides.get("n_heads", base.n_heads)
+    derived = {}
+    if "n_kv_heads" in data and data["n_kv_heads"] is None:
+        derived["n_kv_heads"] = n_heads
+    if "head_dim" not in overrides and ("head_dim" in data or "dim" in overrides or "n_heads" in overrides):
+        derived["head_dim"] = dim // n_heads
+    return derived
+
+
 def config_for(folder: Path) -> CosmosConfig:
-    """The size named by the folder, with config.json's known keys applied on top."""
+    """The size named by the folder, with config.json's known keys applied on top.
+
+    A null value (NVIDIA's ModelConfig writes its unset fields as null) keeps the size's value, or the
+    derived one where NVIDIA derives it (head_dim, n_kv_heads).
+    """
     size = size_from_name(folder)
     overrides: dict[str, Any] = {}
+    data: dict[str, Any] = {}
     if (folder / "config.json").is_file():
         data = read_json(folder / "config.json")
-        overrides = {OVERRIDES[k]: v for k, v in data.items() if k in OVERRIDES}
+        overrides = {OVERRIDES[k]: v for k, v in data.items() if k in OVERRIDES and v is not None}
         if data.get("apply_yarn") is False:
             overrides["yarn_scale"] = None
     if size is None and "dim" not in overrides:
@@ -137,6 +159,10 @@ def config_for(folder: Path) -> CosmosConfig:
             raise ModelLoadError(f"{folder / 'config.json'}: {json_names[key]} must be a list of 3 positive "
                                  f"integers, got {value!r}")
         overrides[key] = tuple(value)
+    for key in SIZE_FIELDS:
+        if key in overrides:
+            positive_int(overrides[key], json_names[key], folder / "config.json")
+    overrides.update(_head_sizes(data, overrides, base))
     try:
         config = replace(base, **overrides)
     except TypeError as err:

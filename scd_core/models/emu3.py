@@ -27,7 +27,7 @@ from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
 from .hf_folders import check_safetensors_weights, load_pretrained
 from .row_attention import RowAttentionBackbone
-from .tokenizer_files import TextTokenizer, read_json
+from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nulls
 
 MODEL_TYPE = "emu3"
 HF_FORMAT_HINT = ("download the transformers-format repository BAAI/Emu3-Gen-hf instead (BAAI/Emu3-Gen holds "
@@ -183,7 +183,7 @@ def _check_config(folder: Path) -> dict:
     if not path.is_file():
         raise ModelLoadError(f"{folder} has no config.json; expected an Emu3-Gen folder in the transformers "
                              f"format (config.json, *.safetensors, tokenizer.json): {HF_FORMAT_HINT}")
-    config = read_json(path)
+    config = without_nulls(read_json(path))  # a null field means its default
     model_type = config.get("model_type")
     if (model_type != MODEL_TYPE and str(model_type).lower() == MODEL_TYPE) or "auto_map" in config:
         raise ModelLoadError(f"{folder} holds the original BAAI/Emu3-Gen layout (custom code, no VQ decoder); "
@@ -196,7 +196,8 @@ def _check_config(folder: Path) -> dict:
 def code_ids_from(config: dict, tokenizer: TextTokenizer, folder: Path) -> torch.Tensor:
     """Ids of the visual tokens in code order, from config.json's vocabulary_map, checked against the tokenizer."""
     vocabulary = config.get("vocabulary_map") or {}
-    codebook = int((config.get("vq_config") or {}).get("codebook_size", 32768))
+    codebook = positive_int(config.get("vq_config", {}).get("codebook_size", 32768), "vq_config.codebook_size",
+                            folder / "config.json")
     try:
         ids = [int(vocabulary[VISUAL_TOKEN.format(code)]) for code in range(codebook)]
     except KeyError as err:

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
 from .row_cache import RowCache
+from .tokenizer_files import positive_int, without_nulls
 from .vq16 import VQModel, vq_from_state_dict
 
 # Attention heads of the published sizes, keyed by model width (all use 64-wide heads except 3B/7B).
@@ -243,8 +244,11 @@ def config_from_state_dict(state: dict[str, torch.Tensor], grid_size: int, n_hea
     if n_head is None:
         raise ModelLoadError(f"{source}: width {dim} is not a published LlamaGen size; give \"n_head\" "
                              "in llamagen.json")
-    head_dim = dim // n_head
-    n_kv_head = (qkv_rows // head_dim - n_head) // 2
+    head_dim, uneven = divmod(dim, n_head)
+    n_kv_head = 0 if uneven or not head_dim else (qkv_rows - dim) // (2 * head_dim)
+    if n_kv_head < 1 or qkv_rows != dim + 2 * n_kv_head * head_dim:
+        raise ModelLoadError(f"{source}: width {dim} and fused qkv rows {qkv_rows} do not split into {n_head} "
+                             "heads; check \"n_head\" in llamagen.json")
     common = dict(dim=dim, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head, ffn_hidden=ffn_hidden,
                   vocab_size=vocab_size, grid_size=grid_size)
     if "cls_embedding.embedding_table.weight" in state:
@@ -523,9 +527,10 @@ def _find_t5(folder: Path) -> Optional[Path]:
 
 
 def _settings(folder: Path) -> dict[str, Any]:
-    """Paths and sizes for `load`, from llamagen.json or the original file names."""
+    """Paths and sizes for `load`, from llamagen.json (null there: the default) or the original file names."""
     config = _read_config(folder)
     if config is not None:
+        config = without_nulls(config)
         missing = [key for key in ("gpt_checkpoint", "vq_checkpoint", "image_size") if key not in config]
         if missing:
             raise ModelLoadError(f"{folder}: llamagen.json lacks {', '.join(missing)}")
@@ -555,26 +560,20 @@ def _settings(folder: Path) -> dict[str, Any]:
     return settings
 
 
-def _positive_int(value: Any, name: str, folder: Path) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ModelLoadError(f"{folder}: {name} must be a positive integer, got {value!r}")
-    return value
-
-
 def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaGenModel:
     folder = Path(folder)
     settings = _settings(folder)
-    image_size = _positive_int(settings["image_size"], "image_size", folder)
+    image_size = positive_int(settings["image_size"], "image_size", folder)
     n_head = settings.get("n_head")
     if n_head is None and settings.get("preset") is not None:
         if settings["preset"] not in PRESETS:
             raise ModelLoadError(f"{folder}: unknown preset {settings['preset']!r}; one of {', '.join(PRESETS)}")
         n_head = PRESETS[settings["preset"]][1]
     if n_head is not None:
-        n_head = _positive_int(n_head, "n_head", folder)
+        n_head = positive_int(n_head, "n_head", folder)
     vq_settings = settings.get("vq") or {}
     vq = vq_from_state_dict(read_weights(settings["vq_checkpoint"]), str(settings["vq_checkpoint"]),
-                            norm_groups=_positive_int(vq_settings.get("norm_groups", 32), "vq.norm_groups", folder))
+                            norm_groups=positive_int(vq_settings.get("norm_groups", 32), "vq.norm_groups", folder))
     if image_size % vq.config.downsample:
         raise ModelLoadError(f"{folder}: image_size {image_size} is not a multiple of the VQ's "
                              f"{vq.config.downsample}x downsampling")

@@ -31,7 +31,7 @@ import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
 from .hf_folders import raise_load_failure
-from .tokenizer_files import TextTokenizer, read_json
+from .tokenizer_files import TextTokenizer, positive_int, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
 from .janus import RowBackbone
 from .movqgan import CHECKPOINT as MOVQGAN_CHECKPOINT, load_movqgan
@@ -289,6 +289,16 @@ def _code_ids(tokenizer: TextTokenizer, variant: Variant, codebook_size: int, vo
     return ids
 
 
+def _vocab_size(config: dict[str, Any], folder: Path) -> int:
+    """config.json's vocab_size for checking the code ids: transformers' default where it is left out or null."""
+    vocab_size = config.get("vocab_size")
+    if vocab_size is None:
+        from transformers import ChameleonConfig
+
+        return ChameleonConfig().vocab_size
+    return positive_int(vocab_size, "vocab_size", folder / "config.json")
+
+
 @contextlib.contextmanager
 def _parameters_on_meta() -> Iterator[None]:
     """Build modules with parameters on the meta device (no memory, no random init) but real buffers.
@@ -411,7 +421,7 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LuminaModel:
     tokenizer = _tokenizer(folder, variant)
     resolution = _resolution(folder, variant)
     vq = load_chameleon_vqgan(vq_path) if variant is LUMINA_1 else load_movqgan(vq_path)
-    code_ids = _code_ids(tokenizer, variant, vq.spec.codebook_size, int(config.get("vocab_size", 0)), folder)
+    code_ids = _code_ids(tokenizer, variant, vq.spec.codebook_size, _vocab_size(config, folder), folder)
     bos = _bos(tokenizer, variant)
     failure: Optional[str] = None
     try:

@@ -1,4 +1,5 @@
-"""Reading a Hugging Face text tokenizer from its files with the `tokenizers` library alone.
+"""Reading a Hugging Face text tokenizer from its files with the `tokenizers` library alone, and the JSON
+settings files the families read themselves.
 
 transformers' tokenizer classes changed a lot between 4.x and 5.x; the
 tokenizer.json file did not.  Reading it directly gives the same ids under
@@ -28,6 +29,19 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path} does not hold a JSON object")
     return data
+
+
+def without_nulls(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` without its null entries, in nested objects too: a null setting means "the default"."""
+    return {key: without_nulls(value) if isinstance(value, dict) else value
+            for key, value in data.items() if value is not None}
+
+
+def positive_int(value: Any, name: str, where: Path) -> int:
+    """`value` if it is a positive integer (not a bool), else a ModelLoadError naming `name` in `where`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelLoadError(f"{where}: {name} must be a positive integer, got {value!r}")
+    return value
 
 
 def _token_content(value: Any) -> Optional[str]:
