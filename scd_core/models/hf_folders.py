@@ -28,7 +28,7 @@ def check_safetensors_weights(folder: Path, hint: str) -> None:
         raise ModelLoadError(f"{folder} has {found}; {hint}")
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = set(read_json(index).get("weight_map", {}).values())
+        shards = set((read_json(index).get("weight_map") or {}).values())
         missing = sorted(name for name in shards if not (folder / name).is_file())
         if missing:
             raise ModelLoadError(f"{folder} lacks weight shards {', '.join(missing)}; download them again")

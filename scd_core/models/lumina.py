@@ -325,7 +325,7 @@ def _shard_files(folder: Path) -> list[Path]:
     """The weight shards the index names (all *.safetensors without an index); pickles are never opened."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = [folder / name for name in sorted(set(read_json(index).get("weight_map", {}).values()))]
+        shards = [folder / name for name in sorted(set((read_json(index).get("weight_map") or {}).values()))]
         missing = [path.name for path in shards if not path.is_file()]
         if missing:
             raise ModelLoadError(f"{folder} lacks weight shards {', '.join(missing)}; download them again")
