@@ -311,6 +311,17 @@ def enlarged(panel: Image.Image) -> Image.Image:
     return panel if factor == 1 else panel.resize((panel.width * factor, panel.height * factor), Image.NEAREST)
 
 
+def stacked(panels: Sequence[Image.Image]) -> Image.Image:
+    """Panels one under the other, PADDING apart."""
+    sheet = Image.new("RGB", (max(panel.width for panel in panels),
+                              sum(panel.height for panel in panels) + PADDING * (len(panels) - 1)), "white")
+    top = 0
+    for panel in panels:
+        sheet.paste(panel, (0, top))
+        top += panel.height + PADDING
+    return sheet
+
+
 def labelled_columns(title: Sequence[str], columns: Sequence[tuple[Sequence[str], Image.Image]]) -> Image.Image:
     """Title lines over columns, each a caption (lines) over its panel; columns as wide as panel or caption."""
     title_font, caption_font = _font(TITLE_SIZE), _font(CAPTION_SIZE)
@@ -337,7 +348,8 @@ def labelled_columns(title: Sequence[str], columns: Sequence[tuple[Sequence[str]
 
 
 def compare_sheet(methods: Sequence[Sequence[Run]]) -> Image.Image:
-    """Each method's images of its first SHOWN_SEEDS seeds in a column, captioned with its calls."""
+    """Each method's images of its first SHOWN_SEEDS seeds in a column (a seed's batch together), captioned
+    with its calls."""
     first = methods[-1][0]
     tokens, seeds = first.result.tokens.shape[1], [run.config.seed for run in methods[0]]
     if len(seeds) == 1:
@@ -347,7 +359,7 @@ def compare_sheet(methods: Sequence[Sequence[Run]]) -> Image.Image:
         title = [f"model calls for {tokens} tokens, window {first.config.window}",
                  f"mean \u00b1 sd over seeds {seeds[0]}..{seeds[-1]}; images of seed{'s' * (len(seeds) > 1)} {shown}"]
     columns = [((runs[0].label, calls_caption(runs)),
-                enlarged(to_pil(torch.cat([run.images for run in runs[:SHOWN_SEEDS]]), vertical=True)))
+                stacked([enlarged(to_pil(run.images, vertical=True)) for run in runs[:SHOWN_SEEDS]]))
                for runs in methods]
     return labelled_columns(title, columns)
 

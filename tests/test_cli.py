@@ -79,9 +79,10 @@ def compare_rows(out: str) -> dict[str, list[str]]:
     return rows
 
 
-def sheet_height(title_lines: int, images: int) -> int:
-    """--compare's picture: title and a two-line caption over the stacked images, enlarged to MIN_PANEL."""
-    return 2 * PADDING + LINE_HEIGHT * (title_lines + 2) + images * MIN_PANEL
+def sheet_height(title_lines: int, seeds: int, batch: int = 1) -> int:
+    """--compare's picture: title and a two-line caption over each seed's batch (enlarged to MIN_PANEL),
+    the seeds PADDING apart."""
+    return 2 * PADDING + LINE_HEIGHT * (title_lines + 2) + seeds * batch * MIN_PANEL + (seeds - 1) * PADDING
 
 
 def test_compare_writes_one_panel_per_mode_and_a_table(tiny_janus_dir, tmp_path, capsys):
@@ -90,7 +91,7 @@ def test_compare_writes_one_panel_per_mode_and_a_table(tiny_janus_dir, tmp_path,
                              "--window", 6, "--batch-size", 2, "--compare", "-o", output)
     assert code == 0, err
     width, height = Image.open(output).size
-    assert height == sheet_height(1, 2)  # the batch stacked under each caption
+    assert height == sheet_height(1, 1, batch=2)  # the batch stacked under each caption
     assert width >= len(COMPARE_LABELS) * MIN_PANEL
 
     rows = compare_rows(out)
