@@ -7,6 +7,7 @@ from typing import Optional
 import comfy.model_management as mm
 import comfy.model_patcher
 import torch
+from comfy.cli_args import args
 from comfy_api.latest import io
 from scd_core import load_model
 from scd_core.models.loading import pick_device
@@ -28,11 +29,23 @@ class _ModuleHolder(torch.nn.Module):
         self.inner = inner
 
 
+def module_holder(inner: torch.nn.Module, name: str) -> torch.nn.Module:
+    """`inner` in a holder whose class is named after the model: ComfyUI's log names a model by its class
+    ("Requested to load SCD demo")."""
+    return type(f"SCD {name}", (_ModuleHolder,), {"__module__": __name__})(inner)
+
+
 def compute_device(choice: str) -> torch.device:
     """The device to sample on; "auto" is ComfyUI's choice, so --cpu and friends are respected."""
     if choice == "auto":
         return mm.get_torch_device()
-    return pick_device(choice)
+    if args.cpu and choice != "cpu":
+        raise ValueError(f"device '{choice}' was chosen but ComfyUI runs with --cpu; choose auto "
+                         "(ComfyUI's device) or cpu")
+    try:
+        return pick_device(choice)
+    except ValueError as err:
+        raise ValueError(f"{err}; choose auto (ComfyUI's device, here {mm.get_torch_device().type})") from err
 
 
 def weight_dtype(choice: str, device: torch.device) -> torch.dtype:
@@ -54,8 +67,9 @@ class SCDModelLoader(io.ComfyNode):
             inputs=[
                 io.Combo.Input("model", options=list(model_choices()), default=DEMO,
                                tooltip="A folder under models/scd/ or a family folder (models/Janus-Pro/, "
-                                       "models/LlamaGen/, models/Cosmos/, ...); "
-                                       "'demo' is the small class-conditional model shipped with the pack."),
+                                       "models/LlamaGen/, models/Cosmos/, ...); only folders that hold a "
+                                       "model this pack recognises are listed (press R to refresh). "
+                                       "'demo' is the small digit model shipped with the pack."),
                 CheckedCombo("device", options=list(DEVICES), default="auto",
                              tooltip="auto: ComfyUI's device (respects --cpu)."),
                 CheckedCombo("dtype", options=list(DTYPES), default="auto",
@@ -86,6 +100,6 @@ class SCDModelLoader(io.ComfyNode):
         # Loaded on the offload device; ModelPatcher moves it to load_device when a node needs it.
         loaded = load_model(DEMO if folder is None else folder, device=offload_device,
                             dtype=weight_dtype(dtype, load_device))
-        patcher = comfy.model_patcher.ModelPatcher(_ModuleHolder(loaded.module), load_device=load_device,
+        patcher = comfy.model_patcher.ModelPatcher(module_holder(loaded.module, model), load_device=load_device,
                                                    offload_device=offload_device)
         return io.NodeOutput(LoadedModel(name=model, model=loaded, patcher=patcher))

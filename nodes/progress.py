@@ -7,7 +7,7 @@ within one model call.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import comfy.model_management as mm
 import comfy.utils
@@ -23,9 +23,9 @@ PREVIEW_COST_SHARE = 5
 PENDING_GRAY = 0.5  # colour of the not yet committed part of the preview
 
 
-def status_text(stats: IterationStats) -> str:
-    return (f"iter {stats.iteration + 1} - {stats.total / stats.nfe:.1f} tokens/call - "
-            f"NFE {stats.nfe}/{stats.num_tokens}")
+def status_text(stats: IterationStats, warnings: Sequence[str] = ()) -> str:
+    """"31 calls, 126 / 256 tokens", then any warning about the run's settings."""
+    return " | ".join([f"{stats.nfe} calls, {stats.total} / {stats.num_tokens} tokens", *warnings])
 
 
 def event_data(node_id: str, stats: IterationStats) -> dict[str, Any]:
@@ -62,9 +62,10 @@ def to_pil(image: torch.Tensor) -> Image.Image:
 class ProgressReporter:
     """The sampler's `generate` callback."""
 
-    def __init__(self, node_id: str, model: Any) -> None:
+    def __init__(self, node_id: str, model: Any, warnings: Sequence[str] = ()) -> None:
         self.node_id = node_id
         self.model = model
+        self.warnings = tuple(warnings)  # shown on the status line all run long
         self.bar = comfy.utils.ProgressBar(model.num_tokens, node_id=node_id)
         self.server = PromptServer.instance
         self.next_preview_at = time.monotonic() + PREVIEW_INTERVAL_S
@@ -82,5 +83,5 @@ class ProgressReporter:
     def __call__(self, stats: IterationStats) -> None:
         mm.throw_exception_if_processing_interrupted()
         self.bar.update_absolute(stats.total, stats.num_tokens, self._preview(stats))
-        self.server.send_progress_text(status_text(stats), self.node_id)
+        self.server.send_progress_text(status_text(stats, self.warnings), self.node_id)
         self.server.send_sync("scd.progress", event_data(self.node_id, stats))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import comfy.model_management as mm
 from comfy_api.latest import io
 from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate
 from scd_core.config import AUTO_WINDOW, MAX_CANDIDATES, MAX_SEED, MAX_WINDOW
+from scd_core.model import FAR_CFG_FACTOR, FAR_TEMPERATURE_FACTOR, unusual_settings
 
 from .checks import CheckedCombo, check_same_model
 from .progress import ProgressReporter
@@ -30,11 +33,21 @@ def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, tempe
                          f"got {cfg_scale}")
     if top_k < 0:
         raise ValueError(f"top_k must be 0 (the model's recommended value) or a positive integer, got {top_k}")
+    if candidates > 1 and coupler == "faithful":
+        raise ValueError(f"candidates must be 1 with the faithful coupler, which reproduces plain autoregressive "
+                         f"sampling token for token; set candidates to 1 or choose another coupler (got {candidates})")
     return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window,
                          cfg_scale=None if cfg_scale == RECOMMENDED_CFG else cfg_scale,
                          temperature=temperature, top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
                          top_p=None if top_p == RECOMMENDED_TOP_P else top_p, seed=seed,
                          draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init, candidates=candidates)
+
+
+def check_draft_init(model: LoadedModel, config: SamplerConfig) -> None:
+    """previous_frame copies a token one video frame back, so it needs a model with frames."""
+    if config.draft_init == "previous_frame" and len(getattr(model.model, "grid", None) or ()) != 3:
+        raise ValueError(f"draft_init previous_frame copies the same place one video frame earlier, but model "
+                         f"'{model.name}' makes single images; choose auto, above, left or random")
 
 
 class SCDSampler(io.ComfyNode):
@@ -58,9 +71,18 @@ class SCDSampler(io.ComfyNode):
                                      "call costs on this device and how many tokens the calls so far committed. "
                                      "Pin a number for seeds that give the same image on every machine."),
                 io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
-                               tooltip="Classifier-free guidance scale; -1 uses the model's recommended value."),
-                io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True),
-                io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01),
+                               tooltip="Classifier-free guidance scale; -1 uses the model's recommended value "
+                                       "(demo 2, Janus-Pro 5, LlamaGen 4 / text 7.5, Lumina-mGPT 3 / 2.0: 4, "
+                                       f"Emu3 3; Cosmos has none). Far above it (more than {FAR_CFG_FACTOR:g}x) "
+                                       "images turn to noise: the status line warns."),
+                io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
+                             tooltip="Random seed: with a pinned window, the same seed and settings give the same "
+                                     "image on every machine. In a batch, row i uses seed + i."),
+                io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01,
+                               tooltip="Divides the model's logits before sampling: 1 samples the model as "
+                                       "trained, lower gives plainer images, higher more varied ones and soon "
+                                       f"noise (above {FAR_TEMPERATURE_FACTOR:g}x the model's value the status "
+                                       "line warns)."),
                 io.Int.Input("top_k", default=RECOMMENDED_TOP_K, min=0, max=MAX_TOP_K,
                              tooltip="0 uses the model's recommended value."),
                 io.Float.Input("top_p", default=RECOMMENDED_TOP_P, min=0.0, max=1.0, step=0.01,
@@ -70,7 +92,9 @@ class SCDSampler(io.ComfyNode):
                              tooltip="First guess for tokens entering the window: auto (previous_frame for "
                                      "video, else above), random, the token to the left, the token above "
                                      "in the image grid, or the same place one video frame earlier."),
-                io.Int.Input("batch_size", default=1, min=1, max=MAX_BATCH),
+                io.Int.Input("batch_size", default=1, min=1, max=MAX_BATCH,
+                             tooltip="Images sampled together in one run, sharing its model calls; row i uses "
+                                     "seed + i."),
                 # optional: workflows saved before it existed still run as they did
                 io.Int.Input("candidates", default=1, min=1, max=MAX_CANDIDATES, optional=True,
                              tooltip="Candidates for the first draft of each call (1 = off). k feeds k chains per "
@@ -89,8 +113,12 @@ class SCDSampler(io.ComfyNode):
         config = sampler_config(coupler, window, cfg_scale, seed, temperature, top_k, top_p, draft_init, candidates)
         if not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"batch_size must be in 1..{MAX_BATCH}, got {batch_size}")
+        check_draft_init(model, config)
+        warnings = unusual_settings(model.model, config.cfg_scale, config.temperature)
+        for warning in warnings:
+            logging.warning("SCD Sampler (model '%s'): %s", model.name, warning)
         model.to_compute_device()
-        reporter = ProgressReporter(str(cls.hidden.unique_id), model.model)
+        reporter = ProgressReporter(str(cls.hidden.unique_id), model.model, warnings)
         interrupted = False
         try:
             result = generate(model.model, conditioning.cond, config, batch_size=batch_size, callback=reporter)

@@ -6,8 +6,7 @@ import comfy.model_management as mm
 import numpy as np
 import torch
 from comfy_api.latest import io
-from scd_core.auto_window import widths_used
-from scd_core.config import AUTO_WINDOW
+from scd_core.auto_window import window_report
 
 from .chart import committed_chart
 from .sockets import SamplingStats, SCDStats
@@ -18,20 +17,14 @@ from .sockets import SamplingStats, SCDStats
 LINE_BREAK = "  \n"
 
 
-def window_text(stats: SamplingStats) -> str:
-    """The window setting; for "auto" also the widths it chose, with how many calls each."""
-    if stats.config.window != AUTO_WINDOW:
-        return str(stats.config.window)
-    return f"auto ({widths_used(stats.result.windows)})"
-
-
 def summary_text(stats: SamplingStats) -> str:
     result, config = stats.result, stats.config
     tokens = result.tokens.shape[1]  # autoregressive decoding needs one call per token
     return LINE_BREAK.join([
         f"{stats.model_name}: {tokens} tokens x {stats.batch_size} in {result.nfe} model calls "
         f"(autoregressive: {tokens}) - {tokens / result.nfe:.2f}x fewer calls",
-        f"coupler {config.coupler}, window {window_text(stats)}, draft init {config.draft_init or 'auto'}, "
+        f"coupler {config.coupler}, window {window_report(config.window, result.windows)}, "
+        f"draft init {config.draft_init or 'auto'}, "
         + (f"{config.candidates} candidates, " if config.candidates > 1 else "") + f"seed {config.seed}",
         f"wall {result.total_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "
         f"sampling {result.sample_s:.2f} s"])
@@ -44,10 +37,17 @@ class SCDStatsNode(io.ComfyNode):
             node_id="SCDStats",
             display_name="SCD Stats",
             category="SCD",
-            description="Shows how many tokens each model call committed and the speed-up over "
-                        "autoregressive decoding.",
+            description="Shows how many tokens each model call committed and how many calls the run saved "
+                        "against autoregressive decoding, which needs one call per token. Each call checks a "
+                        "window of drafts (guessed tokens) at once; acceptance is the share of a call's "
+                        "drafts that passed the check that keeps the output exactly autoregressive.",
             inputs=[SCDStats.Input("stats")],
-            outputs=[io.Image.Output(display_name="chart"), io.String.Output(display_name="summary")],
+            outputs=[io.Image.Output(display_name="chart",
+                                     tooltip="Bars: tokens committed by each model call (1 = the autoregressive "
+                                             "pace). Line: acceptance, the share of that call's drafts kept."),
+                     io.String.Output(display_name="summary",
+                                      tooltip="Model calls against autoregressive decoding, the settings "
+                                              "(window: the widths the calls used) and the wall time.")],
         )
 
     @classmethod

@@ -43,6 +43,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .config import AUTO_WINDOW
+
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # few distinct widths: few kernels to warm up or graphs to capture
 TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each width's fastest call counts
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
@@ -63,9 +65,19 @@ def cost_of_width(costs: dict[int, float], width: int) -> float:
 
 
 def widths_used(windows: Sequence[int]) -> str:
-    """"16 x 40, 8 x 5": each width of a run's calls after the prefill (`GenerationResult.windows`), with its count."""
-    used = collections.Counter(windows[1:])
-    return ", ".join(f"{width} x {calls}" for width, calls in sorted(used.items(), key=lambda item: -item[1]))
+    """"40 calls at width 16, 5 at width 8": the widths of a run's calls after the prefill
+    (`GenerationResult.windows`), the most used first."""
+    used = sorted(collections.Counter(windows[1:]).items(), key=lambda item: -item[1])
+    return ", ".join(f"{calls}{' calls' if i == 0 else ''} at width {width}" for i, (width, calls) in enumerate(used))
+
+
+def window_report(window: int | str, windows: Sequence[int]) -> str:
+    """The window a run used: "auto (40 calls at width 16, ...)", the pinned width, or the width actually used
+    where the pinned one is wider than the image."""
+    if window == AUTO_WINDOW:
+        return f"{AUTO_WINDOW} ({widths_used(windows)})"
+    widest = max(windows[1:], default=window)
+    return f"{widest} (set to {window}: wider than the image)" if widest < window else str(window)
 
 
 def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],

@@ -1,6 +1,7 @@
 """`python -m scd_core`: generate images from the command line and see what the decoding saved.
 
-    python -m scd_core generate --model demo --prompt 7 --coupler maximal --window 16 --seed 0 -o out.png
+    python -m scd_core generate --model demo --prompt 7 -o out.png
+    python -m scd_core generate --model demo --prompt 7 --compare --seeds 8 -o compare.png
 
 Each subcommand is one entry of COMMANDS (arguments + runner), so `bench` can be
 added next to `generate` without touching the rest.  Bad input (a model folder
@@ -10,6 +11,7 @@ that cannot be loaded, invalid settings) ends with one line on stderr and exit 2
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -18,13 +20,14 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
+from tqdm import tqdm
 
-from .auto_window import widths_used
+from .auto_window import window_report
 from .models.checkpoints import ModelLoadError
 from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .engine import GenerationResult, IterationStats, ModelOutputError, generate
 from .models.loading import load_model, pick_device
-from .model import set_image_size
+from .model import set_image_size, unusual_settings
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -32,10 +35,15 @@ DEFAULTS = SamplerConfig()
 # --compare: (coupler, window or None for the --window value); AR is window 1 by definition
 COMPARE_MODES = (("independent", 1), ("independent", None), ("maximal", None), ("gumbel", None))
 MODE_LABELS = {"independent": "SJD", "maximal": "SCD-maximal", "gumbel": "SCD-gumbel"}
-BAR_WIDTH = 30
 HISTOGRAM_WIDTH = 40
-LABEL_HEIGHT = 14
-LABEL_PADDING = 4
+# --compare's picture: panels scaled up (by a whole factor, pixels stay exact) to at least MIN_PANEL pixels
+# wide, under a title and a two-line caption per column (method; its calls)
+MIN_PANEL = 128
+SHOWN_SEEDS = 2  # seeds whose images a --seeds comparison shows; the calls are averaged over all of them
+TITLE_SIZE, CAPTION_SIZE = 15, 14
+LINE_HEIGHT = 20  # pixels per line of title or caption
+CAPTION_LINES = 3  # title, method, calls
+PADDING = 8
 
 
 class UsageError(ValueError):
@@ -45,6 +53,15 @@ class UsageError(ValueError):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line instead of usage + message, see main()
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, except where there is none to show (None: the model's; a flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> Optional[str]:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 # ---------------------------------------------------------------- arguments
@@ -64,12 +81,12 @@ def _pixels(text: str) -> int:
 
 
 def _window(text: str) -> int | str:
-    if text == AUTO_WINDOW:
-        return text
+    if text in (AUTO_WINDOW, "0"):  # 0 is auto, as in the sampler node
+        return AUTO_WINDOW
     try:
         return int(text)  # the range is SamplerConfig's to check
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {AUTO_WINDOW!r} or an integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be {AUTO_WINDOW!r} (or 0) or an integer, got {text!r}") from None
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,20 +97,23 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
     model.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
     model.add_argument("--width", type=_pixels, default=0,
-                       help="image width in pixels (Emu3, Lumina-mGPT); default 0: the model's size")
+                       help="image width in pixels (Emu3, Lumina-mGPT); 0: the model's size")
     model.add_argument("--height", type=_pixels, default=0,
-                       help="image height in pixels (Emu3, Lumina-mGPT); default 0: the model's size")
-    sampler = parser.add_argument_group("sampler (defaults: the model's recommended values)")
+                       help="image height in pixels (Emu3, Lumina-mGPT); 0: the model's size")
+    sampler = parser.add_argument_group("sampler (unset: the model's recommended values)")
     sampler.add_argument("--coupler", choices=COUPLERS, default=DEFAULTS.coupler,
                          help="how drafts are re-made: maximal/gumbel (SCD), independent (SJD), faithful")
     sampler.add_argument("--window", type=_window, default=DEFAULTS.window,
                          help="positions decoded per model call; 1 is plain autoregressive sampling; "
-                              "auto: chosen per call from the measured cost of a call and the acceptance")
-    sampler.add_argument("--cfg", type=float, help="classifier-free guidance scale")
-    sampler.add_argument("--temperature", type=float, default=DEFAULTS.temperature)
-    sampler.add_argument("--top-k", type=int)
-    sampler.add_argument("--top-p", type=float, default=DEFAULTS.top_p)
-    sampler.add_argument("--seed", type=int, default=DEFAULTS.seed)
+                              "auto (or 0): chosen per call from the measured cost of a call and the acceptance")
+    sampler.add_argument("--cfg", type=float, help="classifier-free guidance scale (default: the model's)")
+    sampler.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
+                         help="divides the logits before sampling")
+    sampler.add_argument("--top-k", type=int, help="sample among the k likeliest tokens (default: the model's)")
+    sampler.add_argument("--top-p", type=float, default=DEFAULTS.top_p,
+                         help="sample among the likeliest tokens holding this much probability (default: the "
+                              "model's)")
+    sampler.add_argument("--seed", type=int, default=DEFAULTS.seed, help="random seed")
     sampler.add_argument("--draft-init", choices=DRAFT_INITS, default=DEFAULTS.draft_init,
                          help="initial draft of a position entering the window (default: the model's, "
                               "previous_frame for video, else above)")
@@ -107,7 +127,10 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("-o", "--output", required=True, type=Path,
                      help="PNG file; a batch is written side by side")
     out.add_argument("--compare", action="store_true",
-                     help="run AR, SJD, SCD-maximal and SCD-gumbel on the same seed and write them side by side")
+                     help="run AR, SJD, SCD-maximal and SCD-gumbel on the same seeds and write them side by side")
+    out.add_argument("--seeds", type=_positive_int, default=1, metavar="N",
+                     help="with --compare: run every method on seeds SEED .. SEED+N-1 and report the mean calls "
+                          "and their spread (one image's calls vary by about 10%%)")
 
 
 def sampler_config(args: argparse.Namespace) -> SamplerConfig:
@@ -134,24 +157,22 @@ def check_output(path: Path) -> None:
 
 # ---------------------------------------------------------------- running
 
-class ProgressBar:
-    """The engine callback: a one-line bar on `stream`, and the per-slot acceptance totals."""
+class Progress:
+    """The engine callback: a tqdm bar of committed tokens on `stream` when it is a terminal (none in a log),
+    and the per-slot acceptance totals."""
 
-    def __init__(self, label: str, stream: TextIO) -> None:
-        self.label, self.stream = label, stream
+    def __init__(self, label: str, num_tokens: int, stream: TextIO) -> None:
+        self.bar = tqdm(total=num_tokens, desc=label, unit="token", file=stream, disable=None, dynamic_ncols=True)
         self.drafts, self.accepted = 0, 0.0
 
     def __call__(self, stats: IterationStats) -> None:
         self.drafts += len(stats.acceptance)
         self.accepted += sum(stats.acceptance)
-        filled = BAR_WIDTH * stats.total // stats.num_tokens
-        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] "
-                          f"{stats.total}/{stats.num_tokens} tokens, {stats.nfe} calls")
-        self.stream.flush()
+        self.bar.set_postfix_str(f"{stats.nfe} calls", refresh=False)
+        self.bar.update(stats.total - self.bar.n)
 
-    def finish(self) -> None:
-        self.stream.write("\n")
-        self.stream.flush()
+    def close(self) -> None:
+        self.bar.close()
 
     @property
     def acceptance(self) -> Optional[float]:
@@ -181,13 +202,13 @@ def mode_label(config: SamplerConfig) -> str:
     return "AR" if config.window == 1 else MODE_LABELS.get(config.coupler, config.coupler)
 
 
-def run_once(model: Any, cond: Any, config: SamplerConfig, batch_size: int) -> Run:
+def run_once(model: Any, cond: Any, config: SamplerConfig, batch_size: int, several_seeds: bool = False) -> Run:
     label = mode_label(config)
-    progress = ProgressBar(label, sys.stderr)
+    progress = Progress(f"{label} seed {config.seed}" if several_seeds else label, model.num_tokens, sys.stderr)
     try:
         result = generate(model, cond, config, batch_size=batch_size, callback=progress)
     finally:
-        progress.finish()
+        progress.close()
     started = time.perf_counter()
     images = model.decode(result.tokens)
     return Run(label, config, result, images, time.perf_counter() - started, progress.acceptance)
@@ -220,24 +241,46 @@ def run_summary(run: Run) -> str:
     result, config = run.result, run.config
     tokens = result.tokens.shape[1]
     return "\n".join([
-        f"{run.label}: coupler {config.coupler}, window {config.window}"
-        + (f" ({widths_used(result.windows)})" if config.window == AUTO_WINDOW else "")
-        + f", seed {config.seed}, "
-        f"batch {result.tokens.shape[0]}",
-        f"NFE {result.nfe} for {tokens} tokens (AR: {tokens}): speedup {run.speedup:.2f}x in calls, "
-        f"{result.tokens_per_call:.2f} tokens/call, mean acceptance {_percent(run.acceptance)}",
-        "iterations by tokens committed:",
+        f"{run.label}: coupler {config.coupler}, window {window_report(config.window, result.windows)}, "
+        f"seed {config.seed}, batch {result.tokens.shape[0]}",
+        f"{result.nfe} model calls for {tokens} tokens (AR: {tokens}): {run.speedup:.2f}x fewer calls, "
+        f"mean acceptance {_percent(run.acceptance)}",
+        "model calls by tokens committed:",
         commit_histogram(result.committed),
         f"wall {run.wall_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "
         f"sampling {result.sample_s:.2f} s, decode {run.decode_s:.2f} s",
     ])
 
 
-def compare_table(runs: Sequence[Run]) -> str:
-    header = ("mode", "window", "NFE", "speedup", "tokens/call", "acceptance", "wall s")
-    rows = [header] + [(run.label, str(run.config.window), str(run.result.nfe), f"{run.speedup:.2f}x",
-                        f"{run.result.tokens_per_call:.2f}", _percent(run.acceptance), f"{run.wall_s:.2f}")
-                       for run in runs]
+def calls_of(runs: Sequence[Run]) -> list[int]:
+    return [run.result.nfe for run in runs]
+
+
+def calls_caption(runs: Sequence[Run]) -> str:
+    """"55.8 ± 3.0 calls" (mean and standard deviation over the seeds), or "58 calls" where they all agree."""
+    calls = calls_of(runs)
+    if len(set(calls)) == 1:
+        return f"{calls[0]} calls"
+    return f"{statistics.fmean(calls):.1f} \u00b1 {statistics.stdev(calls):.1f} calls"
+
+
+def compare_table(methods: Sequence[Sequence[Run]]) -> str:
+    """One row per method: its calls (the mean over its seeds, their standard deviation and range) and the
+    speed-up, acceptance and wall time they give."""
+    header = ("mode", "window", "calls", "sd", "range", "speedup", "acceptance", "wall s")
+    rows = [header]
+    for runs in methods:
+        calls, first = calls_of(runs), runs[0]
+        several = len(calls) > 1
+        mean = statistics.fmean(calls)
+        accepted = [run.acceptance for run in runs if run.acceptance is not None]
+        width = first.config.window if first.config.window == AUTO_WINDOW else max(first.result.windows)
+        rows.append((first.label, str(width), f"{mean:.1f}" if several else str(calls[0]),
+                     f"{statistics.stdev(calls):.1f}" if several else "-",
+                     f"{min(calls)}-{max(calls)}" if several else "-",
+                     f"{first.result.tokens.shape[1] / mean:.2f}x",
+                     _percent(statistics.fmean(accepted) if accepted else None),
+                     f"{statistics.fmean(run.wall_s for run in runs):.2f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                                for i, (cell, w) in enumerate(zip(row, widths))) for row in rows)
@@ -252,27 +295,85 @@ def to_pil(images: torch.Tensor, vertical: bool = False) -> Image.Image:
     return Image.fromarray(pixels, "RGB")
 
 
-def labelled_columns(panels: Sequence[tuple[str, Image.Image]]) -> Image.Image:
-    """Panels side by side, each under its label, in columns as wide as panel or label plus a margin."""
-    font = ImageFont.load_default()
-    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    widths = [max(panel.width, int(measure.textlength(label, font=font))) + 2 * LABEL_PADDING
-              for label, panel in panels]
-    height = LABEL_HEIGHT + max(panel.height for _, panel in panels)
-    sheet = Image.new("RGB", (sum(widths), height), "white")
-    draw = ImageDraw.Draw(sheet)
-    left = 0
-    for (label, panel), width in zip(panels, widths):
-        draw.text((left + width // 2, LABEL_HEIGHT // 2), label, fill="black", font=font, anchor="mm")
-        sheet.paste(panel, (left + (width - panel.width) // 2, LABEL_HEIGHT))
-        left += width
+def _font(size: int) -> ImageFont.ImageFont:
+    try:  # Pillow >= 10.1 ships a scalable default font
+        return ImageFont.load_default(size=size)
+    except TypeError:
+        return ImageFont.load_default()
+
+
+def enlarged(panel: Image.Image) -> Image.Image:
+    """`panel` scaled by the whole factor that makes it at least MIN_PANEL wide (each pixel a square block)."""
+    factor = -(-MIN_PANEL // panel.width)
+    return panel if factor == 1 else panel.resize((panel.width * factor, panel.height * factor), Image.NEAREST)
+
+
+def stacked(panels: Sequence[Image.Image]) -> Image.Image:
+    """Panels one under the other, PADDING apart."""
+    sheet = Image.new("RGB", (max(panel.width for panel in panels),
+                              sum(panel.height for panel in panels) + PADDING * (len(panels) - 1)), "white")
+    top = 0
+    for panel in panels:
+        sheet.paste(panel, (0, top))
+        top += panel.height + PADDING
     return sheet
+
+
+def labelled_columns(title: Sequence[str], columns: Sequence[tuple[Sequence[str], Image.Image]]) -> Image.Image:
+    """Title lines over columns, each a caption (lines) over its panel; columns as wide as panel or caption."""
+    title_font, caption_font = _font(TITLE_SIZE), _font(CAPTION_SIZE)
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    widths = [max([panel.width] + [int(measure.textlength(line, font=caption_font)) for line in caption])
+              + 2 * PADDING for caption, panel in columns]
+    width = max([sum(widths)] + [int(measure.textlength(line, font=title_font)) + 2 * PADDING for line in title])
+    caption_lines = max(len(caption) for caption, _ in columns)
+    top = PADDING + LINE_HEIGHT * (len(title) + caption_lines)
+    sheet = Image.new("RGB", (width, top + max(panel.height for _, panel in columns) + PADDING), "white")
+    draw = ImageDraw.Draw(sheet)
+    for i, line in enumerate(title):
+        draw.text((width // 2, PADDING + LINE_HEIGHT * i + LINE_HEIGHT // 2), line, fill="black", font=title_font,
+                  anchor="mm")
+    left = (width - sum(widths)) // 2
+    for (caption, panel), column in zip(columns, widths):
+        for i, line in enumerate(caption):
+            y = PADDING + LINE_HEIGHT * (len(title) + i) + LINE_HEIGHT // 2
+            draw.text((left + column // 2, y), line, fill="black" if i == 0 else "#444444", font=caption_font,
+                      anchor="mm")
+        sheet.paste(panel, (left + (column - panel.width) // 2, top))
+        left += column
+    return sheet
+
+
+def compare_sheet(methods: Sequence[Sequence[Run]]) -> Image.Image:
+    """Each method's images of its first SHOWN_SEEDS seeds in a column (a seed's batch together), captioned
+    with its calls."""
+    first = methods[-1][0]
+    tokens, seeds = first.result.tokens.shape[1], [run.config.seed for run in methods[0]]
+    if len(seeds) == 1:
+        title = [f"model calls for {tokens} tokens, window {first.config.window}, seed {seeds[0]}"]
+    else:
+        shown = ", ".join(map(str, seeds[:SHOWN_SEEDS]))
+        title = [f"model calls for {tokens} tokens, window {first.config.window}",
+                 f"mean \u00b1 sd over seeds {seeds[0]}..{seeds[-1]}; images of seed{'s' * (len(seeds) > 1)} {shown}"]
+    columns = [((runs[0].label, calls_caption(runs)),
+                stacked([enlarged(to_pil(run.images, vertical=True)) for run in runs[:SHOWN_SEEDS]]))
+               for runs in methods]
+    return labelled_columns(title, columns)
 
 
 # ---------------------------------------------------------------- generate
 
+def compare_configs(config: SamplerConfig, seeds: int) -> list[list[SamplerConfig]]:
+    """--compare's runs: per method (COMPARE_MODES), one config per seed; each is checked on creation."""
+    return [[replace(config, coupler=coupler, window=window or config.window, seed=config.seed + i)
+             for i in range(seeds)] for coupler, window in COMPARE_MODES]
+
+
 def run_generate(args: argparse.Namespace) -> int:
     config = sampler_config(args)  # every setting is checked before the weights are read
+    if args.seeds > 1 and not args.compare:
+        raise ValueError("--seeds goes with --compare (it averages each method's calls over the seeds)")
+    methods = compare_configs(config, args.seeds) if args.compare else [[config]]
     check_device(args.device)
     check_output(args.output)
     if (args.width == 0) != (args.height == 0):
@@ -280,18 +381,16 @@ def run_generate(args: argparse.Namespace) -> int:
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     set_image_size(model, args.width, args.height)
     cond = model.encode(args.prompt, args.negative_prompt)
+    for warning in unusual_settings(model, config.cfg_scale, config.temperature):
+        print(f"warning: {warning}", file=sys.stderr)
+    runs = [[run_once(model, cond, seeded, args.batch_size, args.seeds > 1) for seeded in configs]
+            for configs in methods]
     if args.compare:
-        runs = [run_once(model, cond, replace(config, coupler=coupler, window=window or config.window),
-                         args.batch_size)
-                for coupler, window in COMPARE_MODES]
-        sheet = labelled_columns([(f"{run.label} NFE {run.result.nfe}", to_pil(run.images, vertical=True))
-                                  for run in runs])
-        sheet.save(args.output, format="PNG")
+        compare_sheet(runs).save(args.output, format="PNG")
         print(compare_table(runs))
     else:
-        run = run_once(model, cond, config, args.batch_size)
-        to_pil(run.images).save(args.output, format="PNG")
-        print(run_summary(run))
+        to_pil(runs[0][0].images).save(args.output, format="PNG")
+        print(run_summary(runs[0][0]))
     print(f"wrote {args.output}")
     return 0
 
@@ -307,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
                      description="Lossless speculative Jacobi / coupled decoding for autoregressive image models.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (summary, add_arguments, _) in COMMANDS.items():
-        add_arguments(commands.add_parser(name, help=summary, description=summary))
+        add_arguments(commands.add_parser(name, help=summary, description=summary, formatter_class=_HelpFormatter))
     return parser
 
 

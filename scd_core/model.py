@@ -97,3 +97,23 @@ def set_image_size(model: Any, width: int, height: int) -> None:
         raise ValueError(f"this model generates one image size only; set width and height to 0 "
                          f"(Emu3 and Lumina-mGPT take other sizes), got {width} x {height}")
     choose(width, height)
+
+
+# How far above a model's recommended value a setting may go before a run is warned (not refused) that it
+# will likely give noise: simple multiples, documented in the README's "Choosing settings".
+FAR_CFG_FACTOR = 3.0
+FAR_TEMPERATURE_FACTOR = 2.0
+
+
+def unusual_settings(model: Any, cfg_scale: Optional[float], temperature: float) -> list[str]:
+    """Warnings for sampling values far above what `model` was made for (None: the model's own value)."""
+    warnings = []
+    recommended_cfg = getattr(model, "default_cfg_scale", None)
+    if cfg_scale is not None and recommended_cfg and cfg_scale > FAR_CFG_FACTOR * recommended_cfg:
+        warnings.append(f"CFG {cfg_scale:g} is far above this model's {recommended_cfg:g} (more than "
+                        f"{FAR_CFG_FACTOR:g}x tends to give noise)")
+    recommended_temperature = model_default(model, "default_temperature", 1.0)
+    if temperature > FAR_TEMPERATURE_FACTOR * recommended_temperature:
+        warnings.append(f"temperature {temperature:g} is far above this model's {recommended_temperature:g} "
+                        f"(more than {FAR_TEMPERATURE_FACTOR:g}x tends to give noise)")
+    return warnings

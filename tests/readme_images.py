@@ -1,7 +1,8 @@
 """Regenerates the README's pictures in web/readme/ and the demo workflows' thumbnails (run after the demo
 model or the UI changes):
 
-- ar_vs_scd.png: `python -m scd_core generate --compare` on the demo model (AR, SJD and SCD on one seed);
+- ar_vs_scd.png: the quick start's `python -m scd_core generate --compare --seeds 8` on the demo model (AR, SJD
+  and SCD: mean calls over 8 seeds, the images of the first two);
 - comfyui_sampler.png: the shipped demo workflow run in a real ComfyUI in Debian's chromium (the browser
   test's machinery), cropped to the sampler with its live chart and the outputs next to it;
 - workflows/scd_demo.jpg, scd_demo_ar_vs_scd.jpg: what those two workflows produce, with their call counts.
@@ -32,7 +33,7 @@ OUT = REPO_ROOT / "web" / "readme"
 WORKFLOWS = REPO_ROOT / "workflows"
 FONTS = "/usr/share/fonts/truetype/dejavu"  # Debian's fonts-dejavu-core, which chromium brings
 THUMB = 512
-COMPARE_ARGS = ["--model", "demo", "--prompt", "7", "--window", "16", "--seed", "3", "--batch-size", "2"]
+COMPARE_ARGS = ["--model", "demo", "--prompt", "7", "--compare", "--seeds", "8"]  # the README's quick start
 WORKFLOW = "scd_demo.json"
 # Canvas area to show, in graph coordinates: the sampler (pos 780, 80) to the saved image and the chart preview.
 REGION = (770, 44, 1762, 800)  # left, top (above the sampler's title), right, bottom
@@ -42,7 +43,7 @@ SEED = 7  # a seed whose 7 reads as a 7
 
 
 def compare_image(path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "scd_core", "generate", *COMPARE_ARGS, "--compare", "-o", str(path)],
+    subprocess.run([sys.executable, "-m", "scd_core", "generate", *COMPARE_ARGS, "-o", str(path)],
                    cwd=REPO_ROOT, check=True, stderr=subprocess.DEVNULL)
 
 

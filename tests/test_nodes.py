@@ -12,6 +12,8 @@ import dataclasses
 import gc
 import importlib.util
 import inspect
+import json
+import logging
 import sys
 import weakref
 from pathlib import Path
@@ -197,17 +199,44 @@ def test_decode_and_stats_schema(node_classes: dict[str, Any]) -> None:
 
 
 # -- the loader's model list and validation ----------------------------------------------------------
-def test_model_list_holds_demo_and_model_folders(node_classes: dict[str, Any], comfy: SimpleNamespace,
-                                                 tmp_path: Path) -> None:
-    for folder in ("scd/my-model", "scd/.hidden", "Janus-Pro/Janus-Pro-1B", "LlamaGen/c2i-B"):
+def test_model_list_holds_demo_and_the_folders_a_family_recognises(node_classes: dict[str, Any],
+                                                                   comfy: SimpleNamespace, tmp_path: Path) -> None:
+    configs = {"scd/my-model": "janus", "scd/.hidden": "janus", "LlamaGen/c2i-B": "llamagen",
+               "scd/flan-t5-xl": "t5"}  # a text encoder is part of a model, not one
+    for folder, model_type in configs.items():
         (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (tmp_path / "Janus-Pro" / "Janus-Pro-1B").mkdir(parents=True)  # created, not downloaded yet
+    (tmp_path / "Cosmos" / "Cosmos-1.0-Tokenizer-DV8x16x16").mkdir(parents=True)
+    (tmp_path / "Cosmos" / "Cosmos-1.0-Tokenizer-DV8x16x16" / "decoder.jit").write_bytes(b"")
     (tmp_path / "scd" / "stray.txt").write_text("not a model")
-    for root in ("scd", "Janus-Pro", "LlamaGen"):
+    for root in ("scd", "Janus-Pro", "LlamaGen", "Cosmos"):
         comfy.folder_paths.add_model_folder_path(root, str(tmp_path / root))
     options = inputs_of(node_classes["SCDModelLoader"])["model"][1]["options"]
     assert options[0] == "demo"
-    assert {"my-model", "Janus-Pro/Janus-Pro-1B", "LlamaGen/c2i-B"} <= set(options)
-    assert not {".hidden", "stray.txt"} & set(options)
+    assert {"my-model", "LlamaGen/c2i-B"} <= set(options)
+    assert not {".hidden", "stray.txt", "flan-t5-xl", "Janus-Pro/Janus-Pro-1B", "Janus-Pro", "LlamaGen",
+                "Cosmos/Cosmos-1.0-Tokenizer-DV8x16x16"} & set(options)
+
+    # a workflow naming the empty folder hears what it holds and what to download into it
+    message = node_classes["SCDModelLoader"].validate_inputs(model="Janus-Pro/Janus-Pro-1B")
+    assert "is not a model folder this pack can load (found: nothing)" in message
+    assert "download the Hugging Face repository deepseek-community/Janus-Pro-1B" in message
+    assert "into models/Janus-Pro/Janus-Pro-1B/" in message
+
+
+@pytest.mark.parametrize("name, repository, folder", [
+    ("Lumina-mGPT-7B-768", "Alpha-VLLM/Lumina-mGPT-7B-768", "models/scd/Lumina-mGPT-7B-768/"),
+    ("Emu3/Emu3-Gen", "BAAI/Emu3-Gen-hf", "models/Emu3/Emu3-Gen/"),  # the tiny Emu3 test adds Emu3-Gen-hf
+    ("Cosmos/Cosmos-1.0-Autoregressive-4B", "nvidia/Cosmos-1.0-Tokenizer-DV8x16x16",
+     "models/Cosmos/Cosmos-1.0-Autoregressive-4B/"),
+    ("LlamaGen/LlamaGen-c2i-B-256", "FoundationVision/LlamaGen", "models/LlamaGen/LlamaGen-c2i-B-256/"),
+])
+def test_a_missing_model_names_the_repository_to_download(node_classes: dict[str, Any], name: str,
+                                                          repository: str, folder: str) -> None:
+    message = node_classes["SCDModelLoader"].validate_inputs(model=name)
+    assert message.startswith(f"model '{name}' not found; download ")
+    assert repository in message and f"into {folder} and refresh" in message
 
 
 def test_loader_rejects_unknown_choices(node_classes: dict[str, Any], pack: ModuleType) -> None:
@@ -223,15 +252,27 @@ def test_loader_rejects_unknown_choices(node_classes: dict[str, Any], pack: Modu
         loader.execute("no-such-model", "auto", "auto")
 
 
-def test_explicit_device_must_exist(pack: ModuleType) -> None:
-    compute_device = sys.modules[f"{pack.__name__}.nodes.loader"].compute_device
+def test_explicit_device_must_exist(pack: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = sys.modules[f"{pack.__name__}.nodes.loader"]
+    compute_device = loader.compute_device
     assert compute_device("cpu") == torch.device("cpu")
+    assert compute_device("auto") == torch.device("cpu")  # --cpu is respected
+    for device in ("cuda", "mps"):  # under --cpu, whatever this machine has
+        with pytest.raises(ValueError, match=f"device '{device}' was chosen but ComfyUI runs with --cpu; "
+                                             "choose auto"):
+            compute_device(device)
+    monkeypatch.setattr(loader.args, "cpu", False)
     if torch.cuda.is_available():
         assert compute_device("cuda").type == "cuda"
     else:
-        with pytest.raises(ValueError, match="cuda"):
+        with pytest.raises(ValueError, match="CUDA is not available on this machine; choose auto"):
             compute_device("cuda")
-    assert compute_device("auto") == torch.device("cpu")  # --cpu is respected
+
+
+def test_comfyui_names_the_model_it_loads(janus: Any) -> None:
+    """ComfyUI logs "Requested to load <class name>" for the module a ModelPatcher holds."""
+    assert type(janus.patcher.model).__name__ == "SCD tiny-janus"
+    assert janus.patcher.model.inner is janus.model.module
 
 
 def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> None:
@@ -264,8 +305,8 @@ def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any],
     assert sum(e["committed"] for e in events) == n == events[-1]["total"]
     assert all(e["node"] == "7" and e["num_tokens"] == n and e["calls_saved"] == e["total"] - e["nfe"]
                for e in events)
-    assert fake_server.texts[-1] == ("7", f"iter {stats.result.nfe} - {n / stats.result.nfe:.1f} tokens/call - "
-                                          f"NFE {stats.result.nfe}/{n}")
+    assert fake_server.texts[-1] == ("7", f"{stats.result.nfe} calls, {n} / {n} tokens")
+    assert [text for _, text in fake_server.texts] == [f"{e['nfe']} calls, {e['total']} / {n} tokens" for e in events]
     # the last iteration always carries the finished preview
     kind, preview, _ = fake_server.previews[-1]
     assert kind == "JPEG" and preview.size == (64, 64)
@@ -301,8 +342,35 @@ def test_window_0_picks_the_width_per_call_and_the_summary_lists_the_widths(node
     assert len(stats.result.windows) == stats.result.nfe
     _, summary = run_node(node_classes["SCDStats"], stats=stats)
     used = collections.Counter(stats.result.windows[1:])
-    by_count = sorted(used.items(), key=lambda item: -item[1])
-    assert "window auto (" + ", ".join(f"{w} x {c}" for w, c in by_count) + ")" in summary
+    (width, calls), *others = sorted(used.items(), key=lambda item: -item[1])
+    listed = ", ".join([f"{calls} calls at width {width}"] + [f"{c} at width {w}" for w, c in others])
+    assert f"window auto ({listed})" in summary
+
+
+def test_a_window_wider_than_the_image_is_reported_as_the_width_used(node_classes: dict[str, Any], janus: Any,
+                                                                     fake_server: FakeServer) -> None:
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a red square", negative_prompt="")
+    _, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, window=64))
+    _, summary = run_node(node_classes["SCDStats"], stats=stats)
+    used = max(stats.result.windows)
+    assert used <= janus.model.num_tokens < 64
+    assert f"window {used} (set to 64: wider than the image)" in summary
+
+
+def test_settings_far_from_the_model_s_warn_on_the_status_line_and_in_the_log(
+        node_classes: dict[str, Any], janus: Any, fake_server: FakeServer, caplog: pytest.LogCaptureFixture) -> None:
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a red square", negative_prompt="")
+    with caplog.at_level(logging.WARNING):
+        tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, cfg_scale=100.0))
+    warning = "CFG 100 is far above this model's 5 (more than 3x tends to give noise)"
+    assert tokens.shape == (1, janus.model.num_tokens)  # a warning, not an error
+    assert [text for _, text in fake_server.texts][-1].endswith(f" tokens | {warning}")
+    assert all(text.endswith(warning) for _, text in fake_server.texts)
+    assert [record.getMessage() for record in caplog.records if warning in record.getMessage()] == [
+        f"SCD Sampler (model 'tiny-janus'): {warning}"]
+    fake_server.texts.clear()
+    run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, cfg_scale=15.0))  # 3x: in range
+    assert fake_server.texts and not [text for _, text in fake_server.texts if "|" in text]
 
 
 def test_stats_chart_is_legible_at_node_size(pack: ModuleType) -> None:
@@ -371,6 +439,39 @@ def test_bad_inputs_give_actionable_errors(node_classes: dict[str, Any], janus: 
         run_node(node_classes["SCDSampler"], **sampler_inputs(other, cond))
     with pytest.raises(ValueError, match=r"do not fit model 'tiny-janus'"):
         run_node(node_classes["SCDVQDecode"], model=janus, tokens=torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_errors_name_what_the_sampler_node_shows(node_classes: dict[str, Any], janus: Any,
+                                                 fake_server: FakeServer) -> None:
+    """No grid shapes, block verification or fixed shapes: the node has none of these."""
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="x")
+    with pytest.raises(ValueError) as caught:
+        run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, draft_init="previous_frame"))
+    assert str(caught.value) == ("draft_init previous_frame copies the same place one video frame earlier, but "
+                                 "model 'tiny-janus' makes single images; choose auto, above, left or random")
+    with pytest.raises(ValueError) as caught:
+        run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, coupler="faithful", candidates=2))
+    assert str(caught.value).startswith("candidates must be 1 with the faithful coupler, which reproduces plain "
+                                        "autoregressive sampling")
+    assert "verification" not in str(caught.value) and not fake_server.events  # refused before sampling
+
+
+def test_the_demo_asks_for_a_digit(node_classes: dict[str, Any], fake_server: FakeServer) -> None:
+    (demo,) = node_classes["SCDModelLoader"].execute("demo", "auto", "auto").result
+    with pytest.raises(ValueError) as caught:
+        run_node(node_classes["SCDPromptEncode"], model=demo, prompt="a cat")
+    assert "one of its classes (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)" in str(caught.value)
+    assert "ImageNet" not in str(caught.value)
+
+
+def test_sampling_settings_and_stats_explain_themselves(node_classes: dict[str, Any]) -> None:
+    inputs = inputs_of(node_classes["SCDSampler"])
+    for name in ("seed", "temperature", "batch_size", "cfg_scale"):
+        assert inputs[name][1].get("tooltip"), name
+    assert "row i uses seed + i" in inputs["batch_size"][1]["tooltip"]
+    stats = node_classes["SCDStats"].GET_NODE_INFO_V1()
+    assert "acceptance is the share of a call's drafts" in stats["description"]
+    assert all(stats["output_tooltips"])
 
 
 def test_tiny_lumina_runs_through_the_nodes(node_classes: dict[str, Any], comfy: SimpleNamespace,

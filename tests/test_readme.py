@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -25,3 +26,17 @@ def test_readme_commands_point_at_existing_entry_points():
     assert (README.parent / "tests" / "run.sh").is_file()
     ci = (README.parent / ".ci" / "run").read_text()
     assert "bash tests/run.sh" in ci
+
+
+def test_the_first_comparison_is_the_one_the_readme_picture_shows():
+    """The quick start's --compare command, its picture's generator and the table printed under it agree."""
+    text = README.read_text()
+    command = re.search(r"python -m scd_core generate (--model demo [^\n]*--compare[^\n]*) -o \S+\.png", text)
+    assert command, "the quick start's comparison command"
+    source = (README.parent / "tests" / "readme_images.py").read_text()
+    args = re.search(r"COMPARE_ARGS = (\[.*?\])", source).group(1)
+    assert command.group(1).split() == ast.literal_eval(args)
+    assert "--seeds 8" in command.group(1)
+    table = text.split(command.group(0), 1)[1].split("```")[2]  # the block after the command's
+    assert table.split("\n")[1].split() == ["mode", "window", "calls", "sd", "range", "speedup", "acceptance",
+                                             "wall", "s"]

@@ -104,7 +104,11 @@ def test_tiny_janus_runs_with_progress_events_that_agree(comfy_server: ComfyServ
     assert len(events) == nfe
     assert [e["iteration"] for e in events] == list(range(nfe))
     assert sum(e["committed"] for e in events) == 16 == events[-1]["total"] == events[-1]["num_tokens"]
-    assert len([t for t in run.texts if t.startswith("iter ")]) == nfe
+    # the status line: "5 calls, 12 / 16 tokens", once per call, as the events count them
+    assert [t for t in run.texts if re.fullmatch(r"\d+ calls, \d+ / 16 tokens", t)] == [
+        f"{e['nfe']} calls, {e['total']} / 16 tokens" for e in events]
+    # ComfyUI's log names the model it moves, not an internal class
+    assert f"Requested to load SCD {tiny_janus}" in comfy_server.log_path.read_text(errors="replace")
     assert run.previews >= 1
     progress = [p for p in run.of_type("progress") if p["node"] == "3"]
     assert len(progress) == nfe and progress[-1]["value"] == progress[-1]["max"] == 16
@@ -198,14 +202,16 @@ def test_invalid_inputs_are_rejected_clearly(comfy_server: ComfyServer, change: 
     assert_serving(comfy_server)
 
 
-def test_unloadable_model_folder_is_an_execution_error(comfy_server: ComfyServer, tmp_path: Path) -> None:
+def test_a_folder_without_a_model_is_not_listed_and_refused_clearly(comfy_server: ComfyServer,
+                                                                    tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not a model")
     name = comfy_server.add_model("not-a-model", tmp_path)
-    run = comfy_server.run(pipeline(name, "7", seed=404))
-    assert run.status == "error"
-    (error,) = run.of_type("execution_error")
-    assert error["node_id"] == "1" and error["exception_type"].endswith("ModelLoadError")
-    assert "is not a model folder" in error["exception_message"]
+    assert name not in comfy_server.object_info("SCDModelLoader")["input"]["required"]["model"][1]["options"]
+    with pytest.raises(PromptRejected) as rejected:
+        comfy_server.start_prompt(pipeline(name, "7", seed=404))
+    errors = rejected.value.body["node_errors"]["1"]["errors"]
+    assert {error["extra_info"]["input_name"] for error in errors} == {"model"}
+    assert "is not a model folder this pack can load (found: notes.txt)" in json.dumps(errors)
     assert_serving(comfy_server)
 
 

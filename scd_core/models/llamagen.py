@@ -47,6 +47,8 @@ from .row_cache import RowCache
 from .tokenizer_files import positive_int, without_nulls
 from .vq16 import VQModel, vq_from_state_dict
 
+IMAGENET_CLASSES = 1000  # the original class-conditional checkpoints
+
 # Attention heads of the published sizes, keyed by model width (all use 64-wide heads except 3B/7B).
 PRESETS = {"GPT-B": (768, 12), "GPT-L": (1024, 16), "GPT-XL": (1280, 20), "GPT-XXL": (1536, 24),
            "GPT-XXXL": (2560, 40), "GPT-1B": (2048, 32), "GPT-3B": (3200, 32), "GPT-7B": (4096, 32)}
@@ -66,7 +68,7 @@ class GPTConfig:
     vocab_size: int
     grid_size: int              # image tokens per side
     task: str = "c2i"           # "c2i" (class label) or "t2i" (caption features)
-    num_classes: int = 1000     # c2i: the embedding table holds one more row, the CFG "null" class
+    num_classes: int = IMAGENET_CLASSES  # c2i: the embedding table holds one more row, the CFG "null" class
     caption_dim: int = 2048     # t2i: width of the T5 features
     cls_token_num: int = 1      # conditioning positions before the image tokens
     rope_base: float = 10000.0
@@ -450,13 +452,16 @@ class LlamaGenModel:
         text, count = str(prompt).strip(), self.config.num_classes
         if self.class_names and text in self.class_names:
             return self.class_names.index(text)
+        if self.class_names:
+            expected = f"one of its classes ({', '.join(self.class_names)})"
+        else:
+            expected = f"a class index 0..{count - 1}" + (" (ImageNet's)" if count == IMAGENET_CLASSES else "")
         try:
             index = int(text)
         except ValueError:
-            raise ValueError(f"this class-conditional model needs a class index 0..{count - 1} as the prompt "
-                             f"(ImageNet ids for the original checkpoints), got {prompt!r}") from None
+            index = -1
         if not 0 <= index < count:
-            raise ValueError(f"class index must be in 0..{count - 1}, got {index}")
+            raise ValueError(f"this class-conditional model takes {expected} as the prompt, got {prompt!r}")
         return index
 
     def start(self, cond: ClassLabel | Caption, batch_size: int) -> LlamaGenSession:

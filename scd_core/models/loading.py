@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Union
+from types import ModuleType
+from typing import Any, Optional, Union
 
 import torch
 
@@ -18,6 +19,19 @@ from .checkpoints import ModelLoadError
 FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.models.emu3",
             "scd_core.models.cosmos", "scd_core.models.lumina")
 DEMO_DIR = Path(__file__).parents[1] / "demo"
+# What to download for a folder named after a published model: (a word of the name, lower case; what).
+DOWNLOADS = (
+    ("janus", "the Hugging Face repository deepseek-community/Janus-Pro-1B or deepseek-community/Janus-Pro-7B "
+              "(the transformers format)"),
+    ("emu3", "the Hugging Face repository BAAI/Emu3-Gen-hf (the transformers format)"),
+    ("lumina-mgpt-2", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0 plus MoVQGAN's movqgan_270M.ckpt"),
+    ("lumina", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-7B-768 (or -512, -1024) plus Chameleon's "
+               "vqgan.ckpt and vqgan.yaml"),
+    ("cosmos", "NVIDIA's nvidia/Cosmos-1.0-Autoregressive-4B (or another size) with the tokenizer folder "
+               "nvidia/Cosmos-1.0-Tokenizer-DV8x16x16 next to it"),
+    ("llamagen", "a LlamaGen GPT checkpoint such as c2i_B_256.pt and the VQ checkpoint vq_ds16_c2i.pt "
+                 "(Hugging Face FoundationVision/LlamaGen)"),
+)
 
 
 def pick_device(device: Union[str, torch.device, None]) -> torch.device:
@@ -52,23 +66,43 @@ def pick_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) -> to
     return names[dtype]
 
 
-def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = None,
-               dtype: Union[str, torch.dtype, None] = None) -> Any:
-    """Load the model in `path` ("demo" for the embedded demo model)."""
-    folder = DEMO_DIR if str(path) == "demo" else Path(path).expanduser()
-    if not folder.is_dir():
-        raise ModelLoadError(f"model folder {folder} not found")
-    device = pick_device(device)
-    dtype = pick_dtype(dtype, device)
+def download_hint(name: str) -> Optional[str]:
+    """What to download for a model folder called `name`, when the name says which published model it is."""
+    lowered = name.lower()
+    return next((what for word, what in DOWNLOADS if word in lowered), None)
+
+
+def detect_family(folder: Path) -> Optional[ModuleType]:
+    """The family module that recognises `folder` (a model folder, perhaps incomplete), or None."""
     for name in FAMILIES:
         family = importlib.import_module(name)
         if family.detect(folder):
-            return family.load(folder, device, dtype)
+            return family
+    return None
+
+
+def unrecognised_message(folder: Path) -> str:
+    """Why no family takes `folder`: what it holds and what each family expects."""
     found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
-    raise ModelLoadError(
+    return (
         f"{folder} is not a model folder this pack can load (found: {found}). Expected a Janus-Pro folder in "
         "the transformers format (config.json with model_type 'janus', *.safetensors, tokenizer.json), an "
         "Emu3-Gen folder (BAAI/Emu3-Gen-hf: model_type 'emu3'), a Lumina-mGPT folder (model_type 'chameleon' "
         "plus vqgan.ckpt or movqgan_270M.ckpt), a "
         "LlamaGen folder (GPT and VQ checkpoints) or a Cosmos-1.0 autoregressive folder (model.pt); see the "
         "README's 'Model folders' section")
+
+
+def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = None,
+               dtype: Union[str, torch.dtype, None] = None) -> Any:
+    """Load the model in `path` ("demo" for the embedded demo model)."""
+    folder = DEMO_DIR if str(path) == "demo" else Path(path).expanduser()
+    if not folder.is_dir():
+        hint = download_hint(folder.name)
+        raise ModelLoadError(f"model folder {folder} not found" + (f"; download {hint} into it" if hint else ""))
+    device = pick_device(device)
+    dtype = pick_dtype(dtype, device)
+    family = detect_family(folder)
+    if family is None:
+        raise ModelLoadError(unrecognised_message(folder))
+    return family.load(folder, device, dtype)
