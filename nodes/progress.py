@@ -24,8 +24,8 @@ PENDING_GRAY = 0.5  # colour of the not yet committed part of the preview
 
 
 def status_text(stats: IterationStats) -> str:
-    return (f"iter {stats.iteration + 1} - {stats.total / stats.nfe:.1f} tokens/call - "
-            f"NFE {stats.nfe}/{stats.num_tokens}")
+    """What the run has done so far, e.g. "31 calls, 126 / 256 tokens"."""
+    return f"{stats.nfe} call{'s' if stats.nfe != 1 else ''}, {stats.total} / {stats.num_tokens} tokens"
 
 
 def event_data(node_id: str, stats: IterationStats) -> dict[str, Any]:
