@@ -64,7 +64,9 @@ def comfyui_page(viewport: dict[str, int]) -> Iterator[Page]:
             browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_FLAGS,
                                                  headless=True)
             page = browser.new_page(viewport=viewport)
-            requests.post(f"{server.url}/settings/Comfy.TutorialCompleted", json=True, timeout=10).raise_for_status()
+            # no template browser on the first visit; no badge naming the pack's folder over every node
+            for setting, value in (("Comfy.TutorialCompleted", True), ("Comfy.NodeBadge.NodeSourceBadgeMode", "None")):
+                requests.post(f"{server.url}/settings/{setting}", json=value, timeout=10).raise_for_status()
             page.goto(server.url)
             page.wait_for_function(f"window.app?.graph && window.app.extensions.some((e) => e.name === "
                                    f"{EXTENSION_NAME!r})", timeout=60_000)
@@ -79,6 +81,7 @@ def canvas_shot(page: Page, left: float, top: float, width: float, height: float
     page.evaluate("""([x, y]) => {
         app.canvas.ds.scale = 1; app.canvas.ds.offset = [-x, -y]; app.canvas.setDirty(true, true); }""",
                   [left - INSET, top - INSET])
+    page.mouse.move(page.viewport_size["width"] // 2, page.viewport_size["height"] - 4)  # no hover highlight
     page.wait_for_timeout(500)  # the canvas redraws
     box = page.evaluate("() => { const r = app.canvas.canvas.getBoundingClientRect(); return {x: r.left, y: r.top}; }")
     return page.screenshot(clip={"x": box["x"] + INSET, "y": box["y"] + INSET, "width": width, "height": height})
