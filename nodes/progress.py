@@ -24,8 +24,9 @@ PENDING_GRAY = 0.5  # colour of the not yet committed part of the preview
 
 
 def status_text(stats: IterationStats, warnings: Sequence[str] = ()) -> str:
-    """"31 calls, 126 / 256 tokens", then any warning about the run's settings."""
-    return " | ".join([f"{stats.nfe} calls, {stats.total} / {stats.num_tokens} tokens", *warnings])
+    """What the run has done so far, "31 calls, 126 / 256 tokens", then any warning about the run's settings."""
+    calls = f"{stats.nfe} call{'s' if stats.nfe != 1 else ''}"
+    return " | ".join([f"{calls}, {stats.total} / {stats.num_tokens} tokens", *warnings])
 
 
 def event_data(node_id: str, stats: IterationStats) -> dict[str, Any]:

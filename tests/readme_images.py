@@ -5,26 +5,32 @@ model or the UI changes):
   and SCD: mean calls over 8 seeds, the images of the first two);
 - comfyui_sampler.png: the shipped demo workflow run in a real ComfyUI in Debian's chromium (the browser
   test's machinery), cropped to the sampler with its live chart and the outputs next to it;
-- workflows/scd_demo.jpg, scd_demo_ar_vs_scd.jpg: what those two workflows produce, with their call counts.
+- workflows/scd_demo.jpg, scd_demo_ar_vs_scd.jpg: what those two workflows produce, with their call counts;
+- the other workflows' thumbnails (their models are not here to run): a rendering of the graph itself, with
+  the title the template browser shows (web/templates.json).
 
-    .venv-test/bin/python tests/readme_images.py
+    .venv-test/bin/python tests/readme_images.py [NAME ...]   # NAME: compare, sampler, thumbnails; default all
 """
 
 from __future__ import annotations
 
+import io
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import requests
 import torch
 from PIL import Image, ImageDraw, ImageFont
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Page, sync_playwright
 
 from comfy_server import REPO_ROOT, ComfyServer
-from test_browser import CHART, CHROMIUM_FLAGS, EXTENSION_NAME, RUN_TIMEOUT_MS, read_workflow
+from test_browser import CHART, CHROMIUM_FLAGS, EXTENSION_NAME, GRAPH_BOUNDS, queue_and_wait, read_workflow
 
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from tests/: the package sits at the repository root
 from scd_core import SamplerConfig, generate, load_model  # noqa: E402
@@ -39,7 +45,9 @@ WORKFLOW = "scd_demo.json"
 REGION = (770, 44, 1762, 800)  # left, top (above the sampler's title), right, bottom
 INSET = 200  # pixels between the canvas' corner and the region, clear of the menus and tabs
 VIEWPORT = {"width": 1700, "height": 1200}
+GRAPH_VIEWPORT = {"width": 2400, "height": 1500}  # a whole graph at scale 1, where the frontend draws all text
 SEED = 7  # a seed whose 7 reads as a 7
+TEMPLATES = json.loads((REPO_ROOT / "web" / "templates.json").read_text())
 
 
 def compare_image(path: Path) -> None:
@@ -47,89 +55,139 @@ def compare_image(path: Path) -> None:
                    cwd=REPO_ROOT, check=True, stderr=subprocess.DEVNULL)
 
 
-def sampler_screenshot(path: Path) -> None:
+@contextmanager
+def comfyui_page(viewport: dict[str, int]) -> Iterator[Page]:
+    """The frontend of a fresh ComfyUI with this pack, in Debian's chromium."""
     server = ComfyServer(Path(tempfile.mkdtemp(prefix="scd_readme_")))
     server.start()
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_FLAGS,
                                                  headless=True)
-            page = browser.new_page(viewport=VIEWPORT)
-            requests.post(f"{server.url}/settings/Comfy.TutorialCompleted", json=True, timeout=10).raise_for_status()
+            page = browser.new_page(viewport=viewport)
+            # no template browser on the first visit; no badge naming the pack's folder over every node
+            for setting, value in (("Comfy.TutorialCompleted", True), ("Comfy.NodeBadge.NodeSourceBadgeMode", "None")):
+                requests.post(f"{server.url}/settings/{setting}", json=value, timeout=10).raise_for_status()
             page.goto(server.url)
             page.wait_for_function(f"window.app?.graph && window.app.extensions.some((e) => e.name === "
                                    f"{EXTENSION_NAME!r})", timeout=60_000)
-            page.evaluate("async (graph) => { await app.loadGraphData(graph); }", read_workflow(WORKFLOW))
-            page.evaluate("""(seed) => app.graph.nodes.filter((n) => n.type === "SCDSampler").forEach((n) => {
-                n.widgets.find((w) => w.name === "seed").value = seed; })""", SEED)
-            page.evaluate("""() => {
-                const api = window.comfyAPI.api.api;
-                window.scdRunOutcome = null;
-                api.addEventListener("execution_success", () => { window.scdRunOutcome = "success"; });
-                api.addEventListener("execution_error", ({detail}) => {
-                    window.scdRunOutcome = detail.exception_message; });
-                return app.queuePrompt(0, 1);
-            }""")
-            page.wait_for_function("window.scdRunOutcome !== null", timeout=RUN_TIMEOUT_MS)
-            outcome = page.evaluate("window.scdRunOutcome")
-            if outcome != "success":
-                raise RuntimeError(f"the demo workflow failed: {outcome}")
-            left, top, right, bottom = REGION
-            # at scale 1, graph point (left, top) lands INSET pixels into the canvas, clear of the menus
-            page.evaluate("""([x, y]) => {
-                app.canvas.ds.scale = 1; app.canvas.ds.offset = [-x, -y]; app.canvas.setDirty(true, true); }""",
-                          [left - INSET, top - INSET])
-            page.wait_for_function(f"document.querySelector({CHART!r}).dataset.done === 'true'")
-            page.wait_for_function("""() => app.graph.nodes.filter((n) => n.type.endsWith("Image"))
-                .every((n) => n.imgs?.length && n.imgs.every((img) => img.complete))""")
-            page.wait_for_timeout(500)  # the canvas redraws
-            box = page.evaluate("() => { const r = app.canvas.canvas.getBoundingClientRect(); "
-                                "return {x: r.left, y: r.top}; }")
-            page.screenshot(path=str(path), clip={"x": box["x"] + INSET, "y": box["y"] + INSET,
-                                                  "width": right - left, "height": bottom - top})
+            yield page
             browser.close()
     finally:
         server.stop()
 
 
-def thumbnail(path: Path, images: torch.Tensor, title: str, subtitle: str) -> None:
-    """A 512 x 512 card for the template browser: the images side by side, then a title and a subtitle."""
-    card = Image.new("RGB", (THUMB, THUMB), (28, 28, 28))
-    side = min(384, (THUMB - 64) // len(images))
-    left = (THUMB - side * len(images)) // 2
-    for i, image in enumerate(images):
-        pixels = Image.fromarray((image.numpy() * 255).round().astype("uint8"))
-        card.paste(pixels.resize((side, side), Image.Resampling.BICUBIC),
-                   (left + i * side, (THUMB - 112 - side) // 2 + 16))
-    draw = ImageDraw.Draw(card)
+def canvas_shot(page: Page, left: float, top: float, width: float, height: float) -> bytes:
+    """Graph region (left, top, width, height) at scale 1, INSET pixels into the canvas, clear of the menus."""
+    page.evaluate("""([x, y]) => {
+        app.canvas.ds.scale = 1; app.canvas.ds.offset = [-x, -y]; app.canvas.setDirty(true, true); }""",
+                  [left - INSET, top - INSET])
+    page.mouse.move(page.viewport_size["width"] // 2, page.viewport_size["height"] - 4)  # no hover highlight
+    page.wait_for_timeout(500)  # the canvas redraws
+    box = page.evaluate("() => { const r = app.canvas.canvas.getBoundingClientRect(); return {x: r.left, y: r.top}; }")
+    return page.screenshot(clip={"x": box["x"] + INSET, "y": box["y"] + INSET, "width": width, "height": height})
+
+
+def sampler_screenshot(path: Path) -> None:
+    with comfyui_page(VIEWPORT) as page:
+        page.evaluate("async (graph) => { await app.loadGraphData(graph); }", read_workflow(WORKFLOW))
+        page.evaluate("""(seed) => app.graph.nodes.filter((n) => n.type === "SCDSampler").forEach((n) => {
+            n.widgets.find((w) => w.name === "seed").value = seed; })""", SEED)
+        outcome = queue_and_wait(page)
+        if outcome != "success":
+            raise RuntimeError(f"the demo workflow failed: {outcome}")
+        page.wait_for_function(f"document.querySelector({CHART!r}).dataset.done === 'true'")
+        page.wait_for_function("""() => app.graph.nodes.filter((n) => n.type.endsWith("Image"))
+            .every((n) => n.imgs?.length && n.imgs.every((img) => img.complete))""")
+        left, top, right, bottom = REGION
+        path.write_bytes(canvas_shot(page, left, top, right - left, bottom - top))
+
+
+def graph_thumbnails() -> list[Path]:
+    """The workflows whose models are not here: the graph as the frontend draws it, and its title."""
+    written = []
+    with comfyui_page(GRAPH_VIEWPORT) as page:
+        for template in TEMPLATES:
+            if template["name"].startswith("scd_demo"):
+                continue  # those show what they produce (demo_thumbnails)
+            page.evaluate("async (graph) => { await app.loadGraphData(graph); }",
+                          read_workflow(f"{template['name']}.json"))
+            left, top, right, bottom = page.evaluate(GRAPH_BOUNDS)
+            margin = 20
+            shot = canvas_shot(page, left - margin, top - margin, right - left + 2 * margin,
+                               bottom - top + 2 * margin)
+            path = WORKFLOWS / f"{template['name']}.jpg"
+            card(path, [Image.open(io.BytesIO(shot)).convert("RGB")], template["title"], template["description"])
+            written.append(path)
+    return written
+
+
+def card(path: Path, pictures: list[Image.Image], title: str, subtitle: str) -> None:
+    """A 512 x 512 card for the template browser: the pictures side by side, then a title and a subtitle."""
+    canvas = Image.new("RGB", (THUMB, THUMB), (28, 28, 28))
+    draw = ImageDraw.Draw(canvas)
     bold, plain = (ImageFont.truetype(f"{FONTS}/{name}.ttf", size) for name, size in (("DejaVuSans-Bold", 22),
-                                                                                      ("DejaVuSans", 18)))
-    draw.text((20, THUMB - 80), title, fill=(235, 235, 235), font=bold)
-    draw.text((20, THUMB - 42), subtitle, fill=(170, 170, 170), font=plain)
-    card.save(path, quality=90)
+                                                                                      ("DejaVuSans", 16)))
+    lines = wrapped(draw, subtitle, plain, THUMB - 40)
+    text_top = THUMB - 52 - 22 * len(lines)
+    room_w, room_h = THUMB - 32, text_top - 32
+    scale = min(room_w / sum(p.width for p in pictures), room_h / max(p.height for p in pictures))
+    sizes = [(round(p.width * scale), round(p.height * scale)) for p in pictures]
+    x = (THUMB - sum(w for w, _ in sizes)) // 2
+    for picture, (w, h) in zip(pictures, sizes):
+        canvas.paste(picture.resize((w, h), Image.Resampling.LANCZOS), (x, 16 + (room_h - h) // 2))
+        x += w
+    draw.text((20, text_top), title, fill=(235, 235, 235), font=bold)
+    for i, line in enumerate(lines):
+        draw.text((20, text_top + 36 + 22 * i), line, fill=(170, 170, 170), font=plain)
+    canvas.save(path, quality=90)
 
 
-def demo_thumbnails() -> None:
+def wrapped(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.FreeTypeFont, width: int) -> list[str]:
+    lines = [""]
+    for word in text.split():
+        candidate = f"{lines[-1]} {word}".strip()
+        if lines[-1] and draw.textlength(candidate, font=font) > width:
+            lines.append(word)
+        else:
+            lines[-1] = candidate
+    return lines
+
+
+def digits(images: torch.Tensor) -> list[Image.Image]:
+    """Decoded images as pictures, square and at most 384 px so a single digit does not fill the card."""
+    side = min(384, (THUMB - 64) // len(images))
+    return [Image.fromarray((image.numpy() * 255).round().astype("uint8")).resize((side, side), Image.Resampling.BICUBIC)
+            for image in images]
+
+
+def demo_thumbnails() -> list[Path]:
     """The demo workflows' settings (digit 7, seed 42, model defaults): SCD at window 32, and AR next to it."""
     model = load_model("demo")
     cond = model.encode("7")
     scd = generate(model, cond, SamplerConfig(window=32, seed=42))
     ar = generate(model, cond, SamplerConfig(window=1, seed=42))
-    thumbnail(WORKFLOWS / "scd_demo.jpg", model.decode(scd.tokens),
-              f"SCD: {scd.nfe} model calls for {model.num_tokens} tokens", "demo model, digit 7, window 32")
-    thumbnail(WORKFLOWS / "scd_demo_ar_vs_scd.jpg", torch.cat([model.decode(ar.tokens), model.decode(scd.tokens)]),
-              f"AR {ar.nfe} calls  |  SCD {scd.nfe} calls", "same seed, digit 7; left window 1, right 32")
+    card(WORKFLOWS / "scd_demo.jpg", digits(model.decode(scd.tokens)),
+         f"SCD: {scd.nfe} model calls for {model.num_tokens} tokens", "demo model, digit 7, window 32")
+    card(WORKFLOWS / "scd_demo_ar_vs_scd.jpg", digits(torch.cat([model.decode(ar.tokens), model.decode(scd.tokens)])),
+         f"AR {ar.nfe} calls  |  SCD {scd.nfe} calls", "same seed, digit 7; left window 1, right 32")
+    return [WORKFLOWS / "scd_demo.jpg", WORKFLOWS / "scd_demo_ar_vs_scd.jpg"]
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    compare_image(OUT / "ar_vs_scd.png")
-    sampler_screenshot(OUT / "comfyui_sampler.png")
-    demo_thumbnails()
-    for path in (OUT / "ar_vs_scd.png", OUT / "comfyui_sampler.png", WORKFLOWS / "scd_demo.jpg",
-                 WORKFLOWS / "scd_demo_ar_vs_scd.jpg"):
+    written = []
+    if "compare" in names:
+        compare_image(OUT / "ar_vs_scd.png")
+        written.append(OUT / "ar_vs_scd.png")
+    if "sampler" in names:
+        sampler_screenshot(OUT / "comfyui_sampler.png")
+        written.append(OUT / "comfyui_sampler.png")
+    if "thumbnails" in names:
+        written += demo_thumbnails() + graph_thumbnails()
+    for path in written:
         print(f"wrote {path} ({path.stat().st_size // 1024} KiB)")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or ["compare", "sampler", "thumbnails"])

@@ -1,5 +1,6 @@
-"""The node pack in a real browser: the served frontend loads the shipped workflows and the live chart on
-SCDSampler draws while the demo model samples.
+"""The node pack in a real browser: the served frontend loads every shipped workflow without an alert, lists
+them in its template browser with their titles, and the live chart on SCDSampler draws while the demo model
+samples, marks a cancelled run, and stays clear of the other nodes after a run.
 
 Needs Debian's chromium (tests/install_browser.sh) and the `comfy_server` fixture (a real ComfyUI with this
 pack linked in).  Screenshots go to test-artifacts/ for a human to look at.
@@ -14,10 +15,13 @@ from typing import Any, Iterator
 
 import pytest
 import requests
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+
+from comfy_server import PACK_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO_ROOT / "workflows"
+TEMPLATES = json.loads((REPO_ROOT / "web" / "templates.json").read_text())
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                   "--disable-sync", "--no-first-run"]
@@ -50,6 +54,17 @@ NODE_NEEDS = """() => app.graph.nodes.map((n) => {
     return {id: n.id, title, min: [...n.computeSize()],
             titleWidth: ctx.measureText(title).width + 2 * LiteGraph.NODE_TITLE_HEIGHT};
 })"""
+
+
+# Every node's box, title bar included, in graph coordinates: [left, top, width, height].
+NODE_BOXES = """() => app.graph.nodes.map((n) => ({id: n.id, title: n.getTitle() ?? n.type, box: [...n.boundingRect]}))"""
+GRAPH_BOUNDS = """() => { const boxes = app.graph.nodes.map((n) => n.boundingRect);
+    return [Math.min(...boxes.map((b) => b[0])), Math.min(...boxes.map((b) => b[1])),
+            Math.max(...boxes.map((b) => b[0] + b[2])), Math.max(...boxes.map((b) => b[1] + b[3]))]; }"""
+# The frontend's alerts ("Invalid workflow against zod schema", ...) are warning toasts (not its info ones,
+# such as the Vue renderer's "Prefer the legacy design?").
+TOASTS = """() => [...document.querySelectorAll(".p-toast-message-warn, .p-toast-message-error")]
+    .map((t) => t.innerText)"""
 
 
 def read_workflow(name: str) -> dict[str, Any]:
@@ -88,14 +103,21 @@ def browser() -> Iterator[Browser]:
         browser.close()
 
 
+def is_ours(message: ConsoleMessage) -> bool:
+    """A console error from this pack's scripts or about it (a second registration, a failed fetch of ours)."""
+    text, where = message.text.lower(), message.location.get("url", "")
+    if "already registered" in text and "scd" in text:
+        return True
+    return message.type in ("error", "warning") and (f"/extensions/{PACK_NAME}/" in where or "scd" in text)
+
+
 @pytest.fixture
 def page(browser: Browser, comfy_server: Any) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1500, "height": 950})
     page = context.new_page()
     page_errors: list[str] = []
     page.on("pageerror", lambda error: page_errors.append(str(error)))
-    page.on("console", lambda message: page_errors.append(message.text)
-            if "already registered" in message.text and "scd" in message.text.lower() else None)
+    page.on("console", lambda message: page_errors.append(message.text) if is_ours(message) else None)
     # A first visit opens the template browser over the canvas; mark the tour as done for this server.
     requests.post(f"{comfy_server.url}/settings/Comfy.TutorialCompleted", json=True, timeout=10).raise_for_status()
     page.goto(comfy_server.url)
@@ -108,11 +130,47 @@ def page(browser: Browser, comfy_server: Any) -> Iterator[Page]:
     assert not page_errors, f"uncaught errors in the page: {page_errors}"
 
 
-def load_ui_workflow(page: Page, name: str) -> None:
+def load_ui_workflow(page: Page, name: str, seed: int = BROWSER_TEST_SEED) -> None:
+    """Load a shipped workflow as drag-and-drop does; the frontend's schema check must raise no alert."""
     page.evaluate("async (graph) => { await app.loadGraphData(graph); }", read_workflow(name))
+    alerts = page.evaluate(TOASTS)
+    assert not alerts, f"{name}: the frontend alerts on load: {alerts}"
     # A seed no other test uses: ComfyUI would answer a repeated graph from its cache, without progress events.
     page.evaluate("""(seed) => app.graph.nodes.filter((n) => n.type === "SCDSampler").forEach((n) => {
-        n.widgets.find((w) => w.name === "seed").value = seed; })""", BROWSER_TEST_SEED)
+        n.widgets.find((w) => w.name === "seed").value = seed; })""", seed)
+
+
+def queue_and_wait(page: Page) -> str:
+    """Queue the loaded graph as the Run button does; "success" or the error message once it ends."""
+    page.evaluate("""() => {
+        const api = window.comfyAPI.api.api;
+        window.scdRunOutcome = null;
+        api.addEventListener("execution_success", () => { window.scdRunOutcome = "success"; });
+        api.addEventListener("execution_error", ({detail}) => { window.scdRunOutcome = detail.exception_message; });
+        api.addEventListener("execution_interrupted", () => { window.scdRunOutcome = "interrupted"; });
+        return app.queuePrompt(0, 1);
+    }""")
+    page.wait_for_function("window.scdRunOutcome !== null", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_timeout(300)  # the chart redraws on the next animation frame, the saved images load
+    return page.evaluate("window.scdRunOutcome")
+
+
+def assert_no_overlap(page: Page, name: str) -> None:
+    """No node's box (title bar included) overlaps another's: a sampler grows by its preview during a run."""
+    boxes = page.evaluate(NODE_BOXES)
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            (ax, ay, aw, ah), (bx, by, bw, bh) = a["box"], b["box"]
+            apart = ax + aw <= bx or bx + bw <= ax or ay + ah <= by or by + bh <= ay
+            assert apart, f"{name}: {a['title']!r} {a['box']} overlaps {b['title']!r} {b['box']}"
+
+
+def show_at_full_size(page: Page, node_type: str) -> None:
+    """Zoom to 100% with the first node of that type near the canvas' top left corner."""
+    page.evaluate("""(type) => { const node = app.graph.nodes.find((n) => n.type === type);
+        app.canvas.ds.scale = 1; app.canvas.ds.offset = [200 - node.pos[0], 120 - node.pos[1]];
+        app.canvas.setDirty(true, true); }""", node_type)
+    page.wait_for_timeout(300)  # the canvas redraws, DOM widgets follow
 
 
 def synthetic_progress(page: Page, node_id: str, iteration: int, committed: int, total: int) -> None:
@@ -131,6 +189,26 @@ def test_every_workflow_comes_as_ui_file_api_twin_and_thumbnail() -> None:
     for api_file in api_workflows():
         ui_name = api_file.name.removesuffix("_api.json") + ".json"
         assert (WORKFLOWS / ui_name).is_file(), f"{api_file.name} has no UI-format twin"
+    # the template browser's titles and order (web/js/scd_templates.js): every workflow once, the demo first
+    assert [t["name"] for t in TEMPLATES][0] == "scd_demo"
+    assert sorted(t["name"] for t in TEMPLATES) == [f.stem for f in ui_workflows()]
+    for template in TEMPLATES:
+        assert template["title"] and template["description"], f"{template['name']} lacks a title or description"
+        # frontend 1.32 shows a description with "-" and "_" replaced by spaces
+        assert not set("-_") & set(template["description"]), f"{template['name']}: {template['description']!r}"
+
+
+def test_every_workflow_has_a_note_that_says_where_its_model_goes() -> None:
+    for ui_file in ui_workflows():
+        notes = [n for n in read_workflow(ui_file.name)["nodes"] if n.get("title") == "About this workflow"]
+        assert len(notes) == 1, f"{ui_file.name} has {len(notes)} 'About this workflow' notes"
+        text = notes[0]["widgets_values"][0]
+        assert "Shows:" in text, f"{ui_file.name}: the note does not say what the workflow shows"
+        models = {n["widgets_values"][0] for n in read_workflow(ui_file.name)["nodes"] if n["type"] == "SCDModelLoader"}
+        for model in models - {"demo"}:
+            assert f"models/{model}" in text or f"models/scd/{model}" in text, \
+                f"{ui_file.name}: the note does not name the folder of {model}"
+        assert "demo" in models or "Hugging Face" in text, f"{ui_file.name}: the note names no repository"
 
 
 def test_shipped_workflows_match_the_servers_node_definitions(comfy_server: Any) -> None:
@@ -228,17 +306,10 @@ def test_demo_workflow_draws_live_acceptance_bars(page: Page) -> None:
     assert chart.count() == 1
     assert chart.evaluate(COUNT_BAR_PIXELS) == 0, "bars drawn before anything ran"
 
-    page.evaluate("""() => {
-        const api = window.comfyAPI.api.api;
-        window.scdRunOutcome = null;
-        api.addEventListener("execution_success", () => { window.scdRunOutcome = "success"; });
-        api.addEventListener("execution_error", ({detail}) => { window.scdRunOutcome = detail.exception_message; });
-        return app.queuePrompt(0, 1);
-    }""")
-    page.wait_for_function("window.scdRunOutcome !== null", timeout=RUN_TIMEOUT_MS)
-    assert page.evaluate("window.scdRunOutcome") == "success"
-    page.wait_for_timeout(300)  # the chart redraws on the next animation frame, the saved image loads
+    assert queue_and_wait(page) == "success"
     assert chart.evaluate("(canvas) => canvas.dataset.done") == "true"
+    assert chart.evaluate("(canvas) => canvas.dataset.stopped") == ""
+    assert_no_overlap(page, "scd_demo.json")
 
     state = chart.evaluate("(canvas) => ({...canvas.dataset})")
     iterations, nfe, total = int(state["iterations"]), int(state["nfe"]), int(state["total"])
@@ -252,6 +323,83 @@ def test_demo_workflow_draws_live_acceptance_bars(page: Page) -> None:
         .widgets.find((w) => w.name === "preview").element.querySelectorAll("br").length""")
     assert breaks == 2, f"the summary shows {breaks + 1} lines, not 3"
 
+    # at 100% zoom, the sampler in view: the chart at its full size, the summary's lines whole
+    show_at_full_size(page, "SCDSampler")
+    shown = chart.evaluate("""(canvas) => { const r = canvas.getBoundingClientRect();
+        return {width: r.width, height: r.height, css: canvas.clientWidth}; }""")
+    assert shown["width"] >= 300 and shown["height"] >= 140 and abs(shown["width"] - shown["css"]) < 1, shown
     ARTIFACTS.mkdir(exist_ok=True)
     chart.screenshot(path=ARTIFACTS / "browser_scd_chart.png")
+    show_at_full_size(page, "PreviewAny")
+    summary = page.evaluate("""() => { const e = app.graph.nodes.find((n) => n.type === "PreviewAny")
+        .widgets.find((w) => w.name === "preview").element;
+        return {font: parseFloat(getComputedStyle(e).fontSize), height: e.clientHeight,
+                clipped: e.scrollHeight > e.clientHeight + 1 || e.scrollWidth > e.clientWidth + 1,
+                text: e.innerText}; }""")
+    assert summary["font"] >= 12 and summary["height"] > 0 and not summary["clipped"], summary
+    assert "model calls" in summary["text"] and "NFE" not in summary["text"], summary["text"]
     page.screenshot(path=ARTIFACTS / "browser_scd_demo.png")
+
+
+def test_ar_vs_scd_workflow_runs_and_no_node_covers_another(page: Page) -> None:
+    """Both samplers grow by their previews during the run; the layout leaves room for that."""
+    load_ui_workflow(page, "scd_demo_ar_vs_scd.json", seed=BROWSER_TEST_SEED + 1)  # not the demo run's, cached
+    assert queue_and_wait(page) == "success"
+    charts = {chart["id"]: chart["state"] for chart in page.evaluate(SAMPLER_CHARTS)}
+    assert all(state["done"] == "true" for state in charts.values()), charts
+    assert sorted(int(state["nfe"]) for state in charts.values())[1] == 256, "window 1 takes one call per token"
+    assert_no_overlap(page, "scd_demo_ar_vs_scd.json")
+    page.evaluate("async () => { app.canvas.ds.scale = 0.5; app.canvas.ds.offset = [40, 120]; "
+                  "app.canvas.setDirty(true, true); }")
+    page.wait_for_timeout(300)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "browser_ar_vs_scd.png")
+
+
+def test_cancelled_run_is_marked_on_the_chart(page: Page) -> None:
+    load_ui_workflow(page, "scd_demo.json")
+    # plain AR on a batch: hundreds of model calls, long enough to cancel midway
+    page.evaluate("""() => { const sampler = app.graph.nodes.find((n) => n.type === "SCDSampler");
+        sampler.widgets.find((w) => w.name === "window").value = 1;
+        sampler.widgets.find((w) => w.name === "batch_size").value = 8; }""")
+    chart = page.locator(CHART)
+    page.evaluate("""() => {
+        const api = window.comfyAPI.api.api;
+        window.scdRunOutcome = null;
+        api.addEventListener("execution_interrupted", () => { window.scdRunOutcome = "interrupted"; });
+        api.addEventListener("execution_success", () => { window.scdRunOutcome = "success"; });
+        return app.queuePrompt(0, 1);
+    }""")
+    page.wait_for_function(f"Number(document.querySelector({CHART!r}).dataset.iterations) >= 3",
+                           timeout=RUN_TIMEOUT_MS)
+    page.evaluate("() => window.comfyAPI.api.api.interrupt()")
+    page.wait_for_function("window.scdRunOutcome !== null", timeout=30_000)
+    assert page.evaluate("window.scdRunOutcome") == "interrupted"
+    page.wait_for_timeout(300)
+    state = chart.evaluate("(canvas) => ({...canvas.dataset})")
+    assert state["stopped"] == "cancelled" and state["done"] == "false", state
+    ARTIFACTS.mkdir(exist_ok=True)
+    chart.screenshot(path=ARTIFACTS / "browser_cancelled_chart.png")
+
+
+def test_template_browser_lists_the_workflows_with_titles_and_thumbnails(page: Page) -> None:
+    page.evaluate("() => app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    page.get_by_text(PACK_NAME, exact=True).first.click()  # the pack's entry under Extensions
+    content = page.locator('[data-testid="template-workflows-content"]')
+    page.wait_for_function("""(count) => document.querySelectorAll(
+        '[data-testid="template-workflows-content"] h3').length === count""", arg=len(TEMPLATES))
+    titles = content.locator("h3").all_inner_texts()
+    assert titles == [t["title"] for t in TEMPLATES], "titles or order differ from web/templates.json"
+    text = content.inner_text()
+    assert all(t["description"] in text for t in TEMPLATES), text
+    page.wait_for_function("""() => [...document.querySelectorAll('[data-testid="template-workflows-content"] img')]
+        .every((img) => img.complete)""")
+    widths = content.locator("img").evaluate_all("(images) => images.map((img) => img.naturalWidth)")
+    assert len(widths) == len(TEMPLATES) and all(w > 0 for w in widths), f"thumbnails missing: {widths}"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=ARTIFACTS / "browser_templates.png")
+    # a click loads the workflow from the pack's folder
+    content.get_by_text(TEMPLATES[0]["title"], exact=True).click()
+    expected = len(read_workflow(f"{TEMPLATES[0]['name']}.json")["nodes"])
+    page.wait_for_function("(count) => app.graph.nodes.length === count && "
+                           "app.graph.nodes.some((n) => n.type === 'SCDSampler')", arg=expected)

@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import re
 import sys
 import weakref
 from pathlib import Path
@@ -305,8 +306,10 @@ def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any],
     assert sum(e["committed"] for e in events) == n == events[-1]["total"]
     assert all(e["node"] == "7" and e["num_tokens"] == n and e["calls_saved"] == e["total"] - e["nfe"]
                for e in events)
+    assert fake_server.texts[0] == ("7", f"1 call, {events[0]['total']} / {n} tokens")
     assert fake_server.texts[-1] == ("7", f"{stats.result.nfe} calls, {n} / {n} tokens")
-    assert [text for _, text in fake_server.texts] == [f"{e['nfe']} calls, {e['total']} / {n} tokens" for e in events]
+    assert [text for _, text in fake_server.texts] == [
+        f"{e['nfe']} call{'s' if e['nfe'] != 1 else ''}, {e['total']} / {n} tokens" for e in events]
     # the last iteration always carries the finished preview
     kind, preview, _ = fake_server.previews[-1]
     assert kind == "JPEG" and preview.size == (64, 64)
@@ -373,17 +376,40 @@ def test_settings_far_from_the_model_s_warn_on_the_status_line_and_in_the_log(
     assert fake_server.texts and not [text for _, text in fake_server.texts if "|" in text]
 
 
-def test_stats_chart_is_legible_at_node_size(pack: ModuleType) -> None:
+def test_stats_chart_is_legible_at_node_size(pack: ModuleType, node_classes: dict[str, Any]) -> None:
+    # node_classes imports the nodes, chart among them
     import numpy as np
 
     chart = sys.modules[f"{pack.__name__}.nodes.chart"]
     image = np.asarray(chart.committed_chart([1, 4, 3, 6], [1.0, 0.5, 0.7, 0.9], "4 calls for 14 tokens"))
     node_width = 280  # a node shows the preview scaled to its width
     scale = node_width / image.shape[1]
-    title_rows = np.nonzero((image == (0xE6, 0xE6, 0xE6)).all(-1).any(1))[0]  # the title's text colour
+    title_rows = np.nonzero((image == rgb(chart.TEXT)).all(-1).any(1))[0]
     assert len(title_rows) and (title_rows.max() - title_rows.min() + 1) * scale >= 10, "title too small"
-    label_rows = np.nonzero((image == (0x9A, 0x9A, 0x9A)).all(-1)[image.shape[0] * 9 // 10:].any(1))[0]
+    label_rows = np.nonzero((image == rgb(chart.AXIS)).all(-1)[image.shape[0] * 9 // 10:].any(1))[0]
     assert len(label_rows) and (label_rows.max() - label_rows.min() + 1) * scale >= 8, "axis label too small"
+
+
+def rgb(color: str) -> tuple[int, int, int]:
+    return tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))
+
+
+def test_stats_chart_uses_the_live_charts_colours(pack: ModuleType, node_classes: dict[str, Any]) -> None:
+    # node_classes imports the nodes, chart among them
+    """One colour scheme in the sampler's live chart (web/js/scd_widget.js) and the SCD Stats chart."""
+    import numpy as np
+
+    chart = sys.modules[f"{pack.__name__}.nodes.chart"]
+    widget = (REPO_ROOT / "web" / "js" / "scd_widget.js").read_text()
+    for js_name, python_name in (("background", "BACKGROUND"), ("arBar", "AR_BAR"), ("scdBar", "SCD_BAR"),
+                                 ("baseline", "BASELINE"), ("text", "TEXT"), ("muted", "AXIS")):
+        found = re.search(rf'\b{js_name}: "(#[0-9a-f]{{6}})"', widget)
+        assert found and found.group(1) == getattr(chart, python_name).lower(), f"{js_name} differs"
+    # an autoregressive run: every bar in the one-token colour, none in the several-tokens one
+    image = np.asarray(chart.committed_chart([1] * 8, [], "8 calls for 8 tokens"))
+    plot = image[chart.MARGIN_TOP:chart.HEIGHT - chart.MARGIN_BOTTOM, chart.MARGIN_LEFT:chart.WIDTH - chart.MARGIN_RIGHT]
+    assert (plot == rgb(chart.AR_BAR)).all(-1).sum() > 1000
+    assert not (plot == rgb(chart.SCD_BAR)).all(-1).any()
 
 
 def test_sampler_is_thin_over_generate(node_classes: dict[str, Any], janus: Any, fake_server: FakeServer,

@@ -3,6 +3,8 @@
 //
 // Data arrives as the server's "scd.progress" websocket event, one per model call (nodes/progress.py):
 //   {node, iteration, committed, total, num_tokens, nfe, acceptance, calls_saved}
+// ComfyUI's own execution_interrupted / execution_error events name the node that was running: a chart whose
+// run was cut short says so instead of looking half done.
 // The chart is a DOM widget (not canvas-drawn), so it also renders in the frontend's Vue node mode.
 // Tests read the chart's state from the canvas's data attributes (data-iterations, data-calls-saved, ...).
 import { app } from "../../../scripts/app.js";
@@ -13,19 +15,23 @@ const EVENT = "scd.progress";
 const CHART_HEIGHT = 150;
 const MIN_NODE_WIDTH = 320; // room for the summary line
 
+// The SCD Stats chart (nodes/chart.py) uses the same colours; tests/test_nodes.py checks that they agree.
 const COLORS = {
     background: "#1b1b1b",
     frame: "#3a3a3a",
     arBar: "#7a7a7a", // a call that committed one token: no better than plain AR
     scdBar: "#4caf50", // a call that committed several tokens
-    baseline: "#d0a040",
+    baseline: "#d0a040", // one token per call, the pace of plain AR
     text: "#e0e0e0",
     muted: "#9a9a9a",
+    stopped: "#e57373", // a run cancelled or failed part way
 };
+// What ended a run early, by ComfyUI's event, as the chart says it.
+const STOPPED_BY = { execution_interrupted: "cancelled", execution_error: "stopped by an error" };
 
 // The run a chart shows; kept after the run ends and replaced when the next run's iteration 0 arrives.
 function emptyRun() {
-    return { committed: [], total: 0, numTokens: 0, nfe: 0, callsSaved: 0 };
+    return { committed: [], total: 0, numTokens: 0, nfe: 0, callsSaved: 0, stopped: "" };
 }
 
 class AcceptanceChart {
@@ -53,6 +59,18 @@ class AcceptanceChart {
         this.requestDraw();
     }
 
+    // The run ended before its last token; a finished run (or none) stays as it is.
+    stop(reason) {
+        if (this.run.committed.length === 0 || this.finished()) return;
+        this.run.stopped = reason;
+        this.publishState();
+        this.requestDraw();
+    }
+
+    finished() {
+        return this.run.numTokens > 0 && this.run.total >= this.run.numTokens;
+    }
+
     // State for tests and for anyone inspecting the page.
     publishState() {
         const data = this.canvas.dataset;
@@ -61,7 +79,8 @@ class AcceptanceChart {
         data.total = String(this.run.total);
         data.numTokens = String(this.run.numTokens);
         data.nfe = String(this.run.nfe);
-        data.done = String(this.run.numTokens > 0 && this.run.total >= this.run.numTokens);
+        data.done = String(this.finished());
+        data.stopped = this.run.stopped;
     }
 
     // Events can arrive faster than frames; draw at most once per frame.
@@ -100,7 +119,8 @@ class AcceptanceChart {
     drawBars(ctx, plot) {
         const committed = this.run.committed;
         if (committed.length === 0 || plot.w <= 0 || plot.h <= 0) return;
-        const tallest = Math.max(2, ...committed.map((n) => n ?? 0));
+        const peak = Math.max(...committed.map((n) => n ?? 0));
+        const tallest = Math.max(2, peak); // room above the one-token line even when no call beat it
         // Bars span the whole run's expected width once the run is long; until then keep them readable.
         const slots = Math.max(committed.length, 32);
         const step = plot.w / slots;
@@ -120,14 +140,21 @@ class AcceptanceChart {
         ctx.lineTo(plot.x + plot.w, baselineY);
         ctx.stroke();
         ctx.setLineDash([]);
-        // Scale label on a backing box so tall bars do not hide it.
-        const label = `max ${tallest}/call`;
-        ctx.font = "10px sans-serif";
+        ctx.font = "11px sans-serif";
         ctx.textBaseline = "top";
+        // the scale: the most tokens a call of this run committed (none above one on a plain AR run)
+        this.drawLabel(ctx, `most in one call: ${peak}`, plot.x + 1, plot.y + 1, COLORS.muted);
+        const lineLabel = "1 per call = autoregressive";
+        const labelWidth = ctx.measureText(lineLabel).width + 6;
+        this.drawLabel(ctx, lineLabel, plot.x + plot.w - labelWidth - 1, baselineY - 15, COLORS.baseline);
+    }
+
+    // Text on a backing box so bars do not hide it.
+    drawLabel(ctx, text, x, y, color) {
         ctx.fillStyle = COLORS.background;
-        ctx.fillRect(plot.x + 1, plot.y + 1, ctx.measureText(label).width + 6, 13);
-        ctx.fillStyle = COLORS.muted;
-        ctx.fillText(label, plot.x + 4, plot.y + 2);
+        ctx.fillRect(x, y, ctx.measureText(text).width + 6, 14);
+        ctx.fillStyle = color;
+        ctx.fillText(text, x + 3, y + 1);
     }
 
     drawSummary(ctx) {
@@ -142,12 +169,14 @@ class AcceptanceChart {
             return;
         }
         const perCall = run.nfe > 0 ? (run.total / run.nfe).toFixed(2) : "-";
+        const calls = `${run.nfe} model call${run.nfe === 1 ? "" : "s"}`;
         ctx.font = "bold 12px sans-serif";
-        ctx.fillStyle = COLORS.text;
-        ctx.fillText(`${run.callsSaved} calls saved · ${perCall} tokens/call`, 6, 4);
-        ctx.font = "11px sans-serif";
+        ctx.fillStyle = run.stopped ? COLORS.stopped : COLORS.text;
+        ctx.fillText(run.stopped ? `${run.stopped} after ${calls}`
+            : `${run.callsSaved} calls saved · ${perCall} tokens per call`, 6, 4);
+        ctx.font = "12px sans-serif";
         ctx.fillStyle = COLORS.muted;
-        ctx.fillText(`NFE ${run.nfe} · ${run.total}/${run.numTokens} tokens`, 6, 19);
+        ctx.fillText(`${calls}, ${run.total} / ${run.numTokens} tokens`, 6, 19);
     }
 }
 
@@ -168,6 +197,11 @@ app.registerExtension({
             const node = findNode(detail.node);
             node?.scdChart?.update(detail);
         });
+        for (const [event, reason] of Object.entries(STOPPED_BY)) {
+            api.addEventListener(event, ({ detail }) => {
+                if (detail?.node_id != null) findNode(detail.node_id)?.scdChart?.stop(reason);
+            });
+        }
     },
 
     async beforeRegisterNodeDef(nodeType, nodeData) {
