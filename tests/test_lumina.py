@@ -333,6 +333,53 @@ def test_vq_checkpoint_with_wrong_keys(which: str, tiny_lumina_dir: Path, tiny_l
         load_model(folder, device="cpu")
 
 
+def test_movqgan_checkpoint_with_extra_entries_loads_and_names_them_once(tiny_lumina2_dir: Path, tmp_path: Path,
+                                                                          model2: lumina.LuminaModel) -> None:
+    """The upstream loads movqgan_270M.ckpt non-strictly: entries the decoder does not use are set aside."""
+    folder = broken_copy(tiny_lumina2_dir, tmp_path)
+    path = folder / "movqgan_270M.ckpt"
+    state = torch.load(str(path), weights_only=True)
+    state["ema_decoder.conv_in.weight"] = torch.zeros(2, 2)  # training extras beside the decoder
+    state["quantize.used"] = torch.arange(4)
+    state["loss.discriminator.main.0.weight"] = torch.zeros(1)  # a known training part: silently set aside
+    torch.save(state, str(path))
+    with pytest.warns(UserWarning) as caught:
+        model = load_model(folder, device="cpu", dtype="float32")
+    messages = [str(w.message) for w in caught if "set aside" in str(w.message)]
+    assert len(messages) == 1 and "2 entries" in messages[0] and "ema_decoder.conv_in.weight" in messages[0] \
+        and "quantize.used" in messages[0] and "loss." not in messages[0]
+    tokens = generate(model2, model2.encode(PROMPT), SamplerConfig(coupler="maximal", window=6, seed=3)).tokens
+    assert torch.equal(model.decode(tokens), model2.decode(tokens))
+
+
+@pytest.mark.parametrize("change", ["missing", "misshaped"])
+def test_movqgan_checkpoint_without_a_needed_weight_is_refused(change: str, tiny_lumina2_dir: Path,
+                                                               tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina2_dir, tmp_path)
+    path = folder / "movqgan_270M.ckpt"
+    state = torch.load(str(path), weights_only=True)
+    key = "decoder.norm_out.conv_y.weight"
+    if change == "missing":
+        del state[key]
+    else:
+        state[key] = state[key][:, :2]
+    torch.save(state, str(path))
+    expected = rf"missing \['{key}'\]" if change == "missing" else rf"wrong shape \['{key} \[32, 2, 1, 1\] \(expected \[32, 4, 1, 1\]\)"
+    with pytest.raises(ModelLoadError, match=rf"movqgan_270M.ckpt.*{expected}"):
+        load_model(folder, device="cpu")
+
+
+def test_movqgan_decodes_in_float32_whatever_the_model_dtype(tiny_lumina2_dir: Path,
+                                                             model2: lumina.LuminaModel) -> None:
+    """As the authors decode: a bfloat16 load gives the pixels of a float32 load."""
+    bf16 = load_model(tiny_lumina2_dir, device="cpu", dtype="bfloat16")
+    assert bf16.module["lm"].dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in bf16.module["vq"].parameters())
+    tokens = generate(model2, model2.encode(PROMPT), SamplerConfig(coupler="maximal", window=6, seed=4),
+                      batch_size=2).tokens
+    assert torch.equal(bf16.decode(tokens), model2.decode(tokens))
+
+
 def test_vq_checkpoint_with_pickled_code_is_refused(tiny_lumina_dir: Path, tmp_path: Path) -> None:
     folder = broken_copy(tiny_lumina_dir, tmp_path)
     torch.save({"state_dict": {"x": torch.zeros(1)}, "hook": print}, str(folder / "vqgan.ckpt"))
