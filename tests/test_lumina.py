@@ -272,6 +272,29 @@ def test_512_layout_with_chameleon_subfolder(tiny_lumina_dir: Path, model32: lum
     assert model.encode(PROMPT) == model32.encode(PROMPT)
 
 
+def test_lumina2_command_line_at_64_by_32(tiny_lumina2_dir: Path, model2: lumina.LuminaModel, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture) -> None:
+    """`python -m scd_core generate --width 64 --height 32` writes the image the library samples at that size."""
+    import numpy as np
+    from PIL import Image
+
+    from scd_core.cli import main
+
+    output = tmp_path / "wide.png"
+    code = main(["generate", "--model", str(tiny_lumina2_dir), "--prompt", PROMPT, "--width", "64", "--height",
+                 "32", "--window", "4", "--seed", "3", "--cfg", "7.5", "--device", "cpu", "-o", str(output)])
+    assert code == 0, capsys.readouterr().err
+    image = np.asarray(Image.open(output))
+    assert image.shape == (32, 64, 3)
+    try:
+        model2.set_image_size(64, 32)
+        result = generate(model2, model2.encode(PROMPT), SamplerConfig(window=4, seed=3, cfg_scale=7.5))
+        expected = (model2.decode(result.tokens).clamp(0, 1) * 255).round().byte().numpy()[0]
+    finally:
+        model2.set_image_size(RESOLUTION_2, RESOLUTION_2)
+    assert np.array_equal(image, expected)
+
+
 def authors_prompt_ids(folder: Path, prompt: str, width: int, height: int) -> list[int]:
     """The 2.0 prompt as the authors' text-to-image path builds it, restated: their tokenizer wrapper loads the
     folder with transformers' AutoTokenizer and starts with its bos_token_id, or its eos_token_id when that is
