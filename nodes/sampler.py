@@ -58,7 +58,9 @@ class SCDSampler(io.ComfyNode):
                                      "call costs on this device and how many tokens the calls so far committed. "
                                      "Pin a number for seeds that give the same image on every machine."),
                 io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
-                               tooltip="Classifier-free guidance scale; -1 uses the model's recommended value."),
+                               tooltip="Classifier-free guidance scale; -1 uses the model's recommended value. "
+                                       "Lumina-mGPT 2.0 follows its authors: 1 turns CFG off; any other scale "
+                                       "decays to 4 over the first image rows (below 4 acts as 4)."),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True),
                 io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01),
                 io.Int.Input("top_k", default=RECOMMENDED_TOP_K, min=0, max=MAX_TOP_K,

@@ -387,7 +387,8 @@ def test_movqgan_checkpoint_without_a_needed_weight_is_refused(change: str, tiny
     else:
         state[key] = state[key][:, :2]
     torch.save(state, str(path))
-    expected = rf"missing \['{key}'\]" if change == "missing" else rf"wrong shape \['{key} \[32, 2, 1, 1\] \(expected \[32, 4, 1, 1\]\)"
+    expected = (rf"missing \['{key}'\]" if change == "missing" else
+                rf"wrong shape \['{key} \[32, 2, 1, 1\] \(expected \[32, 4, 1, 1\]\)")
     with pytest.raises(ModelLoadError, match=rf"movqgan_270M.ckpt.*{expected}"):
         load_model(folder, device="cpu")
 

@@ -1,10 +1,10 @@
 """Lumina-mGPT (7B; 512/768/1024 px) and Lumina-mGPT 2.0, through transformers' Chameleon classes.
 
-Sequence layout at R px (R/32 = g grid cells of 32 px per side; d = 16 for
-Lumina-mGPT 1, 8 for 2.0, so rows = cols = R/d)::
+Sequence layout at W x H px (h = H/32 and w = W/32 grid cells of 32 px; d = 16 px per
+token for Lumina-mGPT 1, 8 for 2.0, so rows = H/d and cols = W/d)::
 
-    BOS "Generate an image of RxR according to the following prompt:\\n{prompt}" <reserved08706>
-    <racm3:break> <reserved{8800+g}> <reserved{8800+g}>   |  rows x (cols codes, <reserved08799>)  <eoss>
+    BOS "Generate an image of WxH according to the following prompt:\n{prompt}<reserved08706>"
+    <racm3:break> <reserved{8800+h}> <reserved{8800+w}>   |  rows x (cols codes, <reserved08799>)  <eoss>
     ------------------------- prompt ------------------------   ------- generated: rows * (cols + 1) + 1 -------
 
 The row-end and end-of-image positions are forced; every other position samples
@@ -15,6 +15,22 @@ tokenizer gives the same names other ids.  The unconditional context is only
 [begin-of-image, height, width] (positions from 0), as in the authors' CFG;
 the cond and uncond rows are left-padded to one length and batched over a
 per-row KV cache (`RowCache`, as Janus runs it), so each sample advances at its own pace.
+
+Lumina-mGPT 2.0 as its authors' plain text-to-image path samples it (Alpha-VLLM/Lumina-mGPT-2.0:
+generate_examples/generate.py, inference_solver.py, xllmx/model/tokenizer.py, movqgan/):
+- BOS: the tokenizer's named BOS, or its EOS when it names none (their wrapper's rule on
+  transformers' bos_token_id); the prompt text as given, not stripped, encoded in one string
+  with the end-of-turn token, without special tokens.
+- Any width x height in multiples of 32; the header names the height cells, then the width cells.
+- Guidance: before each token after the header their CFG processor rewrites its running scale
+  g = max(4, g * (1 - n / (4 * h * w))), n = tokens after begin-of-image (size tokens and
+  row-ends included); a scale of 1 switches CFG off (`decaying_guidance`, `cfg_schedule`).
+  Defaults CFG 4, top-k 4096, temperature 1 (their sample.sh).
+- MoVQGAN-270M decodes in float32 whatever the model's dtype; its checkpoint is loaded
+  non-strictly there (entries the decoder does not use are set aside here, with a warning).
+- Their model writes the header itself (text top-k 10); here it is given, so the size asked
+  is the size generated.  Their accelerated path (--speculative_jacobi) samples otherwise.
+Lumina-mGPT 1 is read from the published files only: square sizes, constant guidance.
 
 Weights: the published shards come from the authors' fork of an older
 transformers Chameleon, which stores each q/k-norm weight and bias with one row
