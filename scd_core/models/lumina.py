@@ -3,7 +3,7 @@
 Sequence layout at W x H px (h = H/32 and w = W/32 grid cells of 32 px; d = 16 px per
 token for Lumina-mGPT 1, 8 for 2.0, so rows = H/d and cols = W/d)::
 
-    BOS "Generate an image of WxH according to the following prompt:\n{prompt}<reserved08706>"
+    BOS "Generate an image of WxH according to the following prompt:\\n{prompt}<reserved08706>"
     <racm3:break> <reserved{8800+h}> <reserved{8800+w}>   |  rows x (cols codes, <reserved08799>)  <eoss>
     ------------------------- prompt ------------------------   ------- generated: rows * (cols + 1) + 1 -------
 
