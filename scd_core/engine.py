@@ -212,8 +212,7 @@ class _Decoder:
             self.cfg_scales = torch.as_tensor(self.cfg_scales, dtype=torch.float32, device=device)
             if self.cfg_scales.shape != (self.n,):
                 raise ValueError(f"model.cfg_schedule must give {self.n} scales, got {tuple(self.cfg_scales.shape)}")
-        top_k = self.sampling[2]  # the number of chains a tree call holds, as generate() bounds it
-        self.branches = min(config.candidates, top_k + (config.draft_mix > 0)) if top_k else config.candidates
+        self.branches = 1  # chains of the latest tree call, which `alternatives` starts: for `slot_positions`
         self.copy_back = copy_back
         forced_tokens = getattr(model, "forced_tokens", None) or {}
         self.code_ids, self.code_index = code_tables(getattr(model, "code_ids", None), self.vocab,
@@ -285,6 +284,7 @@ class _Decoder:
     def alternatives(self, count: int, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`count` more candidates for the first draft: its proposal's next tokens without replacement.
         Returns (model ids (B, count), valid (B, count)); an invalid one repeats the draft."""
+        self.branches = count + 1
         position = self.committed.unsqueeze(1)
         draft = self.seq.gather(1, position).squeeze(1)
         noise = self.noise.gumbel(self.rows, position, self.vocab, rng.CANDIDATE, iteration).squeeze(1)
