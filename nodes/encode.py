@@ -10,8 +10,9 @@ from scd_core.model import set_image_size
 
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
 
-SIZE_TOOLTIP = ("Image {side} in pixels; 0 = the model's own size. Emu3 (any aspect, 8 px steps) and Lumina-mGPT "
-                "(square, multiples of 32) take other sizes; the prompt carries the size, as these models expect.")
+SIZE_TOOLTIP = ("Image {side} in pixels; 0 = the model's own size. Emu3 (any aspect, 8 px steps), Lumina-mGPT 2.0 "
+                "(any aspect, multiples of 32) and Lumina-mGPT 1 (square, multiples of 32) take other sizes; the "
+                "prompt carries the size, as these models expect.")
 
 
 class SCDPromptEncode(io.ComfyNode):

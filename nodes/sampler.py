@@ -74,7 +74,9 @@ class SCDSampler(io.ComfyNode):
                                tooltip="Classifier-free guidance scale; -1 uses the model's recommended value "
                                        "(demo 2, Janus-Pro 5, LlamaGen 4 / text 7.5, Lumina-mGPT 3 / 2.0: 4, "
                                        f"Emu3 3; Cosmos has none). Far above it (more than {FAR_CFG_FACTOR:g}x) "
-                                       "images turn to noise: the status line warns."),
+                                       "images turn to noise: the status line warns. Lumina-mGPT 2.0 follows its "
+                                       "authors: 1 turns CFG off; any other scale acts as at least 4 and decays "
+                                       "to 4 within the first image row."),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
                              tooltip="Random seed: with a pinned window, the same seed and settings give the same "
                                      "image on every machine. In a batch, row i uses seed + i."),

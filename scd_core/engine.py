@@ -161,6 +161,14 @@ def chain_probs(probs: torch.Tensor, width: int, branches: int) -> torch.Tensor:
     return torch.cat([probs[:, :width].unsqueeze(1), torch.cat([first, extra], dim=2)], dim=1)
 
 
+def slot_positions(committed: torch.Tensor, count: int, branches: int) -> torch.Tensor:
+    """Absolute positions (B, count) of a call's output slots: the window's from each row's committed count,
+    then, in a tree call (`branches` > 1, see `tree_inputs`), each chain's, which starts one position later."""
+    width = count if branches == 1 else (count - 1) // branches + 1
+    slots = torch.arange(count, device=committed.device)
+    return committed.unsqueeze(1) + torch.where(slots < width, slots, (slots - width) % max(width - 1, 1) + 1)
+
+
 def draft_source(model: TokenModel, config: SamplerConfig) -> Optional[int]:
     """How far back (in positions) an initial draft is copied from: None for random drafts, 1 for the left
     neighbour, a grid row for `above`, a grid frame for `previous_frame`.  Unset, the model's default applies."""
@@ -198,6 +206,13 @@ class _Decoder:
                          else config.cfg_scale, config.temperature,
                          config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
                          model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
+        schedule = getattr(model, "cfg_schedule", None)  # a guidance scale per position, where the model has one
+        self.cfg_scales = schedule(self.sampling[0]) if callable(schedule) else None
+        if self.cfg_scales is not None:
+            self.cfg_scales = torch.as_tensor(self.cfg_scales, dtype=torch.float32, device=device)
+            if self.cfg_scales.shape != (self.n,):
+                raise ValueError(f"model.cfg_schedule must give {self.n} scales, got {tuple(self.cfg_scales.shape)}")
+        self.branches = 1  # chains of the latest tree call, which `alternatives` starts: for `slot_positions`
         self.copy_back = copy_back
         forced_tokens = getattr(model, "forced_tokens", None) or {}
         self.code_ids, self.code_index = code_tables(getattr(model, "code_ids", None), self.vocab,
@@ -231,7 +246,10 @@ class _Decoder:
             if value is not None and tuple(value.shape) != expected:
                 raise ModelOutputError(f"model returned {name} logits of shape {tuple(value.shape)}, "
                                        f"expected {expected}")
-        return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), *self.sampling)
+        scale = self.sampling[0] if self.cfg_scales is None else self.cfg_scales[
+            slot_positions(self.committed, width, self.branches).clamp(max=self.n - 1)].unsqueeze(-1)
+        return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), scale,
+                        *self.sampling[1:])
 
     def window_inputs(self, width: int, pad: int = 0) -> torch.Tensor:
         """The last committed token and the drafts after it, (B, pad + width), after the `pad` committed
@@ -262,6 +280,7 @@ class _Decoder:
     def alternatives(self, count: int, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`count` more candidates for the first draft: its proposal's next tokens without replacement.
         Returns (model ids (B, count), valid (B, count)); an invalid one repeats the draft."""
+        self.branches = count + 1
         position = self.committed.unsqueeze(1)
         draft = self.seq.gather(1, position).squeeze(1)
         noise = self.noise.gumbel(self.rows, position, self.vocab, rng.CANDIDATE, iteration).squeeze(1)

@@ -61,6 +61,9 @@ class TokenModel(Protocol):
         they are a subset of its vocabulary.  Logits then cover those ids only, in that order, while the
         tokens fed to `forward`, the forced ids and the result stay model ids.
       default_cfg_scale, default_top_k, default_temperature, default_draft_init: the model's recommended values.
+      cfg_schedule(scale) -> None or a (num_tokens,) float tensor: the guidance scale at each position when the
+        configured scale is `scale` (Lumina-mGPT 2.0's decays along the image); None keeps `scale` everywhere.
+        A position's scale may depend on the position only, so that p stays a fixed function of the prefix.
       device: torch.device the logits come back on.
     Loaded families (see `scd_core.load_model`) also offer
       encode(prompt, negative_prompt=None) -> conditioning for `start`, and

@@ -6,16 +6,20 @@ float32 probabilities after CFG, temperature, top-k and top-p.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 
-def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], cfg_scale: float, temperature: float,
-             top_k: Optional[int], top_p: float) -> torch.Tensor:
-    """Raw (batch, T, V) logits to float32 probabilities (batch, T, V)."""
+def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], cfg_scale: Union[float, torch.Tensor],
+             temperature: float, top_k: Optional[int], top_p: float) -> torch.Tensor:
+    """Raw (batch, T, V) logits to float32 probabilities (batch, T, V).
+
+    `cfg_scale` is one number, or a float32 tensor of scales per position that broadcasts against the logits
+    ((batch, T, 1) or (T, 1)).
+    """
     logits = cond.float()
-    if uncond is not None and cfg_scale != 1.0:
+    if uncond is not None and (isinstance(cfg_scale, torch.Tensor) or cfg_scale != 1.0):
         logits = torch.lerp(uncond.float(), logits, cfg_scale)  # u + s (c - u)
     logits = logits / temperature
     if top_k is not None and top_k < logits.shape[-1]:

@@ -58,6 +58,10 @@ CASES = [
     ("video-w3-previous-frame", dict(vocab_size=3, num_tokens=6, grid=(3, 1, 2), prefix_tokens=[2, 1],
                                      code_ids=[4, 1, 2]),
      dict(window=3, draft_init="previous_frame"), 3),
+    # a guidance scale that changes along the sequence (Lumina-mGPT 2.0's decays), 1 (no CFG) at one position
+    ("scheduled-cfg-w3-above", dict(vocab_size=3, num_tokens=6, cfg=True, grid=(2, 3),
+                                    cfg_factors=[3.0, 0.5, 2.0, 1.0, 0.25, 1.5]),
+     dict(window=3, cfg_scale=1.0, draft_init="above"), 1),
 ]
 COUPLERS = ["maximal", "gumbel", "independent", "faithful"]
 
@@ -103,7 +107,7 @@ def test_block_verification_with_coupled_drafts_is_biased(coupler, monkeypatch):
 
 # (case, candidates, window): on these 4-6-token sequences most trees hold more tokens than positions are left
 CANDIDATE_CASES = [(CASES[0], 2, 2), (CASES[1], 3, 2), (CASES[2], 3, 2), (CASES[3], 2, 3), (CASES[5], 2, 2),
-                   (CASES[6], 2, 3), (CASES[7], 2, 2)]
+                   (CASES[6], 2, 3), (CASES[7], 2, 2), (CASES[8], 3, 3)]
 
 
 @pytest.mark.parametrize("coupler", ["maximal", "gumbel", "independent"])
@@ -186,4 +190,20 @@ def test_enumeration_test_rejects_the_reference_bug(monkeypatch):
     monkeypatch.setattr(engine, "_Decoder", StoresOldProposalOnKeep)
     result, law = sample_case("maximal", dict(vocab_size=3, num_tokens=5, scale=2.0),
                               dict(window=4, draft_init="random"), 1)
+    assert chi_square_pvalue(result.tokens, law) < 1e-6
+
+
+def test_enumeration_test_sees_a_scale_put_at_the_wrong_positions(monkeypatch):
+    """The scheduled-CFG cases have power: a schedule ignored, or a tree's chains scaled as if they were one
+    window, fails them."""
+    case = CASES[8]
+    _, model_kwargs, sampler_kwargs, rows_per_cache = case
+    monkeypatch.setattr(TablePrefixModel, "cfg_schedule", lambda self, scale: None)
+    result, _ = sample_case("maximal", model_kwargs, sampler_kwargs, rows_per_cache)
+    monkeypatch.undo()
+    law = TablePrefixModel(seed=7, **model_kwargs).exact_law(cfg_scale=sampler_kwargs["cfg_scale"])
+    assert chi_square_pvalue(result.tokens, law) < 1e-6
+    monkeypatch.setattr(engine, "slot_positions", lambda committed, count, branches:
+                        committed.unsqueeze(1) + torch.arange(count))
+    result, law = sample_case("maximal", model_kwargs, sampler_kwargs, rows_per_cache, candidates=3)
     assert chi_square_pvalue(result.tokens, law) < 1e-6

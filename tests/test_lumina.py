@@ -45,7 +45,7 @@ def forced_layout(row_end: int, end_of_image: int) -> dict[int, int]:
 
 def test_lumina1_describes_itself(model32: lumina.LuminaModel) -> None:
     assert isinstance(model32, TokenModel) and isinstance(model32.module, torch.nn.Module)
-    assert model32.family == "lumina-mgpt" and model32.resolution == RESOLUTION_1
+    assert model32.family == "lumina-mgpt" and model32.image_size == (RESOLUTION_1, RESOLUTION_1)
     assert (model32.grid, model32.num_tokens, model32.vocab_size) == ((SIDE, SIDE + 1), NUM_TOKENS, CODES_1)
     assert torch.equal(model32.code_ids, torch.arange(4, 4 + CODES_1))  # Chameleon's IMGIMG ids, in code order
     assert model32.forced_tokens == forced_layout(SPECIAL_IDS_1[ROW_END], SPECIAL_IDS_1[EOI])
@@ -55,7 +55,7 @@ def test_lumina1_describes_itself(model32: lumina.LuminaModel) -> None:
 
 
 def test_lumina2_describes_itself(model2: lumina.LuminaModel) -> None:
-    assert model2.family == "lumina-mgpt-2" and model2.resolution == RESOLUTION_2
+    assert model2.family == "lumina-mgpt-2" and model2.image_size == (RESOLUTION_2, RESOLUTION_2)
     assert (model2.grid, model2.num_tokens, model2.vocab_size) == ((SIDE, SIDE + 1), NUM_TOKENS, CODES_2)
     assert torch.equal(model2.code_ids, torch.arange(MOVQ_OFFSET, MOVQ_OFFSET + CODES_2))
     assert model2.forced_tokens == forced_layout(SPECIAL_IDS_2[ROW_END], SPECIAL_IDS_2[EOI])
@@ -204,10 +204,11 @@ def test_generate_places_forced_tokens_and_decodes(which: str, coupler: str, mod
     assert 0 <= float(images.min()) and float(images.max()) <= 1 and float(images.std()) > 0
 
 
-def test_resolution_can_be_picked_where_the_model_supports_several(model2: lumina.LuminaModel) -> None:
+def test_size_can_be_picked_where_the_model_supports_several(model2: lumina.LuminaModel,
+                                                            model32: lumina.LuminaModel) -> None:
     old_prompt = model2.encode(PROMPT)
     try:
-        model2.set_resolution(64)  # 2.0 at 64 px: 8 x 8 codes of 8 px
+        model2.set_image_size(64, 64)  # 2.0 at 64 px: 8 x 8 codes of 8 px
         assert (model2.grid, model2.num_tokens) == ((8, 9), 8 * 9 + 1)
         assert model2.forced_tokens[8] == SPECIAL_IDS_2[ROW_END] and model2.forced_tokens[72] == SPECIAL_IDS_2[EOI]
         prompt = model2.encode(PROMPT)
@@ -215,15 +216,35 @@ def test_resolution_can_be_picked_where_the_model_supports_several(model2: lumin
         result = generate(model2, prompt, SamplerConfig(coupler="maximal", window=16, seed=0))
         assert model2.decode(result.tokens).shape == (1, 64, 64, 3)
         old = generate(model2, old_prompt, SamplerConfig(coupler="maximal", window=16, seed=0))
-        assert model2.resolution == RESOLUTION_2 and old.tokens.shape[1] == model2.num_tokens  # the prompt's size
-        with pytest.raises(ValueError, match="multiple of 32"):
-            model2.set_resolution(100)
+        assert model2.image_size == (RESOLUTION_2, RESOLUTION_2)  # the prompt's size
+        assert old.tokens.shape[1] == model2.num_tokens
+        for width, height in ((100, 64), (64, 0), (64, True)):
+            with pytest.raises(ValueError, match="multiple of 32"):
+                model2.set_image_size(width, height)
         with pytest.raises(ValueError, match="square"):
-            model2.set_image_size(64, 32)
-        model2.set_image_size(64, 64)
-        assert model2.resolution == 64
+            model32.set_image_size(64, 32)  # Lumina-mGPT 1 stays square here
+        assert model32.image_size == (RESOLUTION_1, RESOLUTION_1)
     finally:
-        model2.set_resolution(RESOLUTION_2)
+        model2.set_image_size(RESOLUTION_2, RESOLUTION_2)
+
+
+def test_lumina2_generates_wide_images(model2: lumina.LuminaModel) -> None:
+    """64 x 32 px: 4 rows of 8 codes and a row-end each; the header and the prompt carry height, then width."""
+    try:
+        model2.set_image_size(64, 32)
+        assert (model2.size, model2.grid, model2.num_tokens) == ((4, 8), (4, 9), 4 * 9 + 1)
+        assert model2.forced_tokens == {**{row * 9 + 8: SPECIAL_IDS_2[ROW_END] for row in range(4)},
+                                        36: SPECIAL_IDS_2[EOI]}
+        prompt = model2.encode(PROMPT)
+        header = (SPECIAL_IDS_2[BOI], SPECIAL_IDS_2["<reserved08801>"], SPECIAL_IDS_2["<reserved08802>"])
+        assert prompt.cond[-3:] == prompt.uncond == header and prompt.image_size == (64, 32)
+        model2.set_image_size(32, 64)  # the prompt keeps its size
+        result = generate(model2, prompt, SamplerConfig(coupler="maximal", window=8, seed=0), batch_size=2)
+        assert model2.image_size == (64, 32) and result.tokens.shape == (2, 37)
+        images = model2.decode(result.tokens)
+        assert images.shape == (2, 32, 64, 3) and float(images.std()) > 0
+    finally:
+        model2.set_image_size(RESOLUTION_2, RESOLUTION_2)
 
 
 def test_decode_rejects_tokens_that_are_not_codes(model32: lumina.LuminaModel) -> None:
@@ -251,16 +272,62 @@ def test_512_layout_with_chameleon_subfolder(tiny_lumina_dir: Path, model32: lum
     assert model.encode(PROMPT) == model32.encode(PROMPT)
 
 
-def test_lumina2_tokenizer_without_bos_starts_with_the_text(tiny_lumina2_dir: Path, tmp_path: Path) -> None:
+def test_lumina2_command_line_at_64_by_32(tiny_lumina2_dir: Path, model2: lumina.LuminaModel, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture) -> None:
+    """`python -m scd_core generate --width 64 --height 32` writes the image the library samples at that size."""
+    import numpy as np
+    from PIL import Image
+
+    from scd_core.cli import main
+
+    output = tmp_path / "wide.png"
+    code = main(["generate", "--model", str(tiny_lumina2_dir), "--prompt", PROMPT, "--width", "64", "--height",
+                 "32", "--window", "4", "--seed", "3", "--cfg", "7.5", "--device", "cpu", "-o", str(output)])
+    assert code == 0, capsys.readouterr().err
+    image = np.asarray(Image.open(output))
+    assert image.shape == (32, 64, 3)
+    try:
+        model2.set_image_size(64, 32)
+        result = generate(model2, model2.encode(PROMPT), SamplerConfig(window=4, seed=3, cfg_scale=7.5))
+        expected = (model2.decode(result.tokens).clamp(0, 1) * 255).round().byte().numpy()[0]
+    finally:
+        model2.set_image_size(RESOLUTION_2, RESOLUTION_2)
+    assert np.array_equal(image, expected)
+
+
+def authors_prompt_ids(folder: Path, prompt: str, width: int, height: int) -> list[int]:
+    """The 2.0 prompt as the authors' text-to-image path builds it, restated: their tokenizer wrapper loads the
+    folder with transformers' AutoTokenizer and starts with its bos_token_id, or its eos_token_id when that is
+    None; the conversation is the question then "<reserved08706>" (the prompt unstripped), encoded as one
+    string without special tokens.  The header is what the model then writes: begin-of-image, height and
+    width tokens <reserved{8800 + cells}>."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    first = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    question = f"Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
+    header = tokenizer.convert_tokens_to_ids([BOI, f"<reserved{8800 + height // 32:05d}>",
+                                              f"<reserved{8800 + width // 32:05d}>"])
+    return [first, *tokenizer.encode(question + END_OF_TURN, add_special_tokens=False), *header]
+
+
+@pytest.mark.parametrize("bos", ["named", "null", "absent"])
+def test_lumina2_prompt_ids_are_the_authors(bos: str, tiny_lumina2_dir: Path, tmp_path: Path) -> None:
     folder = tmp_path / tiny_lumina2_dir.name
     shutil.copytree(tiny_lumina2_dir, folder)
-    write_tokenizer(folder, {k: v for k, v in SPECIAL_IDS_2.items() if k != "<s>"}, 0, {})  # Qwen-style: no BOS
-    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": None, "eos_token": "</s>"}))
+    if bos != "named":  # Qwen-style: no BOS in the vocabulary, the config names none
+        write_tokenizer(folder, {k: v for k, v in SPECIAL_IDS_2.items() if k != "<s>"}, 0, {})
+        config = {"eos_token": "</s>", "tokenizer_class": "PreTrainedTokenizerFast"}
+        (folder / "tokenizer_config.json").write_text(json.dumps(config | ({"bos_token": None} if bos == "null"
+                                                                           else {})))
     model = load_model(folder, device="cpu", dtype="float32")
-    prompt = model.encode(PROMPT)
-    assert list(prompt.cond[:8]) == TextTokenizer(folder).encode("Generate")
-    cond, uncond = model.start(prompt, batch_size=1).prefill()
-    assert cond.shape == uncond.shape == (1, 1, CODES_2)
+    first = SPECIAL_IDS_2["<s>" if bos == "named" else "</s>"]
+    for prompt in (PROMPT, "  a cube \n", "\ta cube on a table\n\n"):
+        for width, height in ((32, 32), (64, 32)):
+            model.set_image_size(width, height)
+            ids = model.encode(prompt).cond
+            assert list(ids) == authors_prompt_ids(folder, prompt, width, height) and ids[0] == first
+    assert model.encode(" a cube").cond != model.encode("a cube").cond  # whitespace is kept
 
 
 def broken_copy(source: Path, tmp_path: Path, name: str | None = None) -> Path:
@@ -287,6 +354,54 @@ def test_vq_checkpoint_with_wrong_keys(which: str, tiny_lumina_dir: Path, tiny_l
     torch.save(data, str(folder / name))
     with pytest.raises(ModelLoadError, match=rf"{name}.*proj_out.weight"):
         load_model(folder, device="cpu")
+
+
+def test_movqgan_checkpoint_with_extra_entries_loads_and_names_them_once(tiny_lumina2_dir: Path, tmp_path: Path,
+                                                                          model2: lumina.LuminaModel) -> None:
+    """The upstream loads movqgan_270M.ckpt non-strictly: entries the decoder does not use are set aside."""
+    folder = broken_copy(tiny_lumina2_dir, tmp_path)
+    path = folder / "movqgan_270M.ckpt"
+    state = torch.load(str(path), weights_only=True)
+    state["ema_decoder.conv_in.weight"] = torch.zeros(2, 2)  # training extras beside the decoder
+    state["quantize.used"] = torch.arange(4)
+    state["loss.discriminator.main.0.weight"] = torch.zeros(1)  # a known training part: silently set aside
+    torch.save(state, str(path))
+    with pytest.warns(UserWarning) as caught:
+        model = load_model(folder, device="cpu", dtype="float32")
+    messages = [str(w.message) for w in caught if "set aside" in str(w.message)]
+    assert len(messages) == 1 and "2 entries" in messages[0] and "ema_decoder.conv_in.weight" in messages[0] \
+        and "quantize.used" in messages[0] and "loss." not in messages[0]
+    tokens = generate(model2, model2.encode(PROMPT), SamplerConfig(coupler="maximal", window=6, seed=3)).tokens
+    assert torch.equal(model.decode(tokens), model2.decode(tokens))
+
+
+@pytest.mark.parametrize("change", ["missing", "misshaped"])
+def test_movqgan_checkpoint_without_a_needed_weight_is_refused(change: str, tiny_lumina2_dir: Path,
+                                                               tmp_path: Path) -> None:
+    folder = broken_copy(tiny_lumina2_dir, tmp_path)
+    path = folder / "movqgan_270M.ckpt"
+    state = torch.load(str(path), weights_only=True)
+    key = "decoder.norm_out.conv_y.weight"
+    if change == "missing":
+        del state[key]
+    else:
+        state[key] = state[key][:, :2]
+    torch.save(state, str(path))
+    expected = (rf"missing \['{key}'\]" if change == "missing" else
+                rf"wrong shape \['{key} \[32, 2, 1, 1\] \(expected \[32, 4, 1, 1\]\)")
+    with pytest.raises(ModelLoadError, match=rf"movqgan_270M.ckpt.*{expected}"):
+        load_model(folder, device="cpu")
+
+
+def test_movqgan_decodes_in_float32_whatever_the_model_dtype(tiny_lumina2_dir: Path,
+                                                             model2: lumina.LuminaModel) -> None:
+    """As the authors decode: a bfloat16 load gives the pixels of a float32 load."""
+    bf16 = load_model(tiny_lumina2_dir, device="cpu", dtype="bfloat16")
+    assert bf16.module["lm"].dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in bf16.module["vq"].parameters())
+    tokens = generate(model2, model2.encode(PROMPT), SamplerConfig(coupler="maximal", window=6, seed=4),
+                      batch_size=2).tokens
+    assert torch.equal(bf16.decode(tokens), model2.decode(tokens))
 
 
 def test_vq_checkpoint_with_pickled_code_is_refused(tiny_lumina_dir: Path, tmp_path: Path) -> None:
@@ -429,3 +544,49 @@ def test_spatial_norms_sit_where_the_group_norms_do() -> None:
         assert torch.allclose(movq.decode(codes, 3, 4), plain.decode(codes, 3, 4), atol=1e-12)
         movq.decoder.norm_out.conv_b.weight.fill_(0.1)  # a shift predicted from the latent reaches the pixels
         assert not torch.allclose(movq.decode(codes, 3, 4), plain.decode(codes, 3, 4))
+
+
+def authors_greedy_tokens(model: lumina.LuminaModel, prompt: lumina.LuminaPrompt, scale: float,
+                          decay: bool = True) -> tuple[list[int], list[float]]:
+    """Greedy decoding from the session's cond / uncond logits with the 2.0 authors' guidance, restated: before
+    each token their CFG processor sets g = max(4, g * (1 - n / (h_latent * w_latent))), n = the tokens after
+    begin-of-image so far (height and width tokens included, so n = position + 2; row-ends count too),
+    h_latent = 2 * height / 32 (and so for w), g kept from one token to the next; a scale of 1 is left alone
+    and switches CFG off.  Forced positions take their token (the guidance still moves there).
+    Returns the tokens and the scale used at each position."""
+    width, height = prompt.image_size
+    latent = (2 * height // 32) * (2 * width // 32)
+    session = model.start(prompt, batch_size=1)
+    cond, uncond = session.prefill()
+    g, tokens, scales = scale, [], []
+    for position in range(model.num_tokens):
+        if scale != 1.0 and decay:
+            g = max(4.0, g * (1 - (position + 2) / latent))
+        c, u = cond[0, -1].double(), uncond[0, -1].double()
+        logits = c if scale == 1.0 else g * (c - u) + u
+        token = model.forced_tokens.get(position, int(model.code_ids[int(logits.argmax())]))
+        tokens.append(token)
+        scales.append(g)
+        cond, uncond = session.forward(torch.tensor([[token]]))
+    return tokens, scales
+
+
+def test_lumina2_guidance_follows_the_authors_schedule(model2: lumina.LuminaModel) -> None:
+    """Greedy tokens (top-k 1) for scales 1, 3, 4 and 7.5 at 128 x 64 px (7.5 decays to 4 over 4 positions)."""
+    try:
+        model2.set_image_size(128, 64)
+        prompt = model2.encode(PROMPT)
+        got = {}
+        for scale in (1.0, 3.0, 4.0, 7.5):
+            config = SamplerConfig(coupler="maximal", window=8, seed=0, cfg_scale=scale, top_k=1)
+            got[scale] = generate(model2, prompt, config).tokens[0].tolist()
+            tokens, scales = authors_greedy_tokens(model2, prompt, scale)
+            assert got[scale] == tokens, scale
+            schedule = model2.cfg_schedule(scale)
+            assert (schedule is None) == (scale == 1.0)
+            if schedule is not None:  # the same scale at every position, not only where it changes a token
+                assert torch.equal(schedule, torch.tensor(scales, dtype=torch.float32)), scale
+        assert got[3.0] == got[4.0] != got[1.0]  # below 4 acts as 4
+        assert got[7.5] != got[4.0] and got[7.5] != authors_greedy_tokens(model2, prompt, 7.5, decay=False)[0]
+    finally:
+        model2.set_image_size(RESOLUTION_2, RESOLUTION_2)

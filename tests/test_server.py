@@ -14,7 +14,7 @@ import requests
 from PIL import Image
 
 from comfy_server import REPO_ROOT, ComfyServer, PromptRejected
-from lumina_fixture import RESOLUTION_1, tiny_lumina_dir  # noqa: F401  (fixture)
+from lumina_fixture import RESOLUTION_1, tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
 
 WORKFLOWS = REPO_ROOT / "workflows" / "api"
 NODE_IDS = ("SCDModelLoader", "SCDPromptEncode", "SCDSampler", "SCDVQDecode", "SCDStats")
@@ -123,6 +123,18 @@ def test_tiny_lumina_runs_in_the_server(comfy_server: ComfyServer, tiny_lumina_d
     assert [im.size for im in images] == [(RESOLUTION_1, RESOLUTION_1)]
     events = [data for data in run.of_type("scd.progress") if data["node"] == "3"]
     assert sum(e["committed"] for e in events) == events[-1]["num_tokens"] == 21  # 4 rows of 4 codes + row-end, EOI
+
+
+def test_tiny_lumina2_runs_wide_in_the_server(comfy_server: ComfyServer, tiny_lumina2_dir: Path) -> None:
+    """Prompt Encode's width / height reach Lumina-mGPT 2.0: 64 x 32 px, 4 rows of 8 codes."""
+    name = comfy_server.add_model(tiny_lumina2_dir.name, tiny_lumina2_dir)
+    graph = pipeline(name, "a green field", seed=7, window=6, cfg_scale=7.5)
+    graph["2"]["inputs"] |= {"width": 64, "height": 32}
+    run = comfy_server.run(graph)
+    assert run.status == "success", run.events[-3:]
+    assert [im.size for im in output_images(comfy_server, run, ["5"])] == [(64, 32)]
+    events = [data for data in run.of_type("scd.progress") if data["node"] == "3"]
+    assert sum(e["committed"] for e in events) == events[-1]["num_tokens"] == 4 * 9 + 1
 
 
 USER_FILE_NODES = ("LoadVideo", "LoadImage")  # inputs a shipped workflow leaves for the user to pick

@@ -27,8 +27,10 @@ class TablePrefixModel:
                  scale: float = 1.0, dtype: torch.dtype = torch.float32, grid: Optional[tuple[int, int]] = None,
                  forced_tokens: Optional[dict[int, int]] = None, rows_per_cache: Optional[int] = None,
                  table_rows: int = 1024, code_ids: Optional[list[int]] = None,
-                 prefix_tokens: Optional[list[int]] = None, default_draft_init: Optional[str] = None) -> None:
+                 prefix_tokens: Optional[list[int]] = None, default_draft_init: Optional[str] = None,
+                 cfg_factors: Optional[list[float]] = None) -> None:
         self.vocab_size, self.num_tokens = vocab_size, num_tokens
+        self.cfg_factors = cfg_factors  # a guidance scale per position: the configured one times these
         self.grid, self.forced_tokens, self.rows_per_cache = grid, forced_tokens, rows_per_cache
         self.code_ids = None if code_ids is None else torch.tensor(code_ids)
         self.prefix_tokens, self.default_draft_init = prefix_tokens, default_draft_init
@@ -51,6 +53,9 @@ class TablePrefixModel:
         uncond = None if self.uncond_table is None else self.uncond_table[index]
         return self.table[index], uncond
 
+    def cfg_schedule(self, scale: float) -> Optional[torch.Tensor]:
+        return None if self.cfg_factors is None else scale * torch.tensor(self.cfg_factors)
+
     def start(self, cond, batch_size: int) -> "TableSession":
         return TableSession(self, batch_size)
 
@@ -65,7 +70,9 @@ class TablePrefixModel:
         for position, token in forced.items():
             seqs[:, position] = token
         cond, uncond = self.logits_for(seqs, torch.arange(self.num_tokens).expand(len(seqs), -1))
-        p = to_probs(cond, uncond, cfg_scale, temperature, top_k, top_p).double()
+        schedule = self.cfg_schedule(cfg_scale)
+        scale = cfg_scale if schedule is None else schedule.float().unsqueeze(-1)  # (T, 1): one per position
+        p = to_probs(cond, uncond, scale, temperature, top_k, top_p).double()
         per_position = p.gather(-1, codes.unsqueeze(-1)).squeeze(-1)
         for position in forced:
             per_position[:, position] = 1.0

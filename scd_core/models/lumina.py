@@ -1,10 +1,10 @@
 """Lumina-mGPT (7B; 512/768/1024 px) and Lumina-mGPT 2.0, through transformers' Chameleon classes.
 
-Sequence layout at R px (R/32 = g grid cells of 32 px per side; d = 16 for
-Lumina-mGPT 1, 8 for 2.0, so rows = cols = R/d)::
+Sequence layout at W x H px (h = H/32 and w = W/32 grid cells of 32 px; d = 16 px per
+token for Lumina-mGPT 1, 8 for 2.0, so rows = H/d and cols = W/d)::
 
-    BOS "Generate an image of RxR according to the following prompt:\\n{prompt}" <reserved08706>
-    <racm3:break> <reserved{8800+g}> <reserved{8800+g}>   |  rows x (cols codes, <reserved08799>)  <eoss>
+    BOS "Generate an image of WxH according to the following prompt:\\n{prompt}<reserved08706>"
+    <racm3:break> <reserved{8800+h}> <reserved{8800+w}>   |  rows x (cols codes, <reserved08799>)  <eoss>
     ------------------------- prompt ------------------------   ------- generated: rows * (cols + 1) + 1 -------
 
 The row-end and end-of-image positions are forced; every other position samples
@@ -15,6 +15,22 @@ tokenizer gives the same names other ids.  The unconditional context is only
 [begin-of-image, height, width] (positions from 0), as in the authors' CFG;
 the cond and uncond rows are left-padded to one length and batched over a
 per-row KV cache (`RowCache`, as Janus runs it), so each sample advances at its own pace.
+
+Lumina-mGPT 2.0 as its authors' plain text-to-image path samples it (Alpha-VLLM/Lumina-mGPT-2.0:
+generate_examples/generate.py, inference_solver.py, xllmx/model/tokenizer.py, movqgan/):
+- BOS: the tokenizer's named BOS, or its EOS when it names none (their wrapper's rule on
+  transformers' bos_token_id); the prompt text as given, not stripped, encoded in one string
+  with the end-of-turn token, without special tokens.
+- Any width x height in multiples of 32; the header names the height cells, then the width cells.
+- Guidance: before each token after the header their CFG processor rewrites its running scale
+  g = max(4, g * (1 - n / (4 * h * w))), n = tokens after begin-of-image (size tokens and
+  row-ends included); a scale of 1 switches CFG off (`decaying_guidance`, `cfg_schedule`).
+  Defaults CFG 4, top-k 4096, temperature 1 (their sample.sh).
+- MoVQGAN-270M decodes in float32 whatever the model's dtype; its checkpoint is loaded
+  non-strictly there (entries the decoder does not use are set aside here, with a warning).
+- Their model writes the header itself (text top-k 10); here it is given, so the size asked
+  is the size generated.  Their accelerated path (--speculative_jacobi) samples otherwise.
+Lumina-mGPT 1 is read from the published files only: square sizes, constant guidance.
 
 Weights: the published shards come from the authors' fork of an older
 transformers Chameleon, which stores each q/k-norm weight and bias with one row
@@ -71,12 +87,17 @@ class Variant:
     cfg_scale: float
     top_k: int
     default_resolution: Optional[int]
+    square_only: bool             # Lumina-mGPT 1: other aspects not checked against its authors' code
+    cfg_floor: Optional[float]    # 2.0: the guidance decays to this floor along the image (`decaying_guidance`)
+    vq_dtype: Optional[torch.dtype]  # the decoder's dtype whatever the model's (None: the model's)
 
 
 LUMINA_1 = Variant("lumina-mgpt", VQGAN_CHECKPOINT, (".", "chameleon", "chameleon/tokenizer"), 16,
-                   cfg_scale=3.0, top_k=2000, default_resolution=None)  # CFG 3 as in the authors' code
+                   cfg_scale=3.0, top_k=2000, default_resolution=None,  # CFG 3 as in the authors' code
+                   square_only=True, cfg_floor=None, vq_dtype=None)
 LUMINA_2 = Variant("lumina-mgpt-2", MOVQGAN_CHECKPOINT, (".", "movqgan", "movqgan/270M"), 8,
-                   cfg_scale=4.0, top_k=4096, default_resolution=768)  # the 2.0 README's settings
+                   cfg_scale=4.0, top_k=4096, default_resolution=768,  # the 2.0 README's settings
+                   square_only=False, cfg_floor=4.0, vq_dtype=torch.float32)
 # Chameleon's text tokenizer, for the 512 px repository that ships none.
 TOKENIZER_PLACES = ((".", "tokenizer.json"), (".", "text_tokenizer.json"), ("chameleon", "text_tokenizer.json"),
                     ("chameleon/tokenizer", "text_tokenizer.json"))
@@ -88,7 +109,22 @@ class LuminaPrompt:
 
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
-    resolution: int  # the header asks for this size: the session must generate it
+    image_size: tuple[int, int]  # (width, height) pixels the header asks for: the session must generate it
+
+
+def decaying_guidance(scale: float, num_tokens: int, cells: int, floor: float) -> torch.Tensor:
+    """Lumina-mGPT 2.0's guidance scale at each generated position, as its authors' CFG processor sets it.
+
+    Before each token after the header it rewrites its running scale g (starting at `scale`) as
+    max(floor, g * (1 - n / (4 * cells))), n = the tokens after begin-of-image so far (the height and width
+    tokens, codes and row-ends: n = position + 2), `cells` = the 32 px cells of the image.  So a scale below
+    the floor acts as the floor, one above decays to it (within the first rows at 768 px).
+    """
+    scales, g = [], float(scale)
+    for position in range(num_tokens):
+        g = max(floor, g * (1 - (position + 2) / (4 * cells)))
+        scales.append(g)
+    return torch.tensor(scales)
 
 
 class LuminaModel:
@@ -97,7 +133,7 @@ class LuminaModel:
     default_temperature = 1.0
 
     def __init__(self, net: torch.nn.Module, vq: VQDecoder, tokenizer: TextTokenizer, code_ids: torch.Tensor,
-                 variant: Variant, resolution: int, bos: Optional[int]) -> None:
+                 variant: Variant, resolution: int, bos: int) -> None:
         self.module = torch.nn.ModuleDict({"lm": net, "vq": vq}).eval()
         self.family = variant.family
         self.default_cfg_scale = variant.cfg_scale
@@ -111,35 +147,42 @@ class LuminaModel:
         self._code_of = torch.full((net.config.vocab_size,), -1, dtype=torch.long)
         self._code_of[code_ids] = torch.arange(self.vocab_size)  # token id -> code index, -1 for other ids
         self._bos = bos
-        self._end_of_turn, self._boi, self._eoi, self._row_end = (
-            tokenizer.token_id(t) for t in (END_OF_TURN, BOI, EOI, ROW_END))
-        self._downsample = variant.downsample
-        self.set_resolution(resolution)
+        self._boi, self._eoi, self._row_end = (tokenizer.token_id(t) for t in (BOI, EOI, ROW_END))
+        self._variant = variant
+        self.set_image_size(resolution, resolution)
 
-    def set_resolution(self, resolution: int) -> None:
-        """Square image side in pixels (a multiple of 32) for the next encode/generate; the folder's by default.
+    def set_image_size(self, width: int, height: int) -> None:
+        """width x height pixels for the next encode/generate, each a multiple of 32; the folder's size by default.
 
-        Lumina-mGPT 1 checkpoints are trained at one resolution each; 2.0 at several.
+        2.0 takes any such size, as its authors sample it; Lumina-mGPT 1 (one resolution per checkpoint) square
+        sizes only here.
         """
-        if not isinstance(resolution, int) or isinstance(resolution, bool) or resolution < GRID_CELL or \
-                resolution % GRID_CELL:
-            raise ValueError(f"resolution must be a positive multiple of {GRID_CELL} pixels, got {resolution!r}")
-        self._size_token = self._tokenizer.token_id(f"<reserved{8800 + resolution // GRID_CELL:05d}>")
-        self.resolution = resolution
-        side = resolution // self._downsample
-        self.size = (side, side)
-        self.grid = (side, side + 1)  # the row-end column included, so `above` lands on the same image column
-        self.num_tokens = side * (side + 1) + 1
-        forced = {row * (side + 1) + side: self._row_end for row in range(side)}
+        for name, side in (("width", width), ("height", height)):
+            if not isinstance(side, int) or isinstance(side, bool) or side < GRID_CELL or side % GRID_CELL:
+                raise ValueError(f"{name} must be a positive multiple of {GRID_CELL} pixels, got {side!r}")
+        if self._variant.square_only and width != height:
+            raise ValueError(f"Lumina-mGPT 1 generates square images here: got {width} x {height}; give width "
+                             "and height the same value (Lumina-mGPT 2.0 takes other aspects)")
+        # the header: height then width, in 32 px cells
+        self._size_tokens = tuple(self._tokenizer.token_id(f"<reserved{8800 + side // GRID_CELL:05d}>")
+                                  for side in (height, width))
+        self.image_size = (width, height)
+        rows, cols = height // self._variant.downsample, width // self._variant.downsample
+        self.size = (rows, cols)
+        self.grid = (rows, cols + 1)  # the row-end column included, so `above` lands on the same image column
+        self.num_tokens = rows * (cols + 1) + 1
+        forced = {row * (cols + 1) + cols: self._row_end for row in range(rows)}
         forced[self.num_tokens - 1] = self._eoi
         self.forced_tokens = forced
 
-    def set_image_size(self, width: int, height: int) -> None:
-        """width x height pixels for the next encode: square, a multiple of 32 (see set_resolution)."""
-        if width != height:
-            raise ValueError(f"Lumina-mGPT generates square images here: got {width} x {height}; "
-                             "give width and height the same value")
-        self.set_resolution(width)
+    def cfg_schedule(self, scale: float) -> Optional[torch.Tensor]:
+        """The guidance at each position for a configured `scale`: 2.0's decays as its authors' sampler does
+        (`decaying_guidance`), where a scale of 1 switches CFG off; Lumina-mGPT 1 keeps `scale` (None)."""
+        if self._variant.cfg_floor is None or scale == 1.0:
+            return None
+        width, height = self.image_size
+        return decaying_guidance(scale, self.num_tokens, (width // GRID_CELL) * (height // GRID_CELL),
+                                 self._variant.cfg_floor)
 
     @property
     def device(self) -> torch.device:
@@ -155,22 +198,24 @@ class LuminaModel:
             raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
         if negative_prompt is not None and not isinstance(negative_prompt, str):
             raise ValueError(f"negative_prompt must be a string or None, got {type(negative_prompt).__name__}")
-        header = (self._boi, self._size_token, self._size_token)
+        header = (self._boi, *self._size_tokens)
         cond = self._prompt_ids(prompt) + header
         uncond = header if negative_prompt is None or not negative_prompt.strip() else \
             self._prompt_ids(negative_prompt) + header
-        return LuminaPrompt(cond=cond, uncond=uncond, resolution=self.resolution)
+        return LuminaPrompt(cond=cond, uncond=uncond, image_size=self.image_size)
 
     def _prompt_ids(self, text: str) -> tuple[int, ...]:
-        body = PROMPT_TEMPLATE.format(width=self.resolution, height=self.resolution, prompt=text.strip())
-        bos = () if self._bos is None else (self._bos,)
-        return (*bos, *self._tokenizer.encode(body), self._end_of_turn)
+        """BOS, then the template around the text as given (not stripped) and the end-of-turn token, encoded
+        as one string, as the authors' conversation template does."""
+        width, height = self.image_size
+        body = PROMPT_TEMPLATE.format(width=width, height=height, prompt=text)
+        return (self._bos, *self._tokenizer.encode(body + END_OF_TURN))
 
     def start(self, cond: LuminaPrompt, batch_size: int) -> CFGSession:
         if not isinstance(cond, LuminaPrompt):
             raise ValueError(f"cond must come from LuminaModel.encode(), got {type(cond).__name__}")
-        if cond.resolution != self.resolution:  # the size the prompt was encoded for wins
-            self.set_resolution(cond.resolution)
+        if cond.image_size != self.image_size:  # the size the prompt was encoded for wins
+            self.set_image_size(*cond.image_size)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         width = max(len(cond.cond), len(cond.uncond))
@@ -198,7 +243,7 @@ class LuminaModel:
         codes = self._code_of[grid]
         if codes.numel() and int(codes.min()) < 0:
             raise ValueError("an image position holds a token that is not an image code")
-        vq = self.module["vq"]
+        vq = self.module["vq"]  # float32 for 2.0 whatever the model's dtype, as its authors decode
         images = vq.decode(codes.flatten(1).to(vq.post_quant_conv.weight.device), rows, cols)
         return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
 
@@ -254,17 +299,20 @@ def _resolution(folder: Path, variant: Variant) -> int:
                          "the resolution (Lumina-mGPT-7B-512, -768, -768-Omni or -1024)")
 
 
-def _bos(tokenizer: TextTokenizer, variant: Variant) -> Optional[int]:
-    """The prompt's first token: Chameleon's <s> (id 0, not config.json's bos_token_id 1).
+def _bos(tokenizer: TextTokenizer, variant: Variant) -> int:
+    """The prompt's first token.
 
-    2.0's tokenizer may name no BOS (Qwen-style vocabularies have none); the prompt then starts with the text.
+    Lumina-mGPT 1: Chameleon's <s> (id 0, not config.json's bos_token_id 1).  2.0, by its authors' tokenizer
+    wrapper: the BOS the tokenizer files name, or, when they name none (Qwen-style vocabularies), their EOS.
     """
-    try:
+    if variant is LUMINA_1:
         return tokenizer.special_id("bos_token", BOS)
-    except ModelLoadError:
-        if variant is LUMINA_1:
-            raise
-        return None
+    for role in ("bos_token", "eos_token"):
+        name = tokenizer.special_name(role)
+        if name is not None:
+            return tokenizer.token_id(name)
+    raise ModelLoadError("the tokenizer files (tokenizer_config.json, special_tokens_map.json) name neither a "
+                         "bos_token nor an eos_token, which start Lumina-mGPT 2.0's prompts; download them again")
 
 
 def _code_ids(tokenizer: TextTokenizer, variant: Variant, codebook_size: int, vocab_size: int,
@@ -425,7 +473,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LuminaModel:
     bos = _bos(tokenizer, variant)
     failure: Optional[str] = None
     try:
-        model = LuminaModel(_read_network(folder, dtype), vq.to(dtype), tokenizer, code_ids, variant, resolution, bos)
+        model = LuminaModel(_read_network(folder, dtype), vq.to(variant.vq_dtype or dtype), tokenizer, code_ids,
+                            variant, resolution, bos)
         model.module.to(device)
     except ModelLoadError as err:
         failure = str(err)

@@ -7,7 +7,9 @@ channel multipliers 1, 2, 2, 4 on 256 base channels, two residual blocks per lev
 attention at the coarsest level and in the middle block, 8x downsampling.  The
 published `movqgan_270M.ckpt` is a flat tensor dict (read with
 `torch.load(weights_only=True)`).  The upstream code loads it non-strictly; here
-every key must match.
+every decoder weight must be present with its shape, and entries the decoder does
+not use are set aside with a warning that names them.  Lumina-mGPT 2.0's authors
+decode in float32, and so does `lumina.py`, whatever the model's dtype.
 """
 
 from __future__ import annotations

@@ -7,12 +7,14 @@ upsampling except at level 0), `norm_out`, swish, `conv_out`.  The two image
 tokenizers differ only in their normalisation layers: plain GroupNorm
 (Chameleon) or MoVQ's "spatial norm", whose scale and shift are predicted from
 the quantised latent.  Parameter names follow the original checkpoints, and the
-architecture is read off the weights, so a checkpoint either loads completely or
-is refused with the keys that do not fit.
+architecture is read off the weights, so a checkpoint either fills the whole decoder
+or is refused with the keys that do not fit; entries it does not use are set aside,
+named in a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -207,22 +209,27 @@ def infer_spec(state: dict[str, torch.Tensor], spatial_norm: bool, source: str) 
 
 
 def load_decoder(state: dict[str, torch.Tensor], spatial_norm: bool, source: str) -> VQDecoder:
-    """A VQDecoder holding exactly the decoder part of `state`.
+    """A VQDecoder holding the decoder part of `state`.
 
-    Keys under UNUSED_PREFIXES are set aside on purpose; every other key must match
-    the decoder, and every decoder weight must be present.
+    Every decoder weight must be present with its shape.  Keys under UNUSED_PREFIXES
+    are set aside silently; any other key the decoder does not use (published files
+    carry training extras; the upstream loads them non-strictly) is set aside too,
+    named in one warning.
     """
-    needed = {key: value for key, value in state.items() if not key.startswith(UNUSED_PREFIXES)}
-    spec = infer_spec(needed, spatial_norm, source)
+    kept = {key: value for key, value in state.items() if not key.startswith(UNUSED_PREFIXES)}
+    spec = infer_spec(kept, spatial_norm, source)
     model = VQDecoder(spec)
-    expected = set(model.state_dict())
-    missing, unexpected = sorted(expected - set(needed)), sorted(set(needed) - expected)
-    if missing or unexpected:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(kept))
+    misshaped = [f"{key} {list(kept[key].shape)} (expected {list(value.shape)})" for key, value in expected.items()
+                 if key in kept and kept[key].shape != value.shape]
+    if missing or misshaped:
+        problems = [f"{what} {keys[:4]}" for what, keys in (("missing", missing), ("wrong shape", misshaped)) if keys]
         raise ModelLoadError(f"{source}: the weights do not fit the {'MoVQGAN' if spatial_norm else 'VQGAN'} "
-                             f"decoder (missing {missing[:4]}, unexpected {unexpected[:4]}); is this the right file?")
-    try:
-        model.load_state_dict(needed, strict=True)
-    except RuntimeError as err:  # shape mismatches
-        raise ModelLoadError(f"{source}: the weights do not fit the decoder "
-                             f"({' '.join(str(err).split())[:300]})") from err
+                             f"decoder ({', '.join(problems)}); is this the right file?")
+    unused = sorted(set(kept) - set(expected))
+    if unused:
+        warnings.warn(f"{source}: set aside {len(unused)} entries the decoder does not use: "
+                      f"{', '.join(unused[:8])}{', ...' if len(unused) > 8 else ''}", stacklevel=2)
+    model.load_state_dict({key: kept[key] for key in expected}, strict=True)
     return model.eval().requires_grad_(False)

@@ -89,6 +89,10 @@ class TextTokenizer:
             raise ModelLoadError(f"the tokenizer has no token {token!r}; is this the right model folder?")
         return token_id
 
+    def special_name(self, role: str) -> Optional[str]:
+        """The token the folder names for a role such as "bos_token"; None where it names none (or null)."""
+        return self._special.get(role)
+
     def special_id(self, role: str, default: str) -> int:
         """The id of a named special token such as "bos_token", falling back to `default`'s name."""
         return self.token_id(self._special.get(role, default))
