@@ -212,7 +212,6 @@ class _Decoder:
             self.cfg_scales = torch.as_tensor(self.cfg_scales, dtype=torch.float32, device=device)
             if self.cfg_scales.shape != (self.n,):
                 raise ValueError(f"model.cfg_schedule must give {self.n} scales, got {tuple(self.cfg_scales.shape)}")
-        self.branches = 1  # chains of the latest tree call, which `alternatives` starts: for `slot_positions`
         self.copy_back = copy_back
         forced_tokens = getattr(model, "forced_tokens", None) or {}
         self.code_ids, self.code_index = code_tables(getattr(model, "code_ids", None), self.vocab,
@@ -239,7 +238,8 @@ class _Decoder:
         self.noise_start = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.noise_window = torch.zeros(batch, 0, self.vocab, device=device)
 
-    def probs(self, logits: Logits, width: int) -> torch.Tensor:
+    def probs(self, logits: Logits, width: int, branches: int = 1) -> torch.Tensor:
+        """The sampling distribution of a call's `width` output slots (a tree's when `branches` > 1)."""
         cond, uncond = logits
         expected = (self.batch, width, self.vocab)
         for name, value in (("cond", cond), ("uncond", uncond)):
@@ -247,7 +247,7 @@ class _Decoder:
                 raise ModelOutputError(f"model returned {name} logits of shape {tuple(value.shape)}, "
                                        f"expected {expected}")
         scale = self.sampling[0] if self.cfg_scales is None else self.cfg_scales[
-            slot_positions(self.committed, width, self.branches).clamp(max=self.n - 1)].unsqueeze(-1)
+            slot_positions(self.committed, width, branches).clamp(max=self.n - 1)].unsqueeze(-1)
         return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), scale,
                         *self.sampling[1:])
 
@@ -280,7 +280,6 @@ class _Decoder:
     def alternatives(self, count: int, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`count` more candidates for the first draft: its proposal's next tokens without replacement.
         Returns (model ids (B, count), valid (B, count)); an invalid one repeats the draft."""
-        self.branches = count + 1
         position = self.committed.unsqueeze(1)
         draft = self.seq.gather(1, position).squeeze(1)
         noise = self.noise.gumbel(self.rows, position, self.vocab, rng.CANDIDATE, iteration).squeeze(1)
@@ -498,7 +497,7 @@ class _Run:
         flags, the chooser's commit histogram (one count per cache group) and the per-slot acceptance, as float32
         (exact for these integers)."""
         decoder = self.decoder
-        probs = decoder.probs(call.logits, call.fed)
+        probs = decoder.probs(call.logits, call.fed, 1 if call.tree is None else self.branches)
         tree = None if call.tree is None else (chain_probs(probs, call.width, self.branches),) + call.tree
         shared, accepted, changes, chain = decoder.step(probs[:, :call.width], self.iteration, self.max_shift, tree)
         values = torch.arange(call.width + 1, device=shared.device)  # a histogram every backend has (no bincount)
@@ -564,7 +563,7 @@ class _Run:
         tree = self.branches > 1 and width > 1
         fed, logits = self._forward(inputs, inputs[:, 1:2].expand(-1, self.branches - 1) if tree else None)
         self._rewind_all(fed)
-        return self.decoder.probs(logits, fed)
+        return self.decoder.probs(logits, fed, self.branches if tree else 1)
 
     def _rewind_all(self, count: int) -> None:
         per_row = self.rows_per_cache != self.batch_size
