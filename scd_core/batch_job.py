@@ -19,7 +19,7 @@ import math
 import os
 import re
 import sys
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from time import perf_counter
@@ -33,6 +33,7 @@ from .batching import generate_many
 from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
                          open_model, positive_int, sampler_config, to_pil)
 from .config import MAX_SEED, SamplerConfig
+from .models.checkpoints import ModelLoadError
 
 EXIT_FAILED = 1  # some images could not be made; the rest are in place
 RUN_FILE, MANIFEST = "run.json", "manifest.jsonl"
@@ -101,7 +102,11 @@ class Job:
 
     @property
     def file(self) -> str:
-        return f"{self.id}-s{self.seed}.png"
+        return image_file(self.id, self.seed)
+
+
+def image_file(job_id: str, seed: int) -> str:
+    return f"{job_id}-s{seed}.png"
 
 
 def record(line: int, job_id: Optional[str], seed: Optional[int], error: Optional[str] = None,
@@ -109,7 +114,7 @@ def record(line: int, job_id: Optional[str], seed: Optional[int], error: Optiona
     """A manifest line: an image in place (no error) or a job that failed."""
     done = error is None
     entry = {"id": job_id, "seed": seed, "line": line,
-             "file": f"{job_id}-s{seed}.png" if done else None, "nfe": nfe,
+             "file": image_file(job_id, seed) if done else None, "nfe": nfe,
              "seconds": None if seconds is None else round(seconds, 3), "status": "ok" if done else "failed"}
     return entry if done else {**entry, "error": error}
 
@@ -227,7 +232,7 @@ class OutFolder:
             recorded = f"not JSON ({err})"
         if not isinstance(recorded, dict):
             raise ValueError(f"{run_file} is not a run's settings ({recorded!r:.80}); remove it to start "
-                             f"{path} afresh") from None
+                             f"{path} afresh")
         if recorded != settings:
             was, now = flat(recorded), flat(settings)
             changed = [f"{key} {was.get(key)!r} there, {now.get(key)!r} now"
@@ -389,6 +394,10 @@ def render_on_ray(args: argparse.Namespace, settings: dict, jobs: Sequence[Job])
             num_gpus=gpus, batch_size=per_task)
         for row in results.iter_rows():
             yield row["file"], json.loads(row["record"]), bytes(row["png"])
+    except ray.exceptions.ActorDiedError as err:  # a worker that fails to start fails the run at once
+        cause = str(err).strip().splitlines()[-1]
+        raise ModelLoadError(f"a Ray worker could not start ({cause}); is the model folder at the same path "
+                             f"on every node?") from None
     finally:
         if started_here:
             ray.shutdown()
@@ -423,28 +432,29 @@ def run_batch(args: argparse.Namespace) -> int:
     progress = tqdm(total=len(jobs) + len(bad), initial=skipped, unit="img", desc="batch", file=sys.stderr,
                     dynamic_ncols=True)
     try:
-        for entry in bad:
-            folder.add(entry)
-            failed.append(entry)
-            progress.update()
         if todo:
             results = render_on_ray(args, folder.settings, todo) if args.ray is not None else \
                 Renderer(folder.settings, args.device, args.slots).render(todo)
-            for file, entry, png in results:
-                if file in arrived:  # Ray delivers at least once: a retried batch sends its images again
-                    continue
-                arrived.add(file)
-                folder.add(entry, png)
-                if entry["status"] == "ok":
-                    made += 1
-                else:
-                    failed.append(entry)
-                progress.update()
+            with closing(results):  # on Ctrl-C too: a cluster this command started is shut down
+                for file, entry, png in results:
+                    if file in arrived:  # Ray delivers at least once: a retried batch sends its images again
+                        continue
+                    arrived.add(file)
+                    folder.add(entry, png)
+                    if entry["status"] == "ok":
+                        made += 1
+                    else:
+                        failed.append(entry)
+                    progress.update()
         for job in todo:
             if job.file not in arrived:  # a worker dropped it: say so rather than finish short
                 entry = record(job.line, job.id, job.seed, "no result came back from the workers")
                 folder.add(entry)
                 failed.append(entry)
+        for entry in bad:  # after the workers have started: a model that does not load leaves DIR as it was
+            folder.add(entry)
+            failed.append(entry)
+            progress.update()
     finally:
         progress.close()
         folder.close()

@@ -113,6 +113,16 @@ def test_a_run_with_other_settings_is_refused(tmp_path, capsys):
     assert "0 images made, 1 already in place" in printed
 
 
+def test_a_run_that_cannot_start_leaves_no_folder(tmp_path, capsys):
+    jobs = write_jobs(tmp_path / "jobs.jsonl", JOBS[:1] + ["not json"])
+    code = main(["batch", str(jobs), "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "model folder" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--workers", "2"])
+    assert code == 2
+    assert "--workers and --gpus-per-worker are for --ray" in capsys.readouterr().err
+
+
 def test_a_cut_off_or_missing_png_is_made_again(tmp_path, capsys):
     jobs = write_jobs(tmp_path / "jobs.jsonl", JOBS[:1])
     out = tmp_path / "out"
