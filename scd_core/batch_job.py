@@ -38,7 +38,7 @@ from .models.checkpoints import ModelLoadError
 EXIT_FAILED = 1  # some images could not be made; the rest are in place
 RUN_FILE, MANIFEST = "run.json", "manifest.jsonl"
 JOB_KEYS = ("id", "prompt", "negative_prompt", "seed")
-ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")  # safe in a file name on every system
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")  # a plain file name, with room for "-s{seed}.png"
 TEMP_SUFFIX = ".partial"
 BATCH_PER_SLOT = 4  # jobs a Ray worker takes at once, per slot: enough to refill its slots, few to redo
 FAILURES_LISTED = 20
@@ -163,11 +163,12 @@ def read_jobs(path: Path, seeds: Sequence[int]) -> tuple[list[Job], list[dict]]:
             continue
         for seed in line_seeds:
             job = Job(line, job_id, seed, prompt, negative)
-            if job.file in seen:
-                bad.append(record(line, job_id, seed, f"id {job_id!r} with seed {seed} is "
-                                                      f"line {seen[job.file]} already"))
+            key = job.file.lower()  # some file systems ignore case: "A" and "a" would share a file
+            if key in seen:
+                bad.append(record(line, job_id, seed, f"id {job_id!r} with seed {seed} is line {seen[key]} "
+                                                      f"already (ids differing only in case count as one)"))
             else:
-                seen[job.file] = line
+                seen[key] = line
                 jobs.append(job)
     if not jobs and not bad:
         raise ValueError(f"{path} holds no jobs")
@@ -358,9 +359,9 @@ class RayWorker:
 
 
 def ray_cluster_arguments(address: str) -> dict:
-    """ray.init's arguments: `local` starts a cluster bound to this machine's loopback, anything else joins."""
+    """ray.init's arguments: `local` starts a new cluster bound to this machine's loopback, anything else joins."""
     if address == "local":
-        return {"address": None, "_node_ip_address": "127.0.0.1", "include_dashboard": False}
+        return {"address": "local", "_node_ip_address": "127.0.0.1", "include_dashboard": False}
     return {"address": address}
 
 

@@ -71,7 +71,7 @@ def test_bad_lines_are_reported_and_every_other_image_is_made(tmp_path, capsys):
         {"id": "word", "prompt": "seven", "seed": 0},    # a class model cannot encode a word
         '{"id": "cut", "prompt": "1"',
         {"id": "one", "prompt": "1", "seed": 2},
-        {"id": "four", "prompt": "4", "seed": 5},        # the same image twice
+        {"id": "Four", "prompt": "4", "seed": 5},        # the same file twice where case is ignored
         {"id": "../up", "prompt": "1", "seed": 0},       # not a file name
     ])
     code, printed, errors = batch(capsys, jobs, tmp_path / "out")
