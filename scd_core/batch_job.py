@@ -20,10 +20,10 @@ import os
 import re
 import sys
 from contextlib import closing, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from time import perf_counter
-from typing import Any, Iterator, Optional, Sequence, TextIO
+from typing import Any, Iterable, Iterator, Optional, Sequence, TextIO
 
 import torch
 from PIL import Image
@@ -33,6 +33,7 @@ from .batching import generate_many
 from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
                          open_model, positive_int, sampler_config, to_pil)
 from .config import MAX_SEED, SamplerConfig
+from .engine import GenerationResult, generate
 from .models.checkpoints import ModelLoadError
 
 EXIT_FAILED = 1  # some images could not be made; the rest are in place
@@ -310,47 +311,78 @@ def failure(job: Job, err: BaseException) -> Rendered:
 
 
 class Renderer:
-    """One worker: the model loaded once; jobs in, (file, record, PNG) out as each job finishes."""
+    """One worker: a model; jobs in, (file, record, PNG) out as each job finishes."""
 
-    def __init__(self, settings: dict, device: Optional[str], slots: int) -> None:
-        self.model = open_model(settings["model"], device, settings["dtype"], settings["width"],
-                                settings["height"])
-        self.config = SamplerConfig(**settings["sampler"])
-        self.slots = slots
+    def __init__(self, model: Any, config: SamplerConfig, slots: int) -> None:
+        self.model, self.config, self.slots = model, config, slots
 
-    def render(self, jobs: Sequence[Job]) -> Iterator[Rendered]:
-        encoded = []
-        for job in jobs:
-            try:  # an unknown class or a prompt the model cannot encode fails that job only
-                encoded.append((job, self.model.encode(job.prompt, job.negative_prompt)))
-            except Exception as err:
-                yield failure(job, err)
-        yield from self._sample(encoded)
+    @classmethod
+    def load(cls, settings: dict, device: Optional[str], slots: int) -> "Renderer":
+        """The renderer of run.json's settings, its model loaded once."""
+        model = open_model(settings["model"], device, settings["dtype"], settings["width"], settings["height"])
+        return cls(model, SamplerConfig(**settings["sampler"]), slots)
 
-    def _sample(self, encoded: list[tuple[Job, Any]]) -> Iterator[Rendered]:
-        pending = dict(enumerate(encoded))
-        try:
-            for index, result in generate_many(self.model, [(cond, job.seed) for job, cond in encoded],
-                                               self.config, slots=self.slots):
-                job = pending[index][0]
-                started = perf_counter()
-                png = png_bytes(self.model, result.tokens)
-                seconds = result.total_s + perf_counter() - started
-                del pending[index]
-                yield job.file, record(job.line, job.id, job.seed, nfe=result.nfe, seconds=seconds), png
+    def render(self, jobs: Iterable[Job]) -> Iterator[Rendered]:
+        """Each job's result as it finishes; a prompt is encoded when generate_many takes its job."""
+        remaining = iter(jobs)
+        while True:
+            taken: list[tuple[Job, Any]] = []  # the jobs this stream took, at their index in it
+            unencodable: list[Rendered] = []
+            finished: set[int] = set()
+
+            def encoded() -> Iterator[tuple[Any, int]]:
+                for job in remaining:
+                    try:  # an unknown class or a prompt the model cannot encode fails that job only
+                        cond = self.model.encode(job.prompt, job.negative_prompt)
+                    except Exception as err:
+                        unencodable.append(failure(job, err))
+                        continue
+                    taken.append((job, cond))
+                    yield cond, job.seed
+
+            try:
+                for index, result in generate_many(self.model, encoded(), self.config, slots=self.slots):
+                    job = taken[index][0]
+                    yield self._finish(job, result)
+                    finished.add(index)
+                    taken[index] = (job, None)  # its conditioning is no longer needed
+                    yield from take_all(unencodable)
+                yield from take_all(unencodable)
+                return
+            except Exception:
+                yield from take_all(unencodable)
+                unfinished = [item for index, item in enumerate(taken) if index not in finished]
+                if not unfinished:
+                    raise  # no job's doing
+                # the stream does not say whose job broke it: the ones it held run alone, then the rest goes on
+                for job, cond in unfinished:
+                    yield self._alone(job, cond)
+
+    def _finish(self, job: Job, result: GenerationResult) -> Rendered:
+        started = perf_counter()
+        png = png_bytes(self.model, result.tokens)
+        seconds = result.total_s + perf_counter() - started
+        return job.file, record(job.line, job.id, job.seed, nfe=result.nfe, seconds=seconds), png
+
+    def _alone(self, job: Job, cond: Any) -> Rendered:
+        try:  # generate_many's contract: a job's tokens are generate's with the job's seed
+            return self._finish(job, generate(self.model, cond, replace(self.config, seed=job.seed)))
         except Exception as err:
-            if len(pending) == 1:
-                yield failure(pending.popitem()[1][0], err)
-            else:  # the stream does not say whose job broke it: the unfinished ones run one by one
-                for item in list(pending.values()):
-                    yield from self._sample([item])
+            return failure(job, err)
+
+
+def take_all(items: list) -> list:
+    """The items, leaving the list empty."""
+    taken = items[:]
+    items.clear()
+    return taken
 
 
 class RayWorker:
     """A Ray Data actor: a Renderer; its batches of jobs (JSON) become rows of results, one row per image."""
 
     def __init__(self, settings: dict, device: Optional[str], slots: int) -> None:
-        self.renderer = Renderer(settings, device, slots)
+        self.renderer = Renderer.load(settings, device, slots)
 
     def __call__(self, batch: dict) -> Iterator[dict]:
         jobs = [Job(**json.loads(text)) for text in batch["job"]]
@@ -435,7 +467,7 @@ def run_batch(args: argparse.Namespace) -> int:
     try:
         if todo:
             results = render_on_ray(args, folder.settings, todo) if args.ray is not None else \
-                Renderer(folder.settings, args.device, args.slots).render(todo)
+                Renderer.load(folder.settings, args.device, args.slots).render(todo)
             with closing(results):  # on Ctrl-C too: a cluster this command started is shut down
                 for file, entry, png in results:
                     if file in arrived:  # Ray delivers at least once: a retried batch sends its images again

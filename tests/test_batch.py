@@ -11,11 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from scd_core import SamplerConfig, generate, load_model
-from scd_core.batch_job import MANIFEST, RAY_EXTRA, RUN_FILE, png_bytes, png_in_place
+from scd_core import ModelOutputError, SamplerConfig, generate, load_model
+from scd_core.batch_job import MANIFEST, RAY_EXTRA, RUN_FILE, Job, Renderer, png_bytes, png_in_place
 from scd_core.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,6 +95,38 @@ def test_bad_lines_are_reported_and_every_other_image_is_made(tmp_path, capsys):
     assert (tmp_path / "out" / "one-s2.png").read_bytes() == png_bytes(model, result.tokens)
     assert entries[6]["nfe"] == result.nfe
     assert "ray" not in sys.modules  # only --ray imports it
+
+
+class BreaksOnClass:
+    """The demo model, whose sampling breaks for one class (as a NaN in its logits would): a job that fails
+    after generate_many has taken it."""
+
+    def __init__(self, model: Any, broken: int) -> None:
+        self.model, self.broken = model, broken
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def start(self, cond: Any, batch_size: int) -> Any:
+        if cond.index == self.broken:
+            raise ModelOutputError(f"class {self.broken} breaks")
+        return self.model.start(cond, batch_size)
+
+
+def test_a_job_that_breaks_the_stream_fails_alone():
+    model = load_model("demo", "cpu")
+    config = SamplerConfig(window=16)
+    jobs = [Job(1, "a", 0, "3"), Job(2, "b", 0, "4"), Job(3, "c", 0, "x"), Job(4, "d", 1, "5"), Job(5, "e", 2, "4")]
+    rendered = list(Renderer(BreaksOnClass(model, 4), config, 2).render(jobs))
+    assert sorted(file for file, _, _ in rendered) == sorted(job.file for job in jobs)  # each job once
+    results = {file: (entry, png) for file, entry, png in rendered}
+    assert {file: entry["status"] for file, (entry, _) in results.items()} == {
+        "a-s0.png": "ok", "b-s0.png": "failed", "c-s0.png": "failed", "d-s1.png": "ok", "e-s2.png": "failed"}
+    assert results["b-s0.png"][0]["error"] == "ModelOutputError: class 4 breaks"
+    assert "class index" in results["c-s0.png"][0]["error"]
+    for job in (jobs[0], jobs[3]):  # the others are generate's images with their seeds
+        tokens = generate(model, model.encode(job.prompt), SamplerConfig(window=16, seed=job.seed)).tokens
+        assert results[job.file][1] == png_bytes(model, tokens)
 
 
 def test_a_run_with_other_settings_is_refused(tmp_path, capsys):
