@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -399,7 +400,6 @@ def ray_cluster_arguments(address: str) -> dict:
 
 def render_on_ray(args: argparse.Namespace, settings: dict, jobs: Sequence[Job]) -> Iterator[Rendered]:
     """The jobs over a pool of Ray actors; each result comes back here as soon as its image is done."""
-    import logging
     try:
         import ray
         import ray.data

@@ -116,7 +116,8 @@ class BreaksOnClass:
 def test_a_job_that_breaks_the_stream_fails_alone():
     model = load_model("demo", "cpu")
     config = SamplerConfig(window=16)
-    jobs = [Job(1, "a", 0, "3"), Job(2, "b", 0, "4"), Job(3, "c", 0, "x"), Job(4, "d", 1, "5"), Job(5, "e", 2, "4")]
+    jobs = [Job(1, "a", 0, "3"), Job(2, "b", 0, "4"), Job(3, "c", 0, "x"), Job(4, "d", 1, "5"),
+            Job(5, "e", 2, "4")]
     rendered = list(Renderer(BreaksOnClass(model, 4), config, 2).render(jobs))
     assert sorted(file for file, _, _ in rendered) == sorted(job.file for job in jobs)  # each job once
     results = {file: (entry, png) for file, entry, png in rendered}
