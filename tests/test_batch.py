@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -148,7 +150,7 @@ def test_a_run_with_other_settings_is_refused(tmp_path, capsys):
     assert "0 images made, 1 already in place" in printed
 
 
-def test_a_run_that_cannot_start_leaves_no_folder(tmp_path, capsys):
+def test_a_run_that_cannot_start_leaves_no_folder(tmp_path, capsys, monkeypatch):
     jobs = write_jobs(tmp_path / "jobs.jsonl", JOBS[:1] + ["not json"])
     code = main(["batch", str(jobs), "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "out")])
     assert code == 2
@@ -156,6 +158,10 @@ def test_a_run_that_cannot_start_leaves_no_folder(tmp_path, capsys):
     code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--workers", "2"])
     assert code == 2
     assert "--workers and --gpus-per-worker are for --ray" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed
+    code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--ray"])
+    assert code == 2
+    assert RAY_EXTRA in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_a_cut_off_or_missing_png_is_made_again(tmp_path, capsys):
@@ -218,18 +224,23 @@ def test_the_command_killed_mid_run_resumes_to_the_same_bytes(uninterrupted, tmp
 
 def test_ray_local_cluster_with_a_worker_killed_makes_the_in_process_bytes(uninterrupted, tmp_path):
     """Two worker actors on a real local cluster; one is SIGKILLed after the first image, Ray restarts it."""
-    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True)
+    # a network namespace with only loopback (Ray probes outside addresses), and a pid namespace: every Ray
+    # process ends with the command, and /proc shows only them
+    sandbox = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    probe = subprocess.run([*sandbox, "true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        pytest.fail("the Ray test must run in a network namespace with only loopback (Ray probes outside "
-                    f"addresses), and `unshare --net` fails here (it needs root or user namespaces): "
+        pytest.fail(f"the Ray test must run under `{' '.join(sandbox)}`, which fails here (it needs root): "
                     f"{probe.stderr.strip()}")
     jobs = write_jobs(tmp_path / "jobs.jsonl", JOBS)
     out = tmp_path / "out"
     script = " ".join(["ip link set lo up && RAY_USAGE_STATS_ENABLED=0 exec", sys.executable,
                        str(REPO / "tests" / "ray_batch_kill.py"), str(out), str(jobs), *SETTINGS, *SEEDS])
-    # its own pid namespace too: every Ray process ends with the command, and /proc shows only them
-    run = subprocess.run(["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script],
-                         cwd=REPO, capture_output=True, text=True, timeout=WAIT_S)
+    ray_dir = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths must fit in 107 characters
+    try:
+        run = subprocess.run([*sandbox, "sh", "-c", script], cwd=REPO, capture_output=True, text=True,
+                             timeout=WAIT_S, env={**os.environ, "RAY_TMPDIR": ray_dir})
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
     killed = json.loads(run.stdout.split("KILLED ", 1)[1].splitlines()[0])
     assert killed["pid"] is not None and len(killed["workers"]) == 2, run.stdout
