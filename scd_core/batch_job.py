@@ -463,7 +463,7 @@ def run_batch(args: argparse.Namespace) -> int:
     arrived: set[str] = set()
     made = 0
     progress = tqdm(total=len(jobs) + len(bad), initial=skipped, unit="img", desc="batch", file=sys.stderr,
-                    dynamic_ncols=True)
+                    disable=None, dynamic_ncols=True)  # on a terminal only, as generate's bar
     try:
         if todo:
             results = render_on_ray(args, folder.settings, todo) if args.ray is not None else \
