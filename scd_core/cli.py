@@ -2,6 +2,7 @@
 
     python -m scd_core generate --model demo --prompt 7 -o out.png
     python -m scd_core generate --model demo --prompt 7 --compare --seeds 8 -o compare.png
+    python -m scd_core batch jobs.jsonl --model demo --out out/ --seeds 0,1,2   (see batch_job.py)
 
 Each subcommand is one entry of COMMANDS (arguments + runner), so `bench` can be
 added next to `generate` without touching the rest.  Bad input (a model folder
@@ -23,15 +24,16 @@ from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
 from .auto_window import window_report
+from .batch_job import add_batch_arguments, run_batch
+from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
+                         open_model, positive_int, sampler_config, to_pil)
 from .models.checkpoints import ModelLoadError
-from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
+from .config import AUTO_WINDOW, SamplerConfig
 from .engine import GenerationResult, IterationStats, ModelOutputError, generate
-from .models.loading import load_model, pick_device
-from .model import set_image_size, unusual_settings
+from .model import unusual_settings
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
-DEFAULTS = SamplerConfig()
 # --compare: (coupler, window or None for the --window value); AR is window 1 by definition
 COMPARE_MODES = (("independent", 1), ("independent", None), ("maximal", None), ("gumbel", None))
 MODE_LABELS = {"independent": "SJD", "maximal": "SCD-maximal", "gumbel": "SCD-gumbel"}
@@ -66,86 +68,22 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 # ---------------------------------------------------------------- arguments
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
-def _pixels(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a pixel count >= 0 (0: the model's size), got {text}")
-    return value
-
-
-def _window(text: str) -> int | str:
-    if text in (AUTO_WINDOW, "0"):  # 0 is auto, as in the sampler node
-        return AUTO_WINDOW
-    try:
-        return int(text)  # the range is SamplerConfig's to check
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {AUTO_WINDOW!r} (or 0) or an integer, got {text!r}") from None
-
-
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
-    model.add_argument("--model", required=True, help='"demo" (the embedded digit model) or a model folder')
+    add_model_arguments(model)
     model.add_argument("--prompt", required=True, help='text prompt; for the demo model a digit, e.g. "7"')
     model.add_argument("--negative-prompt", help="negative prompt for the unconditional CFG branch")
-    model.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
-    model.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
-    model.add_argument("--width", type=_pixels, default=0,
-                       help="image width in pixels (Emu3, Lumina-mGPT); 0: the model's size")
-    model.add_argument("--height", type=_pixels, default=0,
-                       help="image height in pixels (Emu3, Lumina-mGPT); 0: the model's size")
-    sampler = parser.add_argument_group("sampler (unset: the model's recommended values)")
-    sampler.add_argument("--coupler", choices=COUPLERS, default=DEFAULTS.coupler,
-                         help="how drafts are re-made: maximal/gumbel (SCD), independent (SJD), faithful")
-    sampler.add_argument("--window", type=_window, default=DEFAULTS.window,
-                         help="positions decoded per model call; 1 is plain autoregressive sampling; "
-                              "auto (or 0): chosen per call from the measured cost of a call and the acceptance")
-    sampler.add_argument("--cfg", type=float, help="classifier-free guidance scale (default: the model's)")
-    sampler.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
-                         help="divides the logits before sampling")
-    sampler.add_argument("--top-k", type=int, help="sample among the k likeliest tokens (default: the model's)")
-    sampler.add_argument("--top-p", type=float, default=DEFAULTS.top_p,
-                         help="sample among the likeliest tokens holding this much probability (default: the "
-                              "model's)")
+    sampler = add_sampler_arguments(parser)
     sampler.add_argument("--seed", type=int, default=DEFAULTS.seed, help="random seed")
-    sampler.add_argument("--draft-init", choices=DRAFT_INITS, default=DEFAULTS.draft_init,
-                         help="initial draft of a position entering the window (default: the model's, "
-                              "previous_frame for video, else above)")
-    sampler.add_argument("--verification", choices=VERIFICATIONS, default=DEFAULTS.verification,
-                         help="token: draft by draft; block: a joint rule over the window (independent coupler)")
-    sampler.add_argument("--candidates", type=int, default=DEFAULTS.candidates,
-                         help="candidates for the first draft of each call, each with a chain of the later drafts "
-                              "(1..8; 1 = just the draft)")
-    sampler.add_argument("--batch-size", type=_positive_int, default=1, help="images per run")
+    sampler.add_argument("--batch-size", type=positive_int, default=1, help="images per run")
     out = parser.add_argument_group("output")
     out.add_argument("-o", "--output", required=True, type=Path,
                      help="PNG file; a batch is written side by side")
     out.add_argument("--compare", action="store_true",
                      help="run AR, SJD, SCD-maximal and SCD-gumbel on the same seeds and write them side by side")
-    out.add_argument("--seeds", type=_positive_int, default=1, metavar="N",
+    out.add_argument("--seeds", type=positive_int, default=1, metavar="N",
                      help="with --compare: run every method on seeds SEED .. SEED+N-1 and report the mean calls "
                           "and their spread (one image's calls vary by about 10%%)")
-
-
-def sampler_config(args: argparse.Namespace) -> SamplerConfig:
-    return SamplerConfig(coupler=args.coupler, window=args.window, cfg_scale=args.cfg,
-                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                         draft_init=args.draft_init, verification=args.verification,
-                         candidates=args.candidates)
-
-
-def check_device(name: Optional[str]) -> None:
-    """Reject a device this machine lacks before the weights are read."""
-    try:
-        pick_device(name)
-    except ValueError as err:
-        raise ValueError(f"--{err}") from err
 
 
 def check_output(path: Path) -> None:
@@ -288,13 +226,6 @@ def compare_table(methods: Sequence[Sequence[Run]]) -> str:
 
 # ---------------------------------------------------------------- images
 
-def to_pil(images: torch.Tensor, vertical: bool = False) -> Image.Image:
-    """(batch, H, W, 3) floats in 0..1 as one RGB image, the batch side by side (or stacked)."""
-    joined = torch.cat(list(images), dim=0 if vertical else 1)
-    pixels = (joined.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
-    return Image.fromarray(pixels, "RGB")
-
-
 def _font(size: int) -> ImageFont.ImageFont:
     try:  # Pillow >= 10.1 ships a scalable default font
         return ImageFont.load_default(size=size)
@@ -376,10 +307,8 @@ def run_generate(args: argparse.Namespace) -> int:
     methods = compare_configs(config, args.seeds) if args.compare else [[config]]
     check_device(args.device)
     check_output(args.output)
-    if (args.width == 0) != (args.height == 0):
-        raise ValueError(f"give both --width and --height, or neither (got {args.width} x {args.height})")
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
-    set_image_size(model, args.width, args.height)
+    check_image_size(args.width, args.height)
+    model = open_model(args.model, args.device, args.dtype, args.width, args.height)
     cond = model.encode(args.prompt, args.negative_prompt)
     for warning in unusual_settings(model, config.cfg_scale, config.temperature):
         print(f"warning: {warning}", file=sys.stderr)
@@ -398,6 +327,8 @@ def run_generate(args: argparse.Namespace) -> int:
 # Subcommands: name -> (help, add its arguments, run it and return the exit code).
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "generate": ("generate images with AR, SJD or SCD decoding", add_generate_arguments, run_generate),
+    "batch": ("many images from a JOBS.jsonl file into a folder, resumable, optionally on Ray",
+              add_batch_arguments, run_batch),
 }
 
 

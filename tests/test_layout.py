@@ -6,7 +6,7 @@ Drawn from the source (every `import` statement, at any depth, so lazy imports c
   families  scd_core/models/: the model families and what only they share; imports core and families.
   tools     scd_core/bench/: benchmarks, the device check, the demo's training and quality check, the synthetic
             models; imports anything but the front ends.
-  front     scd_core/__init__.py, __main__.py, cli.py: what users call; never imported by core or families.
+  front     scd_core/__init__.py, __main__.py, cli.py (+ cli_shared.py, batch_job.py): what users call; never imported by core or families.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "scd_core"
-FRONT = {"scd_core", "scd_core.__main__", "scd_core.cli"}
+FRONT = {"scd_core", "scd_core.__main__", "scd_core.cli", "scd_core.cli_shared", "scd_core.batch_job"}
 
 
 def module_name(path: Path) -> str:

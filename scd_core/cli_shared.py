@@ -1,0 +1,112 @@
+"""What the `python -m scd_core` subcommands share: their model and sampler arguments, the model they open,
+and images as PIL."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Optional
+
+import torch
+from PIL import Image
+
+from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
+from .models.loading import load_model, pick_device
+from .model import set_image_size
+
+DEFAULTS = SamplerConfig()
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def _pixels(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a pixel count >= 0 (0: the model's size), got {text}")
+    return value
+
+
+def _window(text: str) -> int | str:
+    if text in (AUTO_WINDOW, "0"):  # 0 is auto, as in the sampler node
+        return AUTO_WINDOW
+    try:
+        return int(text)  # the range is SamplerConfig's to check
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {AUTO_WINDOW!r} (or 0) or an integer, got {text!r}") from None
+
+
+def add_model_arguments(group: argparse._ArgumentGroup) -> None:
+    """The model and where it runs: what `generate` and `batch` share."""
+    group.add_argument("--model", required=True, help='"demo" (the embedded digit model) or a model folder')
+    group.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
+    group.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
+    group.add_argument("--width", type=_pixels, default=0,
+                       help="image width in pixels (Emu3, Lumina-mGPT); 0: the model's size")
+    group.add_argument("--height", type=_pixels, default=0,
+                       help="image height in pixels (Emu3, Lumina-mGPT); 0: the model's size")
+
+
+def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """The sampler settings but the seed, which `generate` takes once and `batch` per image."""
+    sampler = parser.add_argument_group("sampler (unset: the model's recommended values)")
+    sampler.add_argument("--coupler", choices=COUPLERS, default=DEFAULTS.coupler,
+                         help="how drafts are re-made: maximal/gumbel (SCD), independent (SJD), faithful")
+    sampler.add_argument("--window", type=_window, default=DEFAULTS.window,
+                         help="positions decoded per model call; 1 is plain autoregressive sampling; "
+                              "auto (or 0): chosen per call from the measured cost of a call and the acceptance")
+    sampler.add_argument("--cfg", type=float, help="classifier-free guidance scale (default: the model's)")
+    sampler.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
+                         help="divides the logits before sampling")
+    sampler.add_argument("--top-k", type=int, help="sample among the k likeliest tokens (default: the model's)")
+    sampler.add_argument("--top-p", type=float, default=DEFAULTS.top_p,
+                         help="sample among the likeliest tokens holding this much probability (default: the "
+                              "model's)")
+    sampler.add_argument("--draft-init", choices=DRAFT_INITS, default=DEFAULTS.draft_init,
+                         help="initial draft of a position entering the window (default: the model's, "
+                              "previous_frame for video, else above)")
+    sampler.add_argument("--verification", choices=VERIFICATIONS, default=DEFAULTS.verification,
+                         help="token: draft by draft; block: a joint rule over the window (independent coupler)")
+    sampler.add_argument("--candidates", type=int, default=DEFAULTS.candidates,
+                         help="candidates for the first draft of each call, each with a chain of the later drafts "
+                              "(1..8; 1 = just the draft)")
+    return sampler
+
+
+def sampler_config(args: argparse.Namespace, seed: Optional[int] = None) -> SamplerConfig:
+    """The settings from the sampler arguments; `seed` for a command without --seed."""
+    return SamplerConfig(coupler=args.coupler, window=args.window, cfg_scale=args.cfg,
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         seed=args.seed if seed is None else seed,
+                         draft_init=args.draft_init, verification=args.verification,
+                         candidates=args.candidates)
+
+
+def check_device(name: Optional[str]) -> None:
+    """Reject a device this machine lacks before the weights are read."""
+    try:
+        pick_device(name)
+    except ValueError as err:
+        raise ValueError(f"--{err}") from err
+
+
+def check_image_size(width: int, height: int) -> None:
+    if (width == 0) != (height == 0):
+        raise ValueError(f"give both --width and --height, or neither (got {width} x {height})")
+
+
+def open_model(path: str, device: Optional[str], dtype: Optional[str], width: int, height: int) -> Any:
+    """The model in `path`, asked for width x height images (0 x 0: its own size)."""
+    model = load_model(path, device=device, dtype=dtype)
+    set_image_size(model, width, height)
+    return model
+
+
+def to_pil(images: torch.Tensor, vertical: bool = False) -> Image.Image:
+    """(batch, H, W, 3) floats in 0..1 as one RGB image, the batch side by side (or stacked)."""
+    joined = torch.cat(list(images), dim=0 if vertical else 1)
+    pixels = (joined.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+    return Image.fromarray(pixels, "RGB")
