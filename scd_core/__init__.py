@@ -1,6 +1,7 @@
 """Exact speculative Jacobi decoding (SJD) and speculative coupled decoding (SCD)
 for autoregressive image models.  ComfyUI-free; the node pack is a thin layer on top."""
 
+from .batching import generate_many
 from .models.checkpoints import ModelLoadError
 from .config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .engine import GenerationCancelled, GenerationResult, IterationStats, ModelOutputError, generate
@@ -9,4 +10,4 @@ from .model import Session, TokenModel
 
 __all__ = ["COUPLERS", "DRAFT_INITS", "GenerationCancelled", "GenerationResult", "IterationStats",
            "ModelLoadError", "ModelOutputError", "SamplerConfig", "Session", "TokenModel", "VERIFICATIONS",
-           "generate", "load_model"]
+           "generate", "generate_many", "load_model"]

@@ -6,6 +6,7 @@ coupler, window and candidates setting, on toy models and on every family's tiny
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from llamagen_fixture import write_original_c2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401
 from toy_models import TablePrefixModel
 
-from scd_core import SamplerConfig, generate, load_model
+from scd_core import SamplerConfig, generate, generate_many, load_model
 from scd_core.bench.synthetic import GridModel
 from scd_core.config import MAX_SEED
 
@@ -80,3 +81,162 @@ def test_each_row_of_a_family_batch_is_the_image_of_its_own_seed(families, famil
     model, cond = families[family]
     for options in FAMILY_SETTINGS:
         assert_rows_are_their_own_seeds(model, cond, options, seed=WRAPPING, batch=3)
+
+
+# ----------------------------------------------------------------------------- continuous batching
+
+def assert_stream_equals_job_by_job(model, jobs, config, slots, own_calls=True, **options) -> list:
+    """generate_many's results, each checked against generate for its job alone (with `own_calls`, its calls
+    too: a row in a stream takes part in as many calls as alone, and commits as much in each); returns the
+    yield order."""
+    order = []
+    for index, result in generate_many(model, jobs, config, slots=slots, **options):
+        cond, seed = jobs[index]
+        alone = generate(model, cond, dataclasses.replace(config, seed=seed))
+        assert torch.equal(result.tokens, alone.tokens), f"job {index}"
+        assert not own_calls or (result.nfe == alone.nfe and result.committed == alone.committed), f"job {index}"
+        order.append(index)
+    assert sorted(order) == list(range(len(jobs)))
+    return order
+
+
+class CountingSessions:
+    """`model` whose sessions count the rows each call feeds: (prefill rows, forward rows) per call."""
+
+    def __init__(self, model) -> None:
+        self._model, self.calls = model, []
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def start(self, cond, batch_size):
+        session, calls = self._model.start(cond, batch_size), self.calls
+
+        class Counting:
+            def __getattr__(self, name):
+                return getattr(session, name)
+
+            def admit(self, fresh):
+                calls.append(("prefill", len(fresh)))
+                return session.admit([getattr(f, "_session", f) for f in fresh])
+
+            def forward(self, tokens, *args):
+                calls.append(("forward", tokens.shape[0]))
+                return session.forward(tokens, *args)
+
+        counting = Counting()
+        counting._session = session
+        return counting
+
+
+@pytest.mark.parametrize("options", [dict(coupler="maximal", window=6), dict(coupler="gumbel", window=5),
+                                     dict(coupler="maximal", window=6, candidates=2),
+                                     dict(coupler="independent", window=6, verification="block"),
+                                     dict(coupler="maximal", window=6, alpha=0.5),
+                                     dict(coupler="faithful", window=4, fixed_shapes=True)],
+                         ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_a_toy_stream_gives_every_job_its_own_tokens(options):
+    model = TablePrefixModel(vocab_size=8, num_tokens=20, grid=(4, 5), table_rows=4096, scale=2.0, rows_per_cache=1)
+    jobs = [(None, seed) for seed in (3, 7, 7, MAX_SEED, 0, 11, 2, 5, 9, 1)]
+    order = assert_stream_equals_job_by_job(model, jobs, SamplerConfig(**options), slots=4, refill_at=2)
+    assert order != sorted(order) or options["coupler"] == "faithful"  # yielded as they finish, not in order
+
+
+def test_refills_share_a_prefill_call_and_slots_stay_bounded():
+    model = CountingSessions(TablePrefixModel(vocab_size=8, num_tokens=20, table_rows=4096, scale=2.0,
+                                              rows_per_cache=1))
+    jobs = [(None, seed) for seed in range(12)]
+    assert_stream_equals_job_by_job(model, jobs, SamplerConfig(window=6), slots=4, refill_at=2)
+    prefills = [rows for kind, rows in model.calls if kind == "prefill"]
+    assert all(rows <= 4 for kind, rows in model.calls if kind == "forward")
+    assert prefills[0] == 3  # the first session admits the other three of the first group
+    assert len(prefills) < 12 - 4 and all(rows >= 2 for rows in prefills[1:-1])
+
+
+def test_stream_edges_empty_fewer_jobs_than_slots_and_lazy_reading():
+    model = GridModel(rows=4, cols=6, vocab_size=32)
+    config = SamplerConfig(window=6)
+    assert list(generate_many(model, [], config, slots=4)) == []
+    assert_stream_equals_job_by_job(model, [(None, 5), (None, 6)], config, slots=8)
+
+    read = []
+
+    def jobs():
+        for seed in range(6):
+            read.append(seed)
+            yield None, seed
+
+    stream = generate_many(model, jobs(), config, slots=2, refill_at=1)
+    next(stream)
+    assert len(read) <= 4  # two in the batch, one refilled, one looked ahead
+    assert len(list(stream)) == 5
+
+
+def test_stream_refuses_bad_input():
+    model = GridModel(rows=4, cols=6, vocab_size=32)
+    with pytest.raises(ValueError, match="slots"):
+        list(generate_many(model, [(None, 0)], SamplerConfig(), slots=0))
+    with pytest.raises(ValueError, match="pinned window"):
+        list(generate_many(model, [(None, 0)], SamplerConfig(window="auto")))
+    with pytest.raises(ValueError, match="seed"):
+        list(generate_many(model, [(None, 0), (None, -1)], SamplerConfig()))
+    with pytest.raises(ValueError, match="pair"):
+        list(generate_many(model, [None], SamplerConfig()))
+
+
+class WithoutAdmit:
+    """`model` whose sessions cannot take new rows."""
+
+    def __init__(self, model) -> None:
+        self._model, self.started = model, []
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def start(self, cond, batch_size):
+        session = self._model.start(cond, batch_size)
+        self.started.append(batch_size)
+
+        class Session:
+            rows_per_cache = 1
+            prefill, forward, rewind, keep_rows = session.prefill, session.forward, session.rewind, session.keep_rows
+
+        return Session()
+
+
+def test_a_model_without_admit_runs_generate_per_group_of_jobs():
+    """Consecutive seeds of one conditioning share a batch (per-image seeds make that exact), others go alone."""
+    model = WithoutAdmit(GridModel(rows=4, cols=6, vocab_size=32))
+    jobs = [(None, 4), (None, 5), (None, 6), (None, 9), (None, 10)]
+    config = SamplerConfig(window=6)
+    results = dict(generate_many(model, jobs, config, slots=2))
+    assert model.started == [1, 2, 1, 2]  # the probe, then seeds 4-5, 6, 9-10
+    for index, (cond, seed) in enumerate(jobs):
+        assert torch.equal(results[index].tokens, generate(model, cond, dataclasses.replace(config, seed=seed)).tokens)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_model("demo", device="cpu", dtype="float32")
+
+
+def test_a_demo_stream_of_mixed_classes_gives_every_job_its_own_tokens(demo):
+    jobs = [(demo.encode(str(digit)), seed) for digit, seed in zip((3, 7, 3, 1, 0, 9, 3), (0, 0, 1, 5, 2, 8, 0))]
+    assert_stream_equals_job_by_job(demo, jobs, SamplerConfig(window=16), slots=3, refill_at=2)
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3", "lumina", "cosmos", "llamagen"])
+def test_a_family_stream_of_mixed_prompts_gives_every_job_its_own_tokens(families, family):
+    """Prompts of different lengths and negative prompts (contexts of 1 and 2 frames for Cosmos) in one stream."""
+    model, _ = families[family]
+    if family == "cosmos":
+        conds = [model.encode_video(context_frames(count, seed=seed)) for count, seed in ((1, 0), (9, 1), (1, 2))]
+    elif family == "llamagen":
+        conds = [model.encode(str(index)) for index in (1, 2, 3)]
+    else:
+        negative = dict(negative_prompt="blurry, low quality")
+        conds = [model.encode("a red cube"), model.encode("a small blue sphere on a long wooden table", **negative),
+                 model.encode("cat")]
+    jobs = [(conds[index % 3], seed) for index, seed in enumerate((4, 1, 1, 7, 0, MAX_SEED))]
+    config = SamplerConfig(window=5, coupler="gumbel" if family == "janus" else "maximal")
+    assert_stream_equals_job_by_job(model, jobs, config, slots=3, refill_at=2)

@@ -14,7 +14,7 @@ from typing import Callable, Sequence, Union
 
 import torch
 
-from .row_cache import RowCache
+from .row_cache import RowCache, left_padded, paired_order
 
 Embed = Callable[[torch.Tensor], torch.Tensor]  # (rows, T) ids -> (rows, T, hidden)
 Backbone = Callable[[torch.Tensor, int], torch.Tensor]  # (rows, T, hidden) embeddings, tree branches -> hidden
@@ -40,10 +40,11 @@ class CFGSession:
         """`prefix` (2 x batch, width) ids, left-padded where `prefix_mask` is 0; `backbone(cache)` builds the
         callable that runs input embeddings (rows, T, hidden) over `cache` (whose `pads` is each row's left
         padding)."""
-        self._prefix = prefix
+        self._prefix, self._num_tokens = prefix, num_tokens
         self._batch = prefix.shape[0] // 2
         width = prefix.shape[1]
         self.cache = RowCache(prefix.shape[0], width + num_tokens, width, prefix.device, real=prefix_mask)
+        self._make_backbone = backbone
         self._backbone = backbone(self.cache)
         self._embed_prefix, self._embed_image, self._head = embed_prefix, embed_image, head
 
@@ -63,6 +64,31 @@ class CFGSession:
             raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
         # the same drafts in both rows of a sample
         return self._run(self._embed_image(tokens.to(self._prefix.device).repeat(2, 1)), branches=branches)
+
+    @torch.no_grad()
+    def admit(self, fresh: Sequence["CFGSession"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill the samples of `fresh` (sessions of this model from `start`, not prefilled) in one call and go on
+        with them after this session's samples; their prompts may differ in length (left padding).  Returns their
+        position-0 logits.  A session not prefilled yet runs its own prefix in that call too, first."""
+        joining = list(fresh) if self.cache.longest else [self, *fresh]
+        if any(not isinstance(session, CFGSession) or session.cache.longest for session in fresh):
+            raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
+        halves = [(session._prefix[rows], session.cache.real[rows, :session.cache.prefix])
+                  for half in (0, 1) for session in joining
+                  for rows in [slice(half * session._batch, (half + 1) * session._batch)]]
+        group = CFGSession(left_padded([ids for ids, _ in halves]), left_padded([mask for _, mask in halves], False),
+                           self._num_tokens, self._make_backbone, self._embed_prefix, self._embed_image, self._head)
+        logits = group.prefill()
+        if joining[0] is self:
+            self.cache, self._backbone, self._prefix, self._batch = (group.cache, group._backbone, group._prefix,
+                                                                     group._batch)
+            return logits
+        order = paired_order(self._batch, group._batch, self._prefix.device)
+        self.cache = RowCache.joined([self.cache, group.cache], order)
+        self._prefix = left_padded([self._prefix, group._prefix])[order]
+        self._batch += group._batch
+        self._backbone = self._make_backbone(self.cache)
+        return logits
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
         """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""

@@ -38,14 +38,14 @@ import re
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpoints import ModelLoadError, read_torch_checkpoint
-from .row_cache import RowCache
+from .row_cache import RowCache, left_padded
 from .tokenizer_files import read_json
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
@@ -303,8 +303,9 @@ class CosmosTransformer(nn.Module):
         (B, T, vocab), or (B, 1, vocab) of the last position only (a 5120-token context would otherwise give
         1.3 GB of logits per row)."""
         positions, visible = cache.begin(tokens.shape[1], branches)
-        # positions past the last (a finished row's window) only give logits that are never used
-        positions = positions.clamp(max=self.rope.shape[0] - 1)
+        # left padding (contexts of other lengths in one cache) takes no position; positions past the last (a
+        # finished row's window) only give logits that are never used
+        positions = (positions - cache.pads).clamp(0, self.rope.shape[0] - 1)
         angles = self.rope[positions]
         h = self.tok_embeddings(tokens)
         for i, layer in enumerate(self.layers):
@@ -419,6 +420,11 @@ class CosmosT5(T5Captioner):
 
 # ----------------------------------------------------------------------------- adapter
 
+def _joined_text(sessions: Sequence["CosmosSession"]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The cross-attention keys, values and masks of every row of `sessions`, layer by layer."""
+    return [tuple(torch.cat(parts) for parts in zip(*layers)) for layers in zip(*(s.text_kv for s in sessions))]
+
+
 class CosmosSession:
     """One generation: batch rows share the context, each advances at its own pace; no CFG branch."""
 
@@ -478,11 +484,41 @@ class CosmosSession:
         """Drop the last n codes of every row (an int) or of each row (a (batch,) tensor)."""
         self.cache.rewind(n)
 
+    def admit(self, fresh: Sequence["CosmosSession"]) -> tuple[torch.Tensor, None]:
+        """Prefill the rows of `fresh` (sessions of this model from `start`, not prefilled) in one call and go on
+        with them after this session's rows; their contexts may differ in length (left padding, which takes no
+        position).  Returns their position-0 logits.  A session not prefilled yet runs its own context in that
+        call too, first."""
+        if any(not isinstance(session, CosmosSession) or session.cache.longest for session in fresh):
+            raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
+        prefilled = bool(self.cache.longest)
+        everyone = [self, *fresh]
+        joining = list(fresh) if prefilled else everyone
+        context = left_padded([session.context for session in joining])
+        real = left_padded([torch.ones_like(session.context, dtype=torch.bool) for session in joining], False)
+        group = RowCache(context.shape[0], context.shape[1] + self.cache.capacity - self.cache.prefix,
+                         context.shape[1], self.device, real)
+        text_kv = None if self.text_kv is None else _joined_text(joining)
+        with torch.no_grad():
+            logits = self.net(context, group, text_kv, last_only=True)
+        if prefilled:
+            group = RowCache.joined([self.cache, group], torch.arange(self.batch + context.shape[0],
+                                                                      device=self.device))
+            text_kv = None if self.text_kv is None else _joined_text(everyone)
+        self.cache, self.text_kv = group, text_kv
+        self.context = left_padded([session.context for session in everyone])
+        self.prefix_tokens = left_padded([session.prefix_tokens.reshape(-1, session.prefix_tokens.shape[-1])
+                                          .expand(session.batch, -1) for session in everyone])
+        self.batch = self.context.shape[0]
+        return logits, None
+
     def keep_rows(self, index: torch.Tensor) -> None:
         """Go on with rows `index` only."""
         index = index.to(self.device)
         self.cache.keep_rows(index)
         self.context, self.batch = self.context[index], index.numel()
+        if self.prefix_tokens.dim() == 2:  # one context per row, since admit
+            self.prefix_tokens = self.prefix_tokens[index.to(self.prefix_tokens.device)]
         if self.text_kv is not None:
             self.text_kv = [tuple(part[index] for part in layer) for layer in self.text_kv]
 

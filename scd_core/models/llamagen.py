@@ -35,7 +35,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
-from .row_cache import RowCache
+from .row_cache import RowCache, paired_order
 from .vq16 import VQModel, vq_from_state_dict
 
 # Attention heads of the published sizes, keyed by model width (all use 64-wide heads except 3B/7B).
@@ -400,6 +400,26 @@ class LlamaGenSession:
         """Go on with samples `index` only (their cond and uncond rows)."""
         self.cache.keep_rows(torch.cat([index, index + self.batch]).to(self.device))
         self.batch = index.numel()
+
+    def admit(self, fresh: Sequence["LlamaGenSession"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill the samples of `fresh` (sessions of this model from `start`, not prefilled) in one call and go on
+        with them after this session's samples; returns their position-0 logits.  A session not prefilled yet
+        runs its own prefix in that call too, first."""
+        joining = list(fresh) if self.cache.longest else [self, *fresh]
+        if any(not isinstance(session, LlamaGenSession) or session.cache.longest for session in fresh):
+            raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
+        halves = [slice(half * session.batch, (half + 1) * session.batch) for half in (0, 1) for session in joining]
+        sources = [session for _ in (0, 1) for session in joining]
+        embeddings = torch.cat([session.prefix_embeddings[rows] for session, rows in zip(sources, halves)])
+        real = torch.cat([session.cache.real[rows, :self.prefix] for session, rows in zip(sources, halves)])
+        added = embeddings.shape[0] // 2
+        group = RowCache(2 * added, self.prefix + self.gpt.config.num_tokens, self.prefix, self.device, real)
+        with torch.no_grad():
+            logits = self.gpt(embeddings, group)[:, -1:]
+        self.cache = group if joining[0] is self else RowCache.joined(
+            [self.cache, group], paired_order(self.batch, added, self.device))
+        self.batch = self.cache.lengths.shape[0] // 2
+        return logits[:added], logits[added:]
 
     def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
         """After a tree call: keep each sample's chain `branch` (both of its rows)."""

@@ -12,7 +12,7 @@ masked slots, never more than it would once it catches up).
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -29,6 +29,19 @@ def tree_layout(width: int, branches: int, device: torch.device) -> tuple[torch.
     offset = torch.where(index == 0, 0, (index - 1) % chain + 1) if chain else index
     sees = (index.unsqueeze(1) >= index) & ((branch.unsqueeze(1) == branch) | (index == 0))
     return offset, sees
+
+
+def left_padded(parts: Sequence[torch.Tensor], value: Union[int, bool] = 0) -> torch.Tensor:
+    """(rows, width) tensors of different widths stacked into one, each padded on the left with `value`."""
+    width = max(part.shape[1] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (width - part.shape[1], 0), value=value) for part in parts])
+
+
+def paired_order(batch: int, added: int, device: torch.device) -> torch.Tensor:
+    """Where the rows of a CFG cache of `batch` samples (cond rows, then uncond rows) followed by one of `added`
+    samples go when the two become one: cond rows old then new, then uncond rows old then new."""
+    old, new = torch.arange(batch), 2 * batch + torch.arange(added)
+    return torch.cat([old, new, batch + old, added + new]).to(device)
 
 
 class RowCache:
@@ -128,6 +141,31 @@ class RowCache:
         self.keys = [k[index] for k in self.keys]
         self.values = [v[index] for v in self.values]
         self.shortest, self.longest = torch.stack([self.lengths.min(), self.lengths.max()]).tolist()
+
+    @classmethod
+    def joined(cls, caches: Sequence["RowCache"], order: torch.Tensor) -> "RowCache":
+        """One cache of the rows of `caches` (filled ones: every layer written), rows `order` of their
+        concatenation.  Rows whose prefix is narrower are left-padded to the widest (hidden slots, counted in
+        `pads`), so every row's prefix ends at one slot; capacity is the widest prefix plus the most later slots."""
+        prefix = max(cache.prefix for cache in caches)
+        capacity = prefix + max(cache.capacity - cache.prefix for cache in caches)
+        joined = cls.__new__(cls)
+        joined.capacity, joined.prefix = capacity, prefix
+        shifts = [(prefix - cache.prefix, capacity - prefix - (cache.capacity - cache.prefix)) for cache in caches]
+        pick = lambda parts: torch.cat(parts)[order]
+        joined.lengths = pick([cache.lengths + left for cache, (left, _) in zip(caches, shifts)])
+        joined.pads = pick([cache.pads + left for cache, (left, _) in zip(caches, shifts)])
+        pad = torch.nn.functional.pad
+        joined.real = pick([pad(pad(cache.real, (left, 0), value=False), (0, right), value=True)
+                            for cache, (left, right) in zip(caches, shifts)])
+        for name in ("keys", "values"):
+            setattr(joined, name, [pick([pad(tensor, (0, 0, left, right))
+                                         for tensor, (left, right) in zip(layer, shifts)])
+                                   for layer in zip(*(getattr(cache, name) for cache in caches))])
+        joined._slots = torch.zeros(order.numel(), 0, dtype=torch.long, device=order.device)
+        joined._key_len = 0
+        joined.shortest, joined.longest = torch.stack([joined.lengths.min(), joined.lengths.max()]).tolist()
+        return joined
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
         """Drop the last n slots of every row (an int) or of each row (a (rows,) tensor)."""
