@@ -240,3 +240,14 @@ def test_a_family_stream_of_mixed_prompts_gives_every_job_its_own_tokens(familie
     jobs = [(conds[index % 3], seed) for index, seed in enumerate((4, 1, 1, 7, 0, MAX_SEED))]
     config = SamplerConfig(window=5, coupler="gumbel" if family == "janus" else "maximal")
     assert_stream_equals_job_by_job(model, jobs, config, slots=3, refill_at=2)
+
+
+def test_a_stream_refuses_jobs_of_another_image_size(families):
+    model, cond = families["emu3"]
+    model.set_resolution("1:1", 768)
+    other = model.encode("a red cube")
+    try:
+        with pytest.raises(ValueError, match="one image size"):
+            list(generate_many(model, [(cond, 0), (other, 0)], SamplerConfig(window=4), slots=2))
+    finally:
+        model.set_resolution("4:3", 768)
