@@ -2,11 +2,11 @@
 
 `generate_many` keeps up to `slots` jobs decoding in one batch.  When rows
 finish, their results are yielded at once and their slots go to the next jobs
-of the queue: those jobs' prompts are prefilled together in one call (the
-session's `admit`) and the new rows go on in the same batch as the others.
-Refills are grouped: slots are refilled once `refill_at` of them are free (or no
-row is left), so a prefill call is shared by several new jobs instead of one call
-per job.
+of the queue: once `refill_at` slots are free (or no row is left) the next jobs'
+prompts are prefilled together, folded into the next decoding call (the session's
+`admit` with the other rows' window: one forward, no call of its own), and the
+new rows go on in the same batch as the others.  A tree call (candidates > 1) or
+an empty batch prefills in a call of its own.
 
 Every job's tokens are exactly those of `generate(model, cond, config with its
 seed)`: a row's randomness is keyed by its own seed and its own call count
@@ -25,8 +25,8 @@ from typing import Any, Iterable, Iterator, Optional
 import torch
 
 from .config import AUTO_WINDOW, SamplerConfig
-from .engine import GenerationResult, ModelOutputError, _Run, generate
-from .model import Session, TokenModel
+from .engine import GenerationResult, ModelOutputError, _Call, _Outcome, _Run, generate
+from .model import Logits, Session, TokenModel
 
 
 @dataclasses.dataclass
@@ -116,62 +116,92 @@ def _by_groups(model: TokenModel, queue: _Queue, config: SamplerConfig, largest:
 
 
 class _Stream(_Run):
-    """A `_Run` whose rows are jobs: finished rows leave at once, new jobs join after a shared prefill call."""
+    """A `_Run` whose rows are jobs: finished rows leave at once, new jobs join through `admit`."""
 
     def __init__(self, model: TokenModel, session: Session, config: SamplerConfig, slots: int,
                  refill_at: int) -> None:
         super().__init__(model, session, config, slots, sync_timing=False)
         self.regroup = False  # finished rows leave after every call instead
-        self.iteration = 1  # the first call of a row is its group's prefill: every call here rewinds
         self.slots, self.refill_at = slots, refill_at
         self.shape = _image_shape(model)  # a family that takes several sizes switches to each prompt's in start
         self.rows: list[_Job] = []  # the job in each batch row
+        self.joining: list[_Job] = []  # jobs the next decoding call prefills too
+        self.joining_prefix: Optional[torch.Tensor] = None
+        self.joining_logits: Optional[Logits] = None
 
     def run(self, queue: _Queue) -> Iterator[tuple[int, GenerationResult]]:
         while queue or self.rows:
             free = self.slots - len(self.rows)
             if queue and (free >= self.refill_at or not self.rows):
-                yield from self._admit(queue.take(free))
+                self.joining = self._started(queue.take(free))
+                if not self.rows or self.branches > 1:  # nothing to fold into, or a tree call: a call of its own
+                    yield from self._admit()
             if self.rows:
                 yield from self._decode()
 
-    def _admit(self, group: list[_Job]) -> Iterator[tuple[int, GenerationResult]]:
-        """Prefill `group` in one call, then give its rows their first token (a batch of one's first call)."""
-        started = time.perf_counter()
+    def _started(self, group: list[_Job]) -> list[_Job]:
+        """`group` with a session each, and the tokens before their position 0 (`prefix_tokens`)."""
         for job in group:
             if job.session is None:
                 job.session = self.model.start(job.cond, 1)
             if _image_shape(self.model) != self.shape:
                 raise ValueError(f"job {job.index} asks for an image of {_image_shape(self.model)} (tokens, grid) "
                                  f"where the stream makes {self.shape}: give generate_many jobs of one image size")
-        sessions = [job.session for job in group]
-        prefix = _prefixes(sessions)  # before admit, which gives the first session the others' rows
+        self.joining_prefix = _prefixes([job.session for job in group])  # before admit changes the sessions
+        return group
+
+    def _admit(self) -> Iterator[tuple[int, GenerationResult]]:
+        """A call that prefills the joining jobs only."""
+        started = time.perf_counter()
+        sessions = [job.session for job in self.joining]
         if self.rows:
-            logits = self.session.admit(sessions)
+            _, logits = self.session.admit(sessions)
         else:
             self.session = sessions[0]
-            logits = self.session.admit(sessions[1:])
-        decoder = self.new_decoder([job.seed for job in group], logits[0].device, prefix)
+            _, logits = self.session.admit(sessions[1:])
+        staying = torch.zeros(len(self.rows), dtype=torch.bool, device=logits[0].device)
+        yield from self._leave(torch.cat([staying, self._join(logits, time.perf_counter() - started)]))
+
+    def _forward(self, inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[int, Logits]:
+        """The decoding call; with jobs joining, the same call prefills them (`admit` with the rows' inputs)."""
+        if not self.joining:
+            return super()._forward(inputs, alternatives)
+        logits, self.joining_logits = self.session.admit([job.session for job in self.joining], inputs)
+        return inputs.shape[1], logits
+
+    def _join(self, logits: Logits, seconds: float) -> torch.Tensor:
+        """Give the joining jobs, prefilled by a call that took `seconds`, their first token (a batch of one's
+        first call) and rows after the others; returns which of them are done (one-token images)."""
+        group, self.joining = self.joining, []
+        decoder = self.new_decoder([job.seed for job in group], logits[0].device, self.joining_prefix)
         probs = decoder.probs(logits, 1)
         decoder.step(probs, 0)
         if torch.isnan(probs).any():
             raise ModelOutputError("model returned NaN logits in a prefill; float16 overflow is a common cause: "
                                    "try bfloat16 or float32")
-        seconds = time.perf_counter() - started
+        started = time.perf_counter() - seconds
         for job in group:
             job.session, job.started = None, started
             job.result = GenerationResult(tokens=torch.empty(0), nfe=1, committed=[1], acceptance=[1.0],
                                           draft_changes=[0.0], windows=[1], fed=[1], prefill_s=seconds)
-        if self.rows:
-            self.decoder.join(decoder)
-        else:
+        if self.decoder is None:
             self.decoder = decoder
+        else:
+            self.decoder.join(decoder)
         self.rows += group
         self.done, self.max_shift = 1, max(self.max_shift, 1)  # the new rows hold one token, and moved by one
-        yield from self._leave(decoder.committed >= self.n)  # a one-token image is done after its prefill
+        return decoder.committed >= self.n
+
+    def settle_cache(self, call: _Call, outcome: _Outcome) -> None:
+        """Keep each row's tree chain and rewind what it did not commit; rows joining in the call hold their
+        prompts only."""
+        if outcome.chain is not None:
+            self.session.keep_branch(outcome.chain, call.fed, self.branches)
+        rewind = call.fed - outcome.shared
+        self.session.rewind(torch.cat([rewind, rewind.new_zeros(len(self.joining))]))
 
     def _decode(self) -> Iterator[tuple[int, GenerationResult]]:
-        """One call for every row, then the finished ones leave."""
+        """One call for every row (prefilling the joining jobs too), then the finished ones leave."""
         call = self.feed(self.decoder.window)
         sampled = time.perf_counter()
         outcome = self.verify(call)
@@ -189,12 +219,13 @@ class _Stream(_Run):
             result.draft_changes.append(changes)
             result.forward_s += call.forward_s
             result.sample_s += sample_s
-        yield from self._leave(~outcome.live)
+        finished = ~outcome.live
+        if self.joining:
+            finished = torch.cat([finished, self._join(self.joining_logits, call.forward_s)])
+        yield from self._leave(finished)
 
     def _leave(self, finished: torch.Tensor) -> Iterator[tuple[int, GenerationResult]]:
-        """Yield the results of the `finished` rows (a (rows,) mask; the last rows when shorter) and drop them."""
-        finished = torch.cat([torch.zeros(len(self.rows) - finished.numel(), dtype=torch.bool,
-                                          device=finished.device), finished])
+        """Yield the results of the `finished` rows (a (rows,) mask) and drop them."""
         done = finished.nonzero().squeeze(1).tolist()
         if not done:
             return

@@ -15,6 +15,7 @@ from cosmos_fixture import context_frames, write_cosmos
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture, one checkpoint per session)
 from llamagen_fixture import write_original_c2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401
+from pace import _cat, _sequential, assert_each_row_matches
 from toy_models import TablePrefixModel
 
 from scd_core import SamplerConfig, generate, generate_many, load_model
@@ -116,9 +117,9 @@ class CountingSessions:
             def __getattr__(self, name):
                 return getattr(session, name)
 
-            def admit(self, fresh):
-                calls.append(("prefill", len(fresh)))
-                return session.admit([getattr(f, "_session", f) for f in fresh])
+            def admit(self, fresh, tokens=None):
+                calls.append(("prefill" if tokens is None else "prefill+forward", len(fresh)))
+                return session.admit([getattr(f, "_session", f) for f in fresh], tokens)
 
             def forward(self, tokens, *args):
                 calls.append(("forward", tokens.shape[0]))
@@ -142,15 +143,22 @@ def test_a_toy_stream_gives_every_job_its_own_tokens(options):
     assert order != sorted(order) or options["coupler"] == "faithful"  # yielded as they finish, not in order
 
 
-def test_refills_share_a_prefill_call_and_slots_stay_bounded():
+@pytest.mark.parametrize("candidates", [1, 2])
+def test_refills_share_a_prefill_call_and_slots_stay_bounded(candidates):
     model = CountingSessions(TablePrefixModel(vocab_size=8, num_tokens=20, table_rows=4096, scale=2.0,
                                               rows_per_cache=1))
     jobs = [(None, seed) for seed in range(12)]
-    assert_stream_equals_job_by_job(model, jobs, SamplerConfig(window=6), slots=4, refill_at=2)
-    prefills = [rows for kind, rows in model.calls if kind == "prefill"]
+    assert_stream_equals_job_by_job(model, jobs, SamplerConfig(window=6, candidates=candidates), slots=4,
+                                    refill_at=2)
+    kinds = [kind for kind, _ in model.calls]
+    assert model.calls[0] == ("prefill", 3)  # the first session admits the other three of the first group
+    if candidates > 1:  # a tree call cannot hold prompts: a group's prefill is a call of its own
+        assert "prefill+forward" not in kinds and kinds.count("prefill") > 2
+        return
+    assert kinds.count("prefill") == 1  # later groups are prefilled in a decoding call
+    refills = [rows for kind, rows in model.calls if kind == "prefill+forward"]
+    assert 0 < len(refills) < 12 - 4 and all(rows >= 2 for rows in refills[:-1])  # groups of refill_at or more
     assert all(rows <= 4 for kind, rows in model.calls if kind == "forward")
-    assert prefills[0] == 3  # the first session admits the other three of the first group
-    assert len(prefills) < 12 - 4 and all(rows >= 2 for rows in prefills[1:-1])
 
 
 def test_stream_edges_empty_fewer_jobs_than_slots_and_lazy_reading():
@@ -251,3 +259,47 @@ def test_a_stream_refuses_jobs_of_another_image_size(families):
             list(generate_many(model, [(cond, 0), (other, 0)], SamplerConfig(window=4), slots=2))
     finally:
         model.set_resolution("4:3", 768)
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3", "lumina", "llamagen", "cosmos"])
+def test_a_refill_folded_into_a_decoding_call_gives_every_row_its_own_logits(families, family):
+    """admit(fresh, tokens): one call feeds the live rows' window and the new rows' prompts (padded to one width,
+    the padding rewound); every row's logits then, and in the next call, are what it gets alone.  The tiny
+    Janus and Lumina images are shorter than their prompts, so there the session runs two calls; Emu3 is made
+    big enough (10 x 10 codes) for the CFG session to fold."""
+    model, _ = families[family]
+    if family == "emu3":
+        model.set_resolution("1:1", 100 * 64)
+    if family == "cosmos":
+        conds = [model.encode_video(context_frames(count, seed=seed)) for count, seed in ((9, 0), (1, 1), (1, 2))]
+        width = max(cond.codes.numel() for cond in conds[1:])
+    elif family == "llamagen":
+        conds, width = [model.encode(label) for label in ("1", "2", "3")], 1
+    else:
+        conds = [model.encode(prompt, negative_prompt=negative)  # short negative prompts: Emu3's own is long
+                 for prompt, negative in (("a", "c"), ("a blue sphere", "blurry"), ("b", "d"))]
+        width = max(len(ids) for cond in conds[1:] for ids in (cond.cond, cond.uncond))
+    folds = width < model.num_tokens
+    assert folds == (family not in ("janus", "lumina"))
+    width = min(width, model.num_tokens - 1)
+    codes = getattr(model, "code_ids", None)
+    codes = torch.arange(model.vocab_size) if codes is None else codes
+    ids = codes[torch.randint(0, len(codes), (4, width + 2), generator=torch.Generator().manual_seed(0))]
+    live, alone = model.start(conds[0], 2), model.start(conds[0], 2)
+    live.prefill()
+    alone.prefill()
+    fed, joined = live.admit([model.start(cond, 1) for cond in conds[1:]], ids[:2, :width])
+    valid = min(width, model.num_tokens - 1)  # later slots lie past the image's last position
+    pairs = [(tuple(part[:, :valid] for part in fed if part is not None),
+              tuple(part[:, :valid] for part in alone.forward(ids[:2, :width]) if part is not None)),
+             (joined, _cat([model.start(cond, 1).prefill() for cond in conds[1:]], dim=0))]
+    kept = min(width, 3)
+    live.rewind(torch.tensor([width - kept, width - kept, 0, 0]))
+    history = [ids[0, :kept].tolist(), ids[1, :kept].tolist(), [], []]
+    after = live.forward(ids[:, width:])
+    rows = [_sequential(model, cond, history[row] + ids[row, width:].tolist(), 2)
+            for row, cond in enumerate([conds[0], conds[0], *conds[1:]])]
+    pairs.append((after, _cat(rows, dim=0)))
+    if family == "emu3":
+        model.set_resolution("4:3", 768)
+    assert_each_row_matches(pairs, 1e-9)

@@ -88,11 +88,15 @@ class TableSession:
         self.prefilled = True
         return self.model.logits_for(self.tokens, torch.zeros_like(self.length).unsqueeze(1))
 
-    def admit(self, fresh: list["TableSession"]):
-        """Go on with the rows of `fresh` (not prefilled) too: one call gives their position-0 logits."""
+    def admit(self, fresh: list["TableSession"], tokens: Optional[torch.Tensor] = None):
+        """Go on with the rows of `fresh` (not prefilled) too: one call feeds `tokens` to this session's rows
+        (when given) and gives the new rows' position-0 logits."""
+        if tokens is None:
+            fed, self.model.calls = None, self.model.calls + 1
+        else:
+            fed = self.forward(tokens)
         added = admitted(self, fresh)
-        self.model.calls += 1
-        return self.model.logits_for(self.tokens[-added:], torch.zeros(added, 1, dtype=torch.long))
+        return fed, self.model.logits_for(self.tokens[-added:], torch.zeros(added, 1, dtype=torch.long))
 
     def forward(self, new: torch.Tensor, branches: int = 1):
         self.model.calls += 1

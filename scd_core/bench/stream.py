@@ -5,7 +5,8 @@
 The jobs are `classes` prompts x (jobs / classes) consecutive seeds, so a batch of
 `slots` rows with one prompt and seed s makes exactly the images of jobs s .. s +
 slots - 1 (per-image seeds) and every mode makes the same images (checked).
-`calls` counts every model call, prefill calls included; `calls_ratio` is calls
+`calls` counts every model call, prefill calls included (`prefill_calls`: calls that
+only prefill; `folded`: decoding calls that also prefilled joining jobs); `calls_ratio` is calls
 over (jobs / slots) x the calls of one job alone, the fewest a batch of `slots`
 could need if every row took as many calls as the mean job; `rows_per_call` is the
 mean number of rows a decoding call feeds.
@@ -33,6 +34,7 @@ class CallCounter:
         self._model = model
         self.prefills: list[int] = []
         self.forwards: list[int] = []
+        self.folded = 0  # calls that were both
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
@@ -54,9 +56,14 @@ class _CountedSession:
         self._counter.prefills.append(self._batch)
         return self.session.prefill()
 
-    def admit(self, fresh: Sequence["_CountedSession"]) -> Any:
+    def admit(self, fresh: Sequence["_CountedSession"], tokens: Optional[torch.Tensor] = None) -> Any:
+        """One call: a prefill, and with `tokens` also a decoding call of this session's rows."""
         self._counter.prefills.append(sum(other._batch for other in fresh))
-        return self.session.admit([other.session for other in fresh])
+        if tokens is not None:
+            self._counter.folded += 1
+            self._counter.forwards.append(tokens.shape[0])
+        self._batch += sum(other._batch for other in fresh)
+        return self.session.admit([other.session for other in fresh], tokens)
 
     def forward(self, tokens: torch.Tensor, *branches: int) -> Any:
         self._counter.forwards.append(tokens.shape[0])
@@ -73,14 +80,15 @@ def stream_rows(model: Any, prompts: Sequence[Any], jobs: int, slots: int, confi
     rows, images = [], {}
 
     def measure(mode: str, run: Any, refill: Optional[int] = None) -> None:
-        counter.prefills, counter.forwards = [], []
+        counter.prefills, counter.forwards, counter.folded = [], [], 0
         started = time.perf_counter()
         tokens = run()
         seconds = time.perf_counter() - started
         images[mode, refill] = tokens
-        calls = len(counter.prefills) + len(counter.forwards)
+        calls = len(counter.prefills) + len(counter.forwards) - counter.folded
         rows.append(dict(mode=mode, slots=1 if mode == "batch 1" else slots, refill_at=refill or "", calls=calls,
-                         calls_per_image=calls / len(queue), prefill_calls=len(counter.prefills),
+                         calls_per_image=calls / len(queue),
+                         prefill_calls=len(counter.prefills) - counter.folded, folded=counter.folded,
                          rows_per_call=statistics.mean(counter.forwards), s_per_image=seconds / len(queue)))
 
     def one_at_a_time() -> torch.Tensor:
@@ -109,7 +117,7 @@ def stream_rows(model: Any, prompts: Sequence[Any], jobs: int, slots: int, confi
     return rows
 
 
-COLUMNS = ("mode", "slots", "refill_at", "calls", "calls_per_image", "calls_ratio", "prefill_calls",
+COLUMNS = ("mode", "slots", "refill_at", "calls", "calls_per_image", "calls_ratio", "prefill_calls", "folded",
            "rows_per_call", "s_per_image")
 
 

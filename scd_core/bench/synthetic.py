@@ -102,10 +102,12 @@ class GridSession:
         self.prefilled = True
         return self.model.logits(self.tokens, torch.zeros_like(self.length)), None
 
-    def admit(self, fresh: Sequence["GridSession"]):
-        """Go on with the rows of `fresh` (not prefilled) too: one call gives their position-0 logits."""
+    def admit(self, fresh: Sequence["GridSession"], tokens: Optional[torch.Tensor] = None):
+        """Go on with the rows of `fresh` (not prefilled) too: one call feeds `tokens` to this session's rows
+        (when given) and gives the new rows' position-0 logits."""
+        fed = None if tokens is None else self.forward(tokens)
         added = admitted(self, fresh)
-        return self.model.logits(self.tokens[-added:], torch.zeros_like(self.length[-added:])), None
+        return fed, (self.model.logits(self.tokens[-added:], torch.zeros_like(self.length[-added:])), None)
 
     def forward(self, new: torch.Tensor, branches: int = 1):
         logits, self.branch_tables = feed_tokens(self.tokens, self.length, new, branches,

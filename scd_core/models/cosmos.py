@@ -45,7 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpoints import ModelLoadError, read_torch_checkpoint
-from .row_cache import RowCache, left_padded
+from .row_cache import RowCache, joined_call, left_padded
 from .tokenizer_files import read_json
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
@@ -484,11 +484,13 @@ class CosmosSession:
         """Drop the last n codes of every row (an int) or of each row (a (batch,) tensor)."""
         self.cache.rewind(n)
 
-    def admit(self, fresh: Sequence["CosmosSession"]) -> tuple[torch.Tensor, None]:
-        """Prefill the rows of `fresh` (sessions of this model from `start`, not prefilled) in one call and go on
-        with them after this session's rows; their contexts may differ in length (left padding, which takes no
-        position).  Returns their position-0 logits.  A session not prefilled yet runs its own context in that
-        call too, first."""
+    def admit(self, fresh: Sequence["CosmosSession"], tokens: Optional[torch.Tensor] = None
+              ) -> tuple[Optional[tuple[torch.Tensor, None]], tuple[torch.Tensor, None]]:
+        """Prefill the rows of `fresh` (sessions of this model from `start`, not prefilled) and go on with them
+        after this session's rows; their contexts may differ in length (left padding, which takes no position).
+        With `tokens` the same call also feeds this session's rows as `forward(tokens)` would, when the contexts
+        are no longer than `tokens` (else two calls).  Returns (the logits of `tokens` or None, the new rows'
+        position-0 logits).  A session not prefilled yet runs its own context in that call too, first."""
         if any(not isinstance(session, CosmosSession) or session.cache.longest for session in fresh):
             raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
         prefilled = bool(self.cache.longest)
@@ -498,19 +500,27 @@ class CosmosSession:
         real = left_padded([torch.ones_like(session.context, dtype=torch.bool) for session in joining], False)
         group = RowCache(context.shape[0], context.shape[1] + self.cache.capacity - self.cache.prefix,
                          context.shape[1], self.device, real)
-        text_kv = None if self.text_kv is None else _joined_text(joining)
-        with torch.no_grad():
-            logits = self.net(context, group, text_kv, last_only=True)
-        if prefilled:
-            group = RowCache.joined([self.cache, group], torch.arange(self.batch + context.shape[0],
-                                                                      device=self.device))
-            text_kv = None if self.text_kv is None else _joined_text(everyone)
-        self.cache, self.text_kv = group, text_kv
+        fed = None
+        if prefilled and tokens is not None and tokens.shape[1] < context.shape[1]:
+            fed, tokens = self.forward(tokens), None
+        batch, added = self.batch if prefilled else 0, context.shape[0]
+        order = torch.arange(batch + added, device=self.device)
+        self.text_kv = None if self.text_kv is None else _joined_text(everyone if prefilled else joining)
         self.context = left_padded([session.context for session in everyone])
         self.prefix_tokens = left_padded([session.prefix_tokens.reshape(-1, session.prefix_tokens.shape[-1])
                                           .expand(session.batch, -1) for session in everyone])
         self.batch = self.context.shape[0]
-        return logits, None
+        with torch.no_grad():
+            if not prefilled or tokens is None:
+                text_kv = None if self.text_kv is None else [tuple(part[batch:] for part in layer)
+                                                             for layer in self.text_kv]
+                logits = self.net(context, group, text_kv, last_only=True)
+                self.cache = RowCache.joined([self.cache, group], order) if prefilled else group
+                return fed, (logits, None)
+            self.cache, logits = joined_call(self.cache, group, tokens.to(self.device), context, order,
+                                             lambda cache, ids: self.net(ids, cache, self.text_kv))
+        last = context.shape[1] - 1
+        return (logits[:batch, :tokens.shape[1]], None), (logits[batch:, last:last + 1], None)
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Go on with rows `index` only."""

@@ -12,7 +12,7 @@ masked slots, never more than it would once it catches up).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -35,6 +35,24 @@ def left_padded(parts: Sequence[torch.Tensor], value: Union[int, bool] = 0) -> t
     """(rows, width) tensors of different widths stacked into one, each padded on the left with `value`."""
     width = max(part.shape[1] for part in parts)
     return torch.cat([torch.nn.functional.pad(part, (width - part.shape[1], 0), value=value) for part in parts])
+
+
+def joined_call(live: RowCache, group: RowCache, live_inputs: torch.Tensor, group_inputs: torch.Tensor,
+                order: torch.Tensor, run: Callable[[RowCache, torch.Tensor], torch.Tensor]
+                ) -> tuple[RowCache, torch.Tensor]:
+    """One call over the rows of `live` (fed `live_inputs` (rows, W, ...) after their cached slots) and of
+    `group` (never written to, fed its prompts `group_inputs` (rows, P, ...)): the caches joined (`order`), every
+    row fed max(W, P) inputs, the shorter ones padded on the right, and the padding rewound after the call, so each
+    row holds what it would after a call of its own.  `run(cache, inputs)` is the forward; returns (the joined
+    cache, its output, rows in `order`)."""
+    width = max(live_inputs.shape[1], group_inputs.shape[1])
+    right = lambda inputs: torch.nn.functional.pad(inputs, (0, 0) * (inputs.dim() - 2) + (0, width - inputs.shape[1]))
+    cache = RowCache.joined([live, group], order)
+    output = run(cache, torch.cat([right(live_inputs), right(group_inputs)])[order])
+    padding = [torch.full((inputs.shape[0],), width - inputs.shape[1], dtype=torch.long)
+               for inputs in (live_inputs, group_inputs)]
+    cache.rewind(torch.cat(padding).to(order.device)[order])
+    return cache, output
 
 
 def paired_order(batch: int, added: int, device: torch.device) -> torch.Tensor:
@@ -144,9 +162,10 @@ class RowCache:
 
     @classmethod
     def joined(cls, caches: Sequence["RowCache"], order: torch.Tensor) -> "RowCache":
-        """One cache of the rows of `caches` (filled ones: every layer written), rows `order` of their
-        concatenation.  Rows whose prefix is narrower are left-padded to the widest (hidden slots, counted in
-        `pads`), so every row's prefix ends at one slot; capacity is the widest prefix plus the most later slots."""
+        """One cache of the rows of `caches`, rows `order` of their concatenation (at least one written to; one
+        never written to gets zero slots, e.g. rows whose prompts the next call feeds).  Rows whose prefix is
+        narrower are left-padded to the widest (hidden slots, counted in `pads`), so every row's prefix ends at
+        one slot; capacity is the widest prefix plus the most later slots."""
         prefix = max(cache.prefix for cache in caches)
         capacity = prefix + max(cache.capacity - cache.prefix for cache in caches)
         joined = cls.__new__(cls)
@@ -158,10 +177,14 @@ class RowCache:
         pad = torch.nn.functional.pad
         joined.real = pick([pad(pad(cache.real, (left, 0), value=False), (0, right), value=True)
                             for cache, (left, right) in zip(caches, shifts)])
+        written = next(cache for cache in caches if cache.keys)
         for name in ("keys", "values"):
-            setattr(joined, name, [pick([pad(tensor, (0, 0, left, right))
-                                         for tensor, (left, right) in zip(layer, shifts)])
-                                   for layer in zip(*(getattr(cache, name) for cache in caches))])
+            layers = [getattr(cache, name) or [torch.zeros(cache.lengths.shape[0], *tensor.shape[1:2],
+                                                           cache.capacity, *tensor.shape[3:], dtype=tensor.dtype,
+                                                           device=tensor.device) for tensor in getattr(written, name)]
+                      for cache in caches]
+            setattr(joined, name, [pick([pad(tensor, (0, 0, left, right)) for tensor, (left, right)
+                                         in zip(layer, shifts)]) for layer in zip(*layers)])
         joined._slots = torch.zeros(order.numel(), 0, dtype=torch.long, device=order.device)
         joined._key_len = 0
         joined.shortest, joined.longest = torch.stack([joined.lengths.min(), joined.lengths.max()]).tolist()
