@@ -132,13 +132,12 @@ def stream_tables(path: str, jobs: int, slots: int, window: int, shape: Optional
     from ..models.loading import load_model
 
     config = SamplerConfig(coupler="maximal", window=window)
-    refills = sorted({1, max(1, slots // 4), max(1, slots // 2)})
+    refills = sorted({1, max(1, slots // 4), max(1, slots // 2)})  # 1: generate_many's default
     model = load_model(path, device=device, dtype=dtype)
     classes = [str(label) for label in range(4)] if path == "demo" else ["a red cube on a wooden table"]
     rows = stream_rows(model, [model.encode(prompt) for prompt in classes], jobs, slots, config, refills)
     parts = [f"**{path}**, {jobs} jobs ({len(classes)} prompts x {jobs // len(classes)} seeds), SCD (maximal "
-             f"coupling), window {window}, {model.num_tokens}-token images; refill_at = free slots that trigger "
-             f"a refill (default {max(1, slots // 4)})\n\n" + markdown(rows, COLUMNS)]
+             f"coupling), window {window}, {model.num_tokens}-token images\n\n" + markdown(rows, COLUMNS)]
     if shape:
         grid = GridModel(24, 24, 16384, MEDIUM_SHARPNESS)
         rows = stream_rows(grid, [None], jobs, slots, config, refills)
