@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from . import rng
 from . import auto_window
 from .config import AUTO_WINDOW, MAX_CANDIDATES, SamplerConfig
-from .model import Logits, TokenModel, model_default
+from .model import Logits, Session, TokenModel, model_default
 from .sampling import (block_verify, gumbel_argmax, modified_rejection, recursive_rejection, sample, to_probs,
                        without_replacement)
 
@@ -81,7 +81,9 @@ class _Window:
     proposals: torch.Tensor  # (B, T-1, V) the distributions those drafts were drawn from
     gumbel: Optional[torch.Tensor]  # (B, T, V) position-fixed noise, for the gumbel and faithful couplers
     free: torch.Tensor       # (B, T) False at forced slots
-    rows: torch.Tensor       # (B, 1) each row's index in the batch as the caller sees it: its randomness key
+    keys: torch.Tensor       # (B, 1) each row's seed key (rng.seed_keys)
+    calls: torch.Tensor      # (B, 1) the calls each row took part in before this one: its draws' counter
+    drafts_left: torch.Tensor  # (B,) drafts before each row's last position; later slots lie past it
 
 
 def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
@@ -99,7 +101,7 @@ def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
     return codes.to(device), index.to(device)
 
 
-def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window, iteration: int
+def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Verify the drafts and make every slot's next token.
 
@@ -108,7 +110,7 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
     draft for slots after a row's first rejection.  Both are distributed as
     `window.probs`, which becomes the proposal of every carried draft.
     """
-    p, pos, x, rows = window.probs, window.positions, window.drafts, window.rows
+    p, pos, x, keys, calls = window.probs, window.positions, window.drafts, window.keys, window.calls
     n_drafts = x.shape[1]
     if config.coupler == "faithful":
         y = gumbel_argmax(p, window.gumbel)
@@ -116,12 +118,12 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
 
     def fresh(first: int = 0) -> torch.Tensor:
         """Independent draws from p for the slots from `first` on."""
-        return sample(p[:, first:], noise.uniform(rng.FRESH, rows, pos[:, first:], iteration))
+        return sample(p[:, first:], noise.uniform(rng.FRESH, keys, pos[:, first:], calls))
 
     accepted, kept = modified_rejection(
         p[:, :n_drafts], window.proposals, x,
-        noise.uniform(rng.ACCEPT, rows, pos[:, :n_drafts], iteration),
-        noise.uniform(rng.RESIDUAL, rows, pos[:, :n_drafts], iteration))
+        noise.uniform(rng.ACCEPT, keys, pos[:, :n_drafts], calls),
+        noise.uniform(rng.RESIDUAL, keys, pos[:, :n_drafts], calls))
     verified = torch.cat([kept, fresh(n_drafts)], dim=1)  # the last slot has no draft: a bonus draw
     if config.coupler == "maximal":
         coupled = verified
@@ -130,13 +132,13 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window,
     else:
         coupled = fresh()
     if config.alpha < 1.0:
-        use_coupled = noise.uniform(rng.ALPHA, rows, pos, iteration) < config.alpha
+        use_coupled = noise.uniform(rng.ALPHA, keys, pos, calls) < config.alpha
         coupled = torch.where(use_coupled, coupled, fresh())
     if config.verification == "block":
         # the joint decision draws on streams of its own, apart from the independent next drafts
         tau, replacement = block_verify(p, window.proposals, x, window.free,
-                                        noise.uniform(rng.BLOCK, rows, pos, iteration),
-                                        noise.uniform(rng.BLOCK_RESIDUAL, rows, pos, iteration))
+                                        noise.uniform(rng.BLOCK, keys, pos, calls),
+                                        noise.uniform(rng.BLOCK_RESIDUAL, keys, pos, calls), window.drafts_left)
         slots = torch.arange(p.shape[1], device=p.device).unsqueeze(0)
         accepted = slots[:, :n_drafts] < tau.unsqueeze(1)
         verified = torch.where(slots < tau.unsqueeze(1), torch.cat([x, replacement.unsqueeze(1)], dim=1),
@@ -194,13 +196,18 @@ class _Decoder:
     tensor spans the codes only.  Forced framing ids need not be codes.
     """
 
-    def __init__(self, model: TokenModel, config: SamplerConfig, window: int, batch: int, device: torch.device,
-                 rows_per_cache: int, prefix: Optional[torch.Tensor], copy_back: Optional[int]) -> None:
+    def __init__(self, model: TokenModel, config: SamplerConfig, window: int, seeds: Sequence[int],
+                 device: torch.device, rows_per_cache: int, prefix: Optional[torch.Tensor],
+                 copy_back: Optional[int]) -> None:
         self.config = config
+        batch = len(seeds)
         self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
         self.window = min(window, self.n)  # the widest call; buffers are sized for it
         self.device = device
-        self.noise = rng.KeyedRandom(config.seed, device)
+        self.noise = rng.KeyedRandom(device)
+        # each row's randomness: its own seed, and the calls it took part in (so not the batch's iteration)
+        self.keys = rng.seed_keys(seeds, device)
+        self.calls = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.rows_per_cache = rows_per_cache
         self.sampling = (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None
                          else config.cfg_scale, config.temperature,
@@ -228,8 +235,8 @@ class _Decoder:
         self.forced_ids = torch.zeros(span, dtype=torch.long, device=device)
         for position, token in forced_tokens.items():
             self.forced[position], self.forced_ids[position] = True, token
-        # rows still decoding, by their index in the caller's batch (the key of their randomness); finished rows'
-        # tokens move to `finished` when the batch is regrouped (keep_rows)
+        # rows still decoding, by their index in the caller's batch; finished rows' tokens move to `finished`
+        # when the batch is regrouped (keep_rows)
         self.rows = torch.arange(batch, device=device).unsqueeze(1)
         self.finished: Optional[torch.Tensor] = None
         self.slots = torch.arange(self.window, device=device)
@@ -269,7 +276,7 @@ class _Decoder:
         fresh = min(width, max(0, width - cached + max_shift))
         source = (self.slots[:width - fresh] + positions[:, :1] - self.noise_start).unsqueeze(-1)
         kept = self.noise_window.gather(1, source.expand(-1, -1, self.vocab))
-        new = self.noise.gumbel(self.rows, positions[:, width - fresh:], self.vocab)
+        new = self.noise.gumbel(self.keys, positions[:, width - fresh:], self.vocab)
         self.noise_window, self.noise_start = torch.cat([kept, new], dim=1), positions[:, :1]
         return self.noise_window
 
@@ -277,16 +284,16 @@ class _Decoder:
         """Model ids -> code indices (a forced non-code id maps to code 0; its slot is never verified)."""
         return self.code_index[ids]
 
-    def alternatives(self, count: int, iteration: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def alternatives(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`count` more candidates for the first draft: its proposal's next tokens without replacement.
         Returns (model ids (B, count), valid (B, count)); an invalid one repeats the draft."""
         position = self.committed.unsqueeze(1)
         draft = self.seq.gather(1, position).squeeze(1)
-        noise = self.noise.gumbel(self.rows, position, self.vocab, rng.CANDIDATE, iteration).squeeze(1)
+        noise = self.noise.gumbel(self.keys, position, self.vocab, rng.CANDIDATE, self.calls).squeeze(1)
         codes, valid = without_replacement(self.proposals[:, 0], self.to_index(draft), count, noise)
         return torch.where(valid, self.code_ids[codes], draft.unsqueeze(1)), valid
 
-    def _first_of(self, tree: torch.Tensor, alternatives: torch.Tensor, valid: torch.Tensor, iteration: int
+    def _first_of(self, tree: torch.Tensor, alternatives: torch.Tensor, valid: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """Recursive rejection sampling of the first position over the draft and its alternatives.
         Returns (the candidate kept (B,), -1 where none was, the token committed there)."""
@@ -295,10 +302,10 @@ class _Decoder:
         valid = torch.cat([torch.ones_like(valid[:, :1]), valid], dim=1)
         stage = position * MAX_CANDIDATES + torch.arange(candidates.shape[1], device=self.device)
         return recursive_rejection(tree[:, 0, 0], self.proposals[:, 0], candidates, valid,
-                                   self.noise.uniform(rng.CANDIDATE_ACCEPT, self.rows, stage, iteration),
-                                   self.noise.uniform(rng.CANDIDATE_RESIDUAL, self.rows, position, iteration)[:, 0])
+                                   self.noise.uniform(rng.CANDIDATE_ACCEPT, self.keys, stage, self.calls),
+                                   self.noise.uniform(rng.CANDIDATE_RESIDUAL, self.keys, position, self.calls)[:, 0])
 
-    def step(self, p: torch.Tensor, iteration: int, max_shift: int,
+    def step(self, p: torch.Tensor, max_shift: int,
              tree: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Verify, commit and re-draft; returns (commit counts, accepted, draft-change counts, chain kept).
@@ -315,15 +322,16 @@ class _Decoder:
         codes, chain = self.to_index(drafts), None
         if tree is not None:
             chains, alternatives, valid = tree
-            kept, first = self._first_of(chains, alternatives, valid, iteration)
+            kept, first = self._first_of(chains, alternatives, valid)
             kept = torch.where(forced[:, 0], 0, kept)
             chain = kept.clamp(min=0)
             p = chains[torch.arange(self.batch, device=self.device), chain]
             picked = torch.cat([drafts[:, :1], alternatives], dim=1).gather(1, chain.unsqueeze(1))
             codes[:, :1] = self.to_index(picked)
         window = _Window(p, positions, codes, self.proposals[:, :width - 1],
-                         self.gumbel(positions, max_shift), ~forced, self.rows)
-        accepted, verified, coupled = propose_next(self.config, self.noise, window, iteration)
+                         self.gumbel(positions, max_shift), ~forced, self.keys, self.calls,
+                         (self.n - self.committed).clamp(max=width - 1))
+        accepted, verified, coupled = propose_next(self.config, self.noise, window)
         if tree is not None:  # the first position as settled over every candidate
             accepted[:, 0] = kept >= 0
             verified[:, 0] = torch.where(forced[:, 0], verified[:, 0], first)
@@ -345,7 +353,8 @@ class _Decoder:
         self.seq.scatter_(1, positions, nxt)
         self.committed += shared
         self._next_proposals(p, shared)
-        self._init_new_drafts(width - shared, iteration)
+        self._init_new_drafts(width - shared)
+        self.calls += 1
         return shared, accepted, changes, chain
 
     def tokens(self, count: int) -> torch.Tensor:
@@ -357,15 +366,34 @@ class _Decoder:
         return tokens
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        """Go on with rows `index` only; the others are done."""
+        """Go on with rows `index` only; the others are done and keep their tokens for `tokens`."""
         if self.finished is None:
             self.finished = self.seq[:, :self.n].clone()
         else:
             self.finished[self.rows.squeeze(1)] = self.seq[:, :self.n]
-        self.rows, self.committed, self.prefix = self.rows[index], self.committed[index], self.prefix[index]
+        self.rows = self.rows[index]
+        self.select(index)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Go on with rows `index` only (a stream reads a finished row's tokens from `seq` itself)."""
+        self.committed, self.prefix = self.committed[index], self.prefix[index]
+        self.keys, self.calls = self.keys[index], self.calls[index]
         self.seq, self.proposals = self.seq[index], self.proposals[index]
         self.noise_window, self.noise_start = self.noise_window[index], self.noise_start[index]
         self.batch = index.numel()
+
+    def join(self, other: "_Decoder") -> None:
+        """Go on with `other`'s rows (prefilled later, same model and settings) after this decoder's: a stream's
+        refill.  Their Gumbel noise is hashed for this decoder's window; prefixes are left-aligned to one width."""
+        width = self.noise_window.shape[1]
+        if other.noise_window.shape[1] != width:  # position-fixed noise: hashing it again gives the same values
+            other.noise_window = self.noise.gumbel(other.keys, other.noise_start + self.slots[:width], self.vocab)
+        longest = max(self.prefix.shape[1], other.prefix.shape[1])
+        self.prefix = torch.cat([torch.nn.functional.pad(prefix, (longest - prefix.shape[1], 0))
+                                 for prefix in (self.prefix, other.prefix)])
+        for name in ("committed", "keys", "calls", "seq", "proposals", "noise_window", "noise_start"):
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self.batch += other.batch
 
     def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor) -> None:
         """Carried drafts keep p as their proposal; new slots get a one-hot (set in _init_new_drafts)."""
@@ -374,13 +402,13 @@ class _Decoder:
         source = (shift.unsqueeze(1) + self.slots).clamp(max=p.shape[1] - 1)
         self.proposals = p.gather(1, source.unsqueeze(-1).expand(-1, -1, self.vocab))
 
-    def _init_new_drafts(self, carried: torch.Tensor, iteration: int) -> None:
+    def _init_new_drafts(self, carried: torch.Tensor) -> None:
         """Initial drafts for window slots >= `carried` (per row); proposal one-hot on the draft."""
         positions = self.committed.unsqueeze(1) + self.slots
         first_new = (self.committed + carried).unsqueeze(1)
         is_new = positions >= first_new
         if self.copy_back is None:
-            u = self.noise.uniform(rng.INIT, self.rows, positions, iteration)
+            u = self.noise.uniform(rng.INIT, self.keys, positions, self.calls)
             codes = (u * self.vocab).long().clamp(max=self.vocab - 1)
         else:
             # the nearest earlier position `copy_back` steps apart that is already set: committed, carried,
@@ -428,10 +456,11 @@ class _Outcome:
 class _Run:
     """One generation, step by step: prefill, choose a width, feed, verify, keep the books."""
 
-    def __init__(self, model: TokenModel, cond: Any, config: SamplerConfig, batch_size: int,
+    def __init__(self, model: TokenModel, session: Session, config: SamplerConfig, batch_size: int,
                  sync_timing: bool) -> None:
+        """`session` comes first from `model.start`: a family may adopt the image size its `cond` was made for."""
         self.model, self.config, self.batch_size, self.sync_timing = model, config, batch_size, sync_timing
-        self.session = model.start(cond, batch_size)  # first: a family may adopt the image size `cond` was made for
+        self.session = session
         self.copy_back = draft_source(model, config)
         self.rows_per_cache = getattr(self.session, "rows_per_cache", batch_size)
         if batch_size % self.rows_per_cache:
@@ -454,14 +483,20 @@ class _Run:
         """The prefix call, which yields position 0's distribution; the decoder is sized after it."""
         t0 = time.perf_counter()
         logits = self.session.prefill()
+        seeds = [self.config.seed + row for row in range(self.batch_size)]  # row i: seed s + i (mod 2**64)
+        self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None))
+        return _Call(1, 1, 0, logits, None, self._elapsed(t0))
+
+    def new_decoder(self, seeds: Sequence[int], device: torch.device, prefix: Optional[torch.Tensor]) -> _Decoder:
+        """The decoding state of rows with these seeds, right after their prefill."""
         window = min(auto_window.CANDIDATES[-1] if self.config.window == AUTO_WINDOW else self.config.window, self.n)
-        self.decoder = _Decoder(self.model, self.config, window, self.batch_size, logits[0].device,
-                                self.rows_per_cache, getattr(self.session, "prefix_tokens", None), self.copy_back)
+        decoder = _Decoder(self.model, self.config, window, seeds, device, self.rows_per_cache, prefix,
+                           self.copy_back)
         # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
-        top_k = self.decoder.sampling[2]
+        top_k = decoder.sampling[2]
         if top_k:
             self.branches = min(self.branches, top_k)
-        return _Call(1, 1, 0, logits, None, self._elapsed(t0))
+        return decoder
 
     def choose_window(self) -> int:
         """The call's window: the configured one, or the automatic window's choice from earlier calls."""
@@ -486,7 +521,7 @@ class _Run:
         inputs = self.decoder.window_inputs(width, pad)
         tree = None
         if self.branches > 1 and width > 1:
-            tree = self.decoder.alternatives(self.branches - 1, self.iteration)
+            tree = self.decoder.alternatives(self.branches - 1)
         fed, logits = self._forward(inputs, None if tree is None else tree[0])
         if pad:
             logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
@@ -499,7 +534,7 @@ class _Run:
         decoder = self.decoder
         probs = decoder.probs(call.logits, call.fed, 1 if call.tree is None else self.branches)
         tree = None if call.tree is None else (chain_probs(probs, call.width, self.branches),) + call.tree
-        shared, accepted, changes, chain = decoder.step(probs[:, :call.width], self.iteration, self.max_shift, tree)
+        shared, accepted, changes, chain = decoder.step(probs[:, :call.width], self.max_shift, tree)
         values = torch.arange(call.width + 1, device=shared.device)  # a histogram every backend has (no bincount)
         counts = ((shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0) if self.chooser is not None
                   else shared[:0])
@@ -588,7 +623,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     started = time.perf_counter()
-    run = _Run(model, cond, config, batch_size, sync_timing)
+    run = _Run(model, model.start(cond, batch_size), config, batch_size, sync_timing)
     while run.done < run.n:
         if should_cancel is not None and should_cancel():
             raise GenerationCancelled(f"generation cancelled after {run.done} of {run.n} tokens")

@@ -31,6 +31,18 @@ class Session(Protocol):
     half the rows are done, so that finished rows stop costing work; later calls
     then feed k rows.
 
+    Optional method `admit(fresh, tokens=None)` (`fresh`: sessions of the same model
+    from `start`, not prefilled, each for its own conditioning): prefill their rows
+    and go on with them after this session's rows.  With `tokens` ((batch, T) ids, as
+    `forward` takes them) the same call also feeds this session's rows, so a refill
+    costs no call of its own (a session may run two calls where its prompts are
+    longer than T).  Returns (the logits of `tokens`, or None without them, the new
+    rows' position-0 logits (rows of `fresh`, 1, V)).  A session not prefilled yet
+    runs its own prefix in that call too, its rows first.  Needs `rows_per_cache = 1`
+    and `keep_rows`.  With it `generate_many` refills the slots of finished rows
+    with new jobs (continuous batching); without it `generate_many` runs `generate`
+    per group of jobs.
+
     Optional attribute `prefix_tokens` ((1 or batch, K) LongTensor): the image
     tokens just before position 0, e.g. a video's context frames; draft
     initialisation may copy from them.

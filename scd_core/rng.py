@@ -1,13 +1,18 @@
-"""Counter-based randomness: every draw is a hash of (seed, purpose, row, position, counter).
+"""Counter-based randomness: every draw is a hash of (seed, purpose, counter, row, position).
 
 Nothing is stored and no generator state is threaded through the loop, so a
 draw depends only on what it is for: results do not change with the device, the
-order of rows, or (for position-keyed draws) the window size.  The hash is
+order of rows, or (for position-keyed draws) the window size.  Each image row
+has a seed of its own (row i of a batch with seed s draws with seed s + i) and
+counts its own calls, so its draws do not depend on its batch or on when it
+joined one; the row entry of the key stays 0, which keeps every seed's image.  The hash is
 a lowbias32-style integer finaliser in int64 lanes whose multipliers are below
 2**31, so no product overflows and CPU and GPU give identical bits.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -37,29 +42,41 @@ def _to_uniform(h: torch.Tensor) -> torch.Tensor:
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 2**24)
 
 
+def seed_keys(seeds: Sequence[int], device: torch.device) -> torch.Tensor:
+    """(rows, 1) hashes of each row's seed (0 .. 2**64 - 1): where that row's draws start."""
+    seeds = [seed % 2**64 for seed in seeds]
+    low = torch.tensor([seed & M32 for seed in seeds], dtype=torch.int64, device=device)
+    high = torch.tensor([seed >> 32 for seed in seeds], dtype=torch.int64, device=device)
+    return _mix32(_mix32(low) ^ high).unsqueeze(1)
+
+
 class KeyedRandom:
-    """Uniform and Gumbel draws keyed by (seed, purpose, row, position, counter)."""
+    """Uniform and Gumbel draws keyed by (row seed, purpose, counter, position).
 
-    def __init__(self, seed: int, device: torch.device) -> None:
+    `keys` (rows, 1) are the rows' `seed_keys`; `counters` (rows, 1) or an int count what the rows did before
+    (their calls); both broadcast with `positions`.
+    """
+
+    def __init__(self, device: torch.device) -> None:
         self.device = device
-        seed_hash = _mix32(torch.tensor(seed & M32, dtype=torch.int64, device=device))
-        self._seed_hash = _absorb(seed_hash, (seed >> 32) & M32)
 
-    def _key(self, purpose: int, rows: torch.Tensor, positions: torch.Tensor, counter: int) -> torch.Tensor:
-        h = _absorb(self._seed_hash, purpose)
+    def _key(self, purpose: int, keys: torch.Tensor, positions: torch.Tensor,
+             counter: torch.Tensor | int) -> torch.Tensor:
+        h = _absorb(keys, purpose)
         h = _absorb(h, counter)
-        h = _absorb(h, rows.to(torch.int64))
+        h = _absorb(h, 0)  # the row: every row has its own seed instead
         return _absorb(h, positions.to(torch.int64))
 
-    def uniform(self, purpose: int, rows: torch.Tensor, positions: torch.Tensor, counter: int) -> torch.Tensor:
-        """One uniform per (row, position); `rows` and `positions` broadcast together."""
-        return _to_uniform(self._key(purpose, rows, positions, counter))
+    def uniform(self, purpose: int, keys: torch.Tensor, positions: torch.Tensor,
+                counter: torch.Tensor | int) -> torch.Tensor:
+        """One uniform per (row, position)."""
+        return _to_uniform(self._key(purpose, keys, positions, counter))
 
-    def gumbel(self, rows: torch.Tensor, positions: torch.Tensor, vocab_size: int, purpose: int = GUMBEL,
-               counter: int = 0) -> torch.Tensor:
-        """Gumbel noise of shape broadcast(rows, positions) + (vocab,); by default the coupler's, fixed for each
+    def gumbel(self, keys: torch.Tensor, positions: torch.Tensor, vocab_size: int, purpose: int = GUMBEL,
+               counter: torch.Tensor | int = 0) -> torch.Tensor:
+        """Gumbel noise of shape broadcast(keys, positions) + (vocab,); by default the coupler's, fixed for each
         absolute position."""
-        key = self._key(purpose, rows, positions, counter).unsqueeze(-1)
+        key = self._key(purpose, keys, positions, counter).unsqueeze(-1)
         vocab = torch.arange(vocab_size, dtype=torch.int64, device=self.device)
         u = _to_uniform(_mix32(_mix32(key ^ vocab)))
         return -torch.log(-torch.log(u))

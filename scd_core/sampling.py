@@ -112,7 +112,7 @@ def recursive_rejection(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tens
 
 
 def block_verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, free: torch.Tensor, eta: torch.Tensor,
-                 u_residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 u_residual: torch.Tensor, length: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification (Sun et al., ICLR 2025): accept a prefix of the drafts by a joint rule.
 
     p: (B, m+1, V) target laws of the m draft slots and the bonus slot; q: (B, m, V) proposals;
@@ -122,6 +122,8 @@ def block_verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, free: to
     after i drafts emits a token from norm(max(0, w_i p_{i+1} - q_{i+1})) (p itself after all m); the stop is
     the largest i whose eta_i <= h_i, h_i = S_i / (S_i + 1 - w_i) with S_i that residual's mass, h_m = w_m.
     Never accepts fewer drafts in expectation than token-wise verification, and the output law is exact.
+    `length` (B,) <= m ends each row's block after that many drafts (the rest of the window lies past the
+    row's last position), so a row's decision does not depend on how wide the batch's window is.
     Returns (tau (B,) drafts accepted, replacement (B,) the token emitted at slot tau).
     """
     m = draft.shape[1]
@@ -136,12 +138,15 @@ def block_verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, free: to
     denominator = mass + 1.0 - w[:, :m]
     h = torch.where(free[:, :m] & (denominator > 0), mass / denominator.clamp_min(1e-30), torch.zeros_like(mass))
     h = torch.cat([h, w[:, m:]], dim=1)
+    index = torch.arange(m + 1, device=p.device)
+    end = torch.full_like(h[:, 0], m, dtype=torch.long) if length is None else length
+    h = torch.where(index == end.unsqueeze(1), w, torch.where(index < end.unsqueeze(1), h, 0.0))
     h[:, 0] = 0.0  # stopping before the first draft is what happens when no later index passes
     passes = eta <= h
-    index = torch.arange(m + 1, device=p.device)
     tau = torch.where(passes, index, torch.zeros_like(index)).amax(1)
     rows = torch.arange(p.shape[0], device=p.device)
-    at_stop = torch.cat([residual, p[:, m:]], dim=1)[rows, tau]  # (B, V)
+    at_stop = torch.where((tau == end).unsqueeze(1), p[rows, tau],
+                          torch.cat([residual, p[:, m:]], dim=1)[rows, tau])  # (B, V)
     empty = at_stop.sum(-1, keepdim=True) <= 0                 # p == q where the rule stopped: cannot happen
     at_stop = torch.where(empty, p[rows, tau], at_stop)
     return tau, sample(at_stop, u_residual[rows, tau])

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from scd_core.sampling import to_probs
-from scd_core.bench.synthetic import feed_tokens, kept_branch
+from scd_core.bench.synthetic import admitted, feed_tokens, kept_branch
 
 
 class TablePrefixModel:
@@ -92,7 +92,18 @@ class TableSession:
 
     def prefill(self):
         self.model.calls += 1
+        self.prefilled = True
         return self.model.logits_for(self.tokens, torch.zeros_like(self.length).unsqueeze(1))
+
+    def admit(self, fresh: list["TableSession"], tokens: Optional[torch.Tensor] = None):
+        """Go on with the rows of `fresh` (not prefilled) too: one call feeds `tokens` to this session's rows
+        (when given) and gives the new rows' position-0 logits."""
+        if tokens is None:
+            fed, self.model.calls = None, self.model.calls + 1
+        else:
+            fed = self.forward(tokens)
+        added = admitted(self, fresh)
+        return fed, self.model.logits_for(self.tokens[-added:], torch.zeros(added, 1, dtype=torch.long))
 
     def forward(self, new: torch.Tensor, branches: int = 1):
         self.model.calls += 1

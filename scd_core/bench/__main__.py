@@ -3,3 +3,4 @@
 from .cli import main
 
 main()
+

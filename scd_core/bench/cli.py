@@ -7,6 +7,7 @@
     python -m scd_core.bench --video         # synthetic video model: previous-frame drafts vs random / above
     python -m scd_core.bench --long          # time per call at positions ~100 / 2000 / 8000 of an 8k-token image
     python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 --shape 1B   # shared vs per-row pace
+    python -m scd_core.bench --stream --model demo --shape 1B   # 64 jobs: batch 1, batches of 16, 16 slots
     python -m scd_core.bench --candidates --seeds 30   # candidates against SCD-MC, seed for seed
     python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
     ... --readme scd_core/bench/README.md                   # also write the tables between the README's bench markers
@@ -55,12 +56,23 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                              "shared pace vs per-row pace, at the first window; with --shape 1B/7B also the "
                              "calls of a Janus-Pro-sized synthetic grid and the per-row cache's call cost at that "
                              "Janus-Pro shape")
+    parser.add_argument("--stream", action="store_true",
+                        help="a stream of --jobs jobs: one at a time, independent batches and continuous batching "
+                             "at --slots slots (window: the first of --windows)")
+    parser.add_argument("--jobs", type=int, default=64, help="--stream: jobs in the stream")
+    parser.add_argument("--slots", type=int, default=16, help="--stream: rows decoding at once")
     parser.add_argument("--readme", type=Path, help="write the tables into this README between bench markers")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     seeds = list(range(args.seeds))
     started = time.perf_counter()
-    if args.batches:
+    if args.stream:
+        from .stream import stream_tables
+
+        section = "stream"
+        text = stream_tables(args.model or "demo", args.jobs, args.slots, args.windows[0], args.shape, args.device,
+                             args.dtype)
+    elif args.batches:
         from .pace import pace_tables
 
         section = "batches"

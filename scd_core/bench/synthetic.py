@@ -10,7 +10,7 @@ the engine's alone.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -52,6 +52,16 @@ def kept_branch(tokens: torch.Tensor, tables: list[torch.Tensor], branch: torch.
     return tokens
 
 
+def admitted(session: Any, fresh: Sequence[Any]) -> int:
+    """`admit` for sessions that keep nothing but a token table (`tokens`, `length`): append the rows of `fresh`
+    and return how many rows the call prefills, the session's own too when it was not prefilled."""
+    own = 0 if getattr(session, "prefilled", False) else session.tokens.shape[0]
+    session.tokens = torch.cat([session.tokens] + [other.tokens for other in fresh])
+    session.length = torch.cat([session.length] + [other.length for other in fresh])
+    session.prefilled = True
+    return own + sum(other.tokens.shape[0] for other in fresh)
+
+
 class GridModel:
     def __init__(self, rows: int = 16, cols: int = 16, vocab_size: int = 1024, sharpness: float = 1.0,
                  rank: int = 32, seed: int = 0, device: str = "cpu") -> None:
@@ -89,7 +99,15 @@ class GridSession:
         self.length = torch.zeros(batch, 1, dtype=torch.long, device=model.device)
 
     def prefill(self):
+        self.prefilled = True
         return self.model.logits(self.tokens, torch.zeros_like(self.length)), None
+
+    def admit(self, fresh: Sequence["GridSession"], tokens: Optional[torch.Tensor] = None):
+        """Go on with the rows of `fresh` (not prefilled) too: one call feeds `tokens` to this session's rows
+        (when given) and gives the new rows' position-0 logits."""
+        fed = None if tokens is None else self.forward(tokens)
+        added = admitted(self, fresh)
+        return fed, (self.model.logits(self.tokens[-added:], torch.zeros_like(self.length[-added:])), None)
 
     def forward(self, new: torch.Tensor, branches: int = 1):
         logits, self.branch_tables = feed_tokens(self.tokens, self.length, new, branches,

@@ -10,11 +10,12 @@ hidden states into logits over the ids it samples.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from .row_cache import RowCache
+from ..model import Logits
+from .row_cache import RowCache, joined_call, left_padded, paired_order
 
 Embed = Callable[[torch.Tensor], torch.Tensor]  # (rows, T) ids -> (rows, T, hidden)
 Backbone = Callable[[torch.Tensor, int], torch.Tensor]  # (rows, T, hidden) embeddings, tree branches -> hidden
@@ -40,10 +41,11 @@ class CFGSession:
         """`prefix` (2 x batch, width) ids, left-padded where `prefix_mask` is 0; `backbone(cache)` builds the
         callable that runs input embeddings (rows, T, hidden) over `cache` (whose `pads` is each row's left
         padding)."""
-        self._prefix = prefix
+        self._prefix, self._num_tokens = prefix, num_tokens
         self._batch = prefix.shape[0] // 2
         width = prefix.shape[1]
         self.cache = RowCache(prefix.shape[0], width + num_tokens, width, prefix.device, real=prefix_mask)
+        self._make_backbone = backbone
         self._backbone = backbone(self.cache)
         self._embed_prefix, self._embed_image, self._head = embed_prefix, embed_image, head
 
@@ -63,6 +65,50 @@ class CFGSession:
             raise ValueError(f"tokens must be (batch={self._batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
         # the same drafts in both rows of a sample
         return self._run(self._embed_image(tokens.to(self._prefix.device).repeat(2, 1)), branches=branches)
+
+    @torch.no_grad()
+    def admit(self, fresh: Sequence["CFGSession"], tokens: Optional[torch.Tensor] = None
+              ) -> tuple[Optional[Logits], Logits]:
+        """Prefill the samples of `fresh` (sessions of this model from `start`, not prefilled) and go on with them
+        after this session's samples; their prompts may differ in length (left padding).  With `tokens` the same
+        call also feeds this session's samples as `forward(tokens)` would, when the prompts are no longer than
+        `tokens` (else two calls).  Returns (the logits of `tokens` or None, the new samples' position-0 logits).
+        A session not prefilled yet runs its own prefix in that call too, first."""
+        prefilled = bool(self.cache.longest)
+        if any(not isinstance(session, CFGSession) or session.cache.longest for session in fresh):
+            raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
+        joining = list(fresh) if prefilled else [self, *fresh]
+        halves = [(session._prefix[rows], session.cache.real[rows, :session.cache.prefix])
+                  for half in (0, 1) for session in joining
+                  for rows in [slice(half * session._batch, (half + 1) * session._batch)]]
+        group = CFGSession(left_padded([ids for ids, _ in halves]), left_padded([mask for _, mask in halves], False),
+                           self._num_tokens, self._make_backbone, self._embed_prefix, self._embed_image, self._head)
+        if not prefilled:
+            self.cache, self._backbone, self._prefix, self._batch = (group.cache, group._backbone, group._prefix,
+                                                                     group._batch)
+            return None, self.prefill()
+        fed = None
+        if tokens is not None and tokens.shape[1] < group._prefix.shape[1]:
+            fed, tokens = self.forward(tokens), None
+        batch, order = self._batch, paired_order(self._batch, group._batch, self._prefix.device)
+        self._prefix = left_padded([self._prefix, group._prefix])[order]
+        self._batch += group._batch
+        if tokens is None:
+            logits = group.prefill()
+            self.cache = RowCache.joined([self.cache, group.cache], order)
+            self._backbone = self._make_backbone(self.cache)
+            return fed, logits
+        live = self._embed_image(tokens.to(self._prefix.device).repeat(2, 1))
+        self.cache, (cond, uncond) = joined_call(self.cache, group.cache, live, self._embed_prefix(group._prefix),
+                                                 order, self._run_over)
+        width, last = tokens.shape[1], group._prefix.shape[1] - 1
+        return ((cond[:batch, :width], uncond[:batch, :width]),
+                (cond[batch:, last:last + 1], uncond[batch:, last:last + 1]))
+
+    def _run_over(self, cache: RowCache, embeds: torch.Tensor) -> Logits:
+        """`_run` over `cache`, from now on this session's."""
+        self.cache, self._backbone = cache, self._make_backbone(cache)
+        return self._run(embeds)
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
         """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""

@@ -38,14 +38,14 @@ import re
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpoints import ModelLoadError, read_torch_checkpoint
-from .row_cache import RowCache
+from .row_cache import RowCache, joined_call, left_padded
 from .tokenizer_files import positive_int, read_json
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
@@ -329,8 +329,9 @@ class CosmosTransformer(nn.Module):
         (B, T, vocab), or (B, 1, vocab) of the last position only (a 5120-token context would otherwise give
         1.3 GB of logits per row)."""
         positions, visible = cache.begin(tokens.shape[1], branches)
-        # positions past the last (a finished row's window) only give logits that are never used
-        positions = positions.clamp(max=self.rope.shape[0] - 1)
+        # left padding (contexts of other lengths in one cache) takes no position; positions past the last (a
+        # finished row's window) only give logits that are never used
+        positions = (positions - cache.pads).clamp(0, self.rope.shape[0] - 1)
         angles = self.rope[positions]
         h = self.tok_embeddings(tokens)
         for i, layer in enumerate(self.layers):
@@ -445,6 +446,11 @@ class CosmosT5(T5Captioner):
 
 # ----------------------------------------------------------------------------- adapter
 
+def _joined_text(sessions: Sequence["CosmosSession"]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The cross-attention keys, values and masks of every row of `sessions`, layer by layer."""
+    return [tuple(torch.cat(parts) for parts in zip(*layers)) for layers in zip(*(s.text_kv for s in sessions))]
+
+
 class CosmosSession:
     """One generation: batch rows share the context, each advances at its own pace; no CFG branch."""
 
@@ -504,11 +510,51 @@ class CosmosSession:
         """Drop the last n codes of every row (an int) or of each row (a (batch,) tensor)."""
         self.cache.rewind(n)
 
+    def admit(self, fresh: Sequence["CosmosSession"], tokens: Optional[torch.Tensor] = None
+              ) -> tuple[Optional[tuple[torch.Tensor, None]], tuple[torch.Tensor, None]]:
+        """Prefill the rows of `fresh` (sessions of this model from `start`, not prefilled) and go on with them
+        after this session's rows; their contexts may differ in length (left padding, which takes no position).
+        With `tokens` the same call also feeds this session's rows as `forward(tokens)` would, when the contexts
+        are no longer than `tokens` (else two calls).  Returns (the logits of `tokens` or None, the new rows'
+        position-0 logits).  A session not prefilled yet runs its own context in that call too, first."""
+        if any(not isinstance(session, CosmosSession) or session.cache.longest for session in fresh):
+            raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
+        prefilled = bool(self.cache.longest)
+        everyone = [self, *fresh]
+        joining = list(fresh) if prefilled else everyone
+        context = left_padded([session.context for session in joining])
+        real = left_padded([torch.ones_like(session.context, dtype=torch.bool) for session in joining], False)
+        group = RowCache(context.shape[0], context.shape[1] + self.cache.capacity - self.cache.prefix,
+                         context.shape[1], self.device, real)
+        fed = None
+        if prefilled and tokens is not None and tokens.shape[1] < context.shape[1]:
+            fed, tokens = self.forward(tokens), None
+        batch, added = self.batch if prefilled else 0, context.shape[0]
+        order = torch.arange(batch + added, device=self.device)
+        self.text_kv = None if self.text_kv is None else _joined_text(everyone if prefilled else joining)
+        self.context = left_padded([session.context for session in everyone])
+        self.prefix_tokens = left_padded([session.prefix_tokens.reshape(-1, session.prefix_tokens.shape[-1])
+                                          .expand(session.batch, -1) for session in everyone])
+        self.batch = self.context.shape[0]
+        with torch.no_grad():
+            if not prefilled or tokens is None:
+                text_kv = None if self.text_kv is None else [tuple(part[batch:] for part in layer)
+                                                             for layer in self.text_kv]
+                logits = self.net(context, group, text_kv, last_only=True)
+                self.cache = RowCache.joined([self.cache, group], order) if prefilled else group
+                return fed, (logits, None)
+            self.cache, logits = joined_call(self.cache, group, tokens.to(self.device), context, order,
+                                             lambda cache, ids: self.net(ids, cache, self.text_kv))
+        last = context.shape[1] - 1
+        return (logits[:batch, :tokens.shape[1]], None), (logits[batch:, last:last + 1], None)
+
     def keep_rows(self, index: torch.Tensor) -> None:
         """Go on with rows `index` only."""
         index = index.to(self.device)
         self.cache.keep_rows(index)
         self.context, self.batch = self.context[index], index.numel()
+        if self.prefix_tokens.dim() == 2:  # one context per row, since admit
+            self.prefix_tokens = self.prefix_tokens[index.to(self.prefix_tokens.device)]
         if self.text_kv is not None:
             self.text_kv = [tuple(part[index] for part in layer) for layer in self.text_kv]
 

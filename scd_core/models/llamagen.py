@@ -35,7 +35,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
-from .row_cache import RowCache
+from .row_cache import RowCache, joined_call, paired_order
 from .tokenizer_files import positive_int, without_nulls
 from .vq16 import VQModel, vq_from_state_dict
 
@@ -406,6 +406,44 @@ class LlamaGenSession:
         """Go on with samples `index` only (their cond and uncond rows)."""
         self.cache.keep_rows(torch.cat([index, index + self.batch]).to(self.device))
         self.batch = index.numel()
+
+    def admit(self, fresh: Sequence["LlamaGenSession"], tokens: Optional[torch.Tensor] = None
+              ) -> tuple[Optional[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
+        """Prefill the samples of `fresh` (sessions of this model from `start`, not prefilled) and go on with them
+        after this session's samples.  With `tokens` the same call also feeds this session's samples as
+        `forward(tokens)` would, when the prefix is no longer than `tokens` (else two calls).  Returns (the logits
+        of `tokens` or None, the new samples' position-0 logits).  A session not prefilled yet runs its own prefix
+        in that call too, first."""
+        prefilled = bool(self.cache.longest)
+        if any(not isinstance(session, LlamaGenSession) or session.cache.longest for session in fresh):
+            raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
+        joining = list(fresh) if prefilled else [self, *fresh]
+        halves = [(session, slice(half * session.batch, (half + 1) * session.batch))
+                  for half in (0, 1) for session in joining]
+        embeddings = torch.cat([session.prefix_embeddings[rows] for session, rows in halves])
+        real = torch.cat([session.cache.real[rows, :self.prefix] for session, rows in halves])
+        added = embeddings.shape[0] // 2
+        group = RowCache(2 * added, self.prefix + self.gpt.config.num_tokens, self.prefix, self.device, real)
+        if not prefilled:
+            self.cache, self.prefix_embeddings, self.batch = group, embeddings, added
+            return None, self.prefill()
+        fed = None
+        if tokens is not None and tokens.shape[1] < self.prefix:
+            fed, tokens = self.forward(tokens), None
+        batch, order = self.batch, paired_order(self.batch, added, self.device)
+        self.batch += added
+        with torch.no_grad():
+            if tokens is None:
+                logits = self.gpt(embeddings, group)[:, -1:]
+                self.cache = RowCache.joined([self.cache, group], order)
+                return fed, (logits[:added], logits[added:])
+            live = self.gpt.tok_embeddings(tokens.to(self.device).repeat(2, 1))
+            self.cache, logits = joined_call(self.cache, group, live, embeddings, order,
+                                            lambda cache, h: self.gpt(h, cache))
+        cond, uncond = logits[:self.batch], logits[self.batch:]
+        width, last = tokens.shape[1], self.prefix - 1
+        return ((cond[:batch, :width], uncond[:batch, :width]),
+                (cond[batch:, last:last + 1], uncond[batch:, last:last + 1]))
 
     def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
         """After a tree call: keep each sample's chain `branch` (both of its rows)."""

@@ -12,7 +12,7 @@ masked slots, never more than it would once it catches up).
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -29,6 +29,37 @@ def tree_layout(width: int, branches: int, device: torch.device) -> tuple[torch.
     offset = torch.where(index == 0, 0, (index - 1) % chain + 1) if chain else index
     sees = (index.unsqueeze(1) >= index) & ((branch.unsqueeze(1) == branch) | (index == 0))
     return offset, sees
+
+
+def left_padded(parts: Sequence[torch.Tensor], value: Union[int, bool] = 0) -> torch.Tensor:
+    """(rows, width) tensors of different widths stacked into one, each padded on the left with `value`."""
+    width = max(part.shape[1] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (width - part.shape[1], 0), value=value) for part in parts])
+
+
+def joined_call(live: RowCache, group: RowCache, live_inputs: torch.Tensor, group_inputs: torch.Tensor,
+                order: torch.Tensor, run: Callable[[RowCache, torch.Tensor], torch.Tensor]
+                ) -> tuple[RowCache, torch.Tensor]:
+    """One call over the rows of `live` (fed `live_inputs` (rows, W, ...) after their cached slots) and of
+    `group` (never written to, fed its prompts `group_inputs` (rows, P, ...)): the caches joined (`order`), every
+    row fed max(W, P) inputs, the shorter ones padded on the right, and the padding rewound after the call, so each
+    row holds what it would after a call of its own.  `run(cache, inputs)` is the forward; returns (the joined
+    cache, its output, rows in `order`)."""
+    width = max(live_inputs.shape[1], group_inputs.shape[1])
+    right = lambda inputs: torch.nn.functional.pad(inputs, (0, 0) * (inputs.dim() - 2) + (0, width - inputs.shape[1]))
+    cache = RowCache.joined([live, group], order)
+    output = run(cache, torch.cat([right(live_inputs), right(group_inputs)])[order])
+    padding = [torch.full((inputs.shape[0],), width - inputs.shape[1], dtype=torch.long)
+               for inputs in (live_inputs, group_inputs)]
+    cache.rewind(torch.cat(padding).to(order.device)[order])
+    return cache, output
+
+
+def paired_order(batch: int, added: int, device: torch.device) -> torch.Tensor:
+    """Where the rows of a CFG cache of `batch` samples (cond rows, then uncond rows) followed by one of `added`
+    samples go when the two become one: cond rows old then new, then uncond rows old then new."""
+    old, new = torch.arange(batch), 2 * batch + torch.arange(added)
+    return torch.cat([old, new, batch + old, added + new]).to(device)
 
 
 class RowCache:
@@ -128,6 +159,36 @@ class RowCache:
         self.keys = [k[index] for k in self.keys]
         self.values = [v[index] for v in self.values]
         self.shortest, self.longest = torch.stack([self.lengths.min(), self.lengths.max()]).tolist()
+
+    @classmethod
+    def joined(cls, caches: Sequence["RowCache"], order: torch.Tensor) -> "RowCache":
+        """One cache of the rows of `caches`, rows `order` of their concatenation (at least one written to; one
+        never written to gets zero slots, e.g. rows whose prompts the next call feeds).  Rows whose prefix is
+        narrower are left-padded to the widest (hidden slots, counted in `pads`), so every row's prefix ends at
+        one slot; capacity is the widest prefix plus the most later slots."""
+        prefix = max(cache.prefix for cache in caches)
+        capacity = prefix + max(cache.capacity - cache.prefix for cache in caches)
+        joined = cls.__new__(cls)
+        joined.capacity, joined.prefix = capacity, prefix
+        shifts = [(prefix - cache.prefix, capacity - prefix - (cache.capacity - cache.prefix)) for cache in caches]
+        pick = lambda parts: torch.cat(parts)[order]
+        joined.lengths = pick([cache.lengths + left for cache, (left, _) in zip(caches, shifts)])
+        joined.pads = pick([cache.pads + left for cache, (left, _) in zip(caches, shifts)])
+        pad = torch.nn.functional.pad
+        joined.real = pick([pad(pad(cache.real, (left, 0), value=False), (0, right), value=True)
+                            for cache, (left, right) in zip(caches, shifts)])
+        written = next(cache for cache in caches if cache.keys)
+        for name in ("keys", "values"):
+            layers = [getattr(cache, name) or [torch.zeros(cache.lengths.shape[0], *tensor.shape[1:2],
+                                                           cache.capacity, *tensor.shape[3:], dtype=tensor.dtype,
+                                                           device=tensor.device) for tensor in getattr(written, name)]
+                      for cache in caches]
+            setattr(joined, name, [pick([pad(tensor, (0, 0, left, right)) for tensor, (left, right)
+                                         in zip(layer, shifts)]) for layer in zip(*layers)])
+        joined._slots = torch.zeros(order.numel(), 0, dtype=torch.long, device=order.device)
+        joined._key_len = 0
+        joined.shortest, joined.longest = torch.stack([joined.lengths.min(), joined.lengths.max()]).tolist()
+        return joined
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
         """Drop the last n slots of every row (an int) or of each row (a (rows,) tensor)."""
