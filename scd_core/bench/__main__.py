@@ -46,7 +46,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--auto", action="store_true",
                         help="time per image, automatic window against fixed ones: demo and Janus-Pro-1B-shaped")
     parser.add_argument("--processes", type=int, default=10, help="--auto: fresh processes per model")
-    parser.add_argument("--images", type=int, default=4, help="--auto: automatic images per process")
+    parser.add_argument("--images", type=int, nargs="+", default=[4],
+                        help="--auto: automatic images per process (one number, or the demo's and the stand-in's)")
     parser.add_argument("--side", type=int, default=24, help="--auto: grid side of the Janus-Pro-1B stand-in")
     parser.add_argument("--candidates", action="store_true",
                         help="candidates=2..4 against SCD-MC at window 32, seed for seed (demo and the grids)")
