@@ -62,6 +62,8 @@ class TokenModel(Protocol):
         tokens fed to `forward`, the forced ids and the result stay model ids.
       default_cfg_scale, default_top_k, default_temperature, default_draft_init: the model's recommended values.
       device: torch.device the logits come back on.
+      precision (e.g. "int8"; absent: the dtype's), compiled (true once the forward is compiled or graph-captured),
+        offload (e.g. "cpu"): how the model runs; the automatic window keeps call costs apart for each.
     Loaded families (see `scd_core.load_model`) also offer
       encode(prompt, negative_prompt=None) -> conditioning for `start`, and
       decode(tokens (batch, N)) -> images (batch, H, W, 3) float in 0..1.

@@ -152,7 +152,7 @@ def fresh_processes(name: str, processes: int, images: int, layers: int, side: i
                          first_vs_best=run["first_s"] / mean[best], first_widths=run["first_widths"],
                          best_pinned=best, best_s=mean[best], auto_s=mean["auto"], auto_vs_best=mean["auto"] / mean[best],
                          widths=run["widths"]))
-        print(f"  {name} process {index + 1}: auto {rows[-1]['auto_vs_best']:.3f}x pinned {best}", file=sys.stderr)
+        print(f"  {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)  # what a cut-short run leaves
     return rows
 
 
@@ -202,6 +202,7 @@ def auto_tables(seeds: Sequence[int], processes: int = 10, images: Sequence[int]
                           f"each call also runs a random Janus-Pro-1B-shaped backbone of {layers} layers at its width)"}
     parts = []
     for (name, title), count in zip(titles.items(), (images[0], images[-1])):
+        print(parts[-1] if parts else "", file=sys.stderr, flush=True)
         parts.append(f"{title}: {processes} fresh processes, each {count} automatic images and {count - 1} at each "
                      f"pinned window {', '.join(map(str, PINNED))} (seeds 1..{count - 1} after the automatic seed 0); "
                      f"seconds are means per image over those seeds\n\n"
