@@ -57,8 +57,9 @@ import torch
 
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # few distinct widths: few kernels to warm up or graphs to capture
 TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each width's fastest call counts
-COST_WINDOW = 16       # a width's cost is the median of its last this many calls ...
+COST_WINDOW = 16       # a cost is the median of this many recent calls (or ratios) ...
 COST_AGE = 60          # ... made within this many calls of the process: older ones tell of other conditions
+PAIR_SPAN = 4          # a call is compared with the calls this many before and after it
 EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
 REFINEMENT = 0.25      # commits grow like width**REFINEMENT beyond what the counts at one width show
@@ -113,70 +114,94 @@ def lower_median(values: Sequence[float]) -> float:
 class CallCosts:
     """Seconds per call by width for one model and cost key, kept for the process and learned from its calls.
 
-    The timed pass seeds them; each call of an automatic run then adds its measured seconds.  A width's cost
-    is the median of its last COST_WINDOW calls within the last COST_AGE, its seed counting as one of them
-    while it has fewer than two.  A seed counts scaled by how much dearer the run's calls are than the timed
-    ones (they also verify and re-draft), as the nearest other width called shows.  `fixed` costs are not
-    learned from (a cost profile to replay, `remember_costs`).  `clock` counts the widths chosen under this
-    key, so that exploration keeps its rhythm from one run to the next.
+    The timed pass seeds them; each call of an automatic run then adds its measured seconds, and the calls
+    within the process's last COST_AGE are read as (load now) x (what a width costs relative to the others).
+    The load around a call is the median of the calls within PAIR_SPAN of it (of any width, each divided by
+    its width's relative cost), so a width is compared with the calls made around its own and load that comes
+    and goes weighs on both sides alike; a width's relative cost is the median of its last COST_WINDOW calls
+    over the load around them (two passes).  A width with fewer than two calls counts its seed as one more,
+    scaled as the nearest other width called differs from its seed (a burst during the timed pass skews a
+    range of widths); a width whose calls aged out keeps what they said as its seed.  cost = load now x
+    relative cost.  `fixed` costs are not learned from (a cost profile to replay, `remember_costs`).  `clock`
+    counts the widths chosen under this key, so that exploration keeps its rhythm from one run to the next.
     """
 
     def __init__(self, seeds: dict[int, float], fixed: bool = False) -> None:
         self.seeds: dict[int, float] = {}
         self.add_seeds(seeds)
         self.fixed = fixed
-        self.recent: dict[int, collections.deque] = {}  # width -> (clock, seconds) of its last calls
-        self.last_called: dict[int, int] = {}           # width -> the clock at its last call
+        self.calls: collections.deque = collections.deque(maxlen=COST_AGE)  # (clock, width, seconds)
+        self.last_called: dict[int, int] = {}  # width -> the clock at its last call
         self.clock = 0
+        self._estimates: Optional[dict[int, float]] = None  # cached until the next call is learned
 
     def add_seeds(self, seeds: dict[int, float]) -> None:
         """Timed costs of (more) widths."""
         if not seeds or min(seeds.values()) <= 0:
             raise ValueError(f"window costs must be positive seconds per width, got {seeds}")
         self.seeds = dict(sorted({**self.seeds, **seeds}.items()))
+        self._estimates = None
 
     def learn(self, width: int, seconds: float) -> None:
-        """One call of `width` took `seconds`; widths without a seed (a narrowed last call) are not costed.
-
-        What the calls say of the width, relative to the nearest other width called, becomes its seed: once
-        its calls age out it costs what they said, moved as much as its neighbour's costs moved since."""
+        """One call of `width` took `seconds`; widths without a seed (a narrowed last call) are not costed."""
         if width not in self.seeds:
             return
         self.last_called[width] = self.clock
         if self.fixed or not seconds > 0:
             return
-        self.recent.setdefault(width, collections.deque(maxlen=COST_WINDOW)).append((self.clock, seconds))
-        fresh = self._fresh()
-        near = self._nearest_ratio(width, fresh)
-        if len(fresh[width]) >= 2 and near is not None:
-            self.seeds[width] = lower_median(fresh[width]) / near
+        self.calls.append((self.clock, width, seconds))
+        self._estimates = None
 
     def estimates(self) -> dict[int, float]:
-        """cost(width) for every seeded width, from the calls when there are any."""
+        """cost(width) for every seeded width, from the calls where there are any."""
         if self.fixed:
             return dict(self.seeds)
-        fresh = self._fresh()
-        estimates = {}
-        for width, seed in self.seeds.items():
-            calls = fresh.get(width, [])
-            if len(calls) < 2:
-                near = self._nearest_ratio(width, fresh)
-                calls = calls + [seed * (1.0 if near is None else near)]
-            estimates[width] = lower_median(calls)
-        return estimates
+        fresh = [(width, seconds) for clock, width, seconds in self.calls if self.clock - clock < COST_AGE]
+        if self._estimates is None or len(fresh) != self._counted:
+            self._estimates, self._counted = self._read(fresh), len(fresh)
+        return self._estimates
 
-    def _fresh(self) -> dict[int, list[float]]:
-        """Each width's calls within the last COST_AGE."""
-        return {width: [seconds for clock, seconds in calls if self.clock - clock < COST_AGE]
-                for width, calls in self.recent.items()}
+    def _read(self, fresh: list[tuple[int, float]]) -> dict[int, float]:
+        if not fresh:
+            return dict(self.seeds)
+        count = collections.Counter(width for width, _ in fresh[-COST_WINDOW:])
+        reference = max(count, key=lambda w: (count[w], w))  # called most of late: its relative cost is its seed
+        relative, ratios = dict(self.seeds), {}
+        for _ in range(2):  # the second pass sees the other widths' relative costs the first one measured
+            ratios = {}
+            for index, (width, seconds) in enumerate(fresh):
+                load = self._load_around(index, fresh, relative)
+                if width != reference and load is not None:
+                    ratios.setdefault(width, []).append(seconds / load)
+            measured = {width: lower_median(values[-COST_WINDOW:]) for width, values in ratios.items()}
+            measured[reference] = self.seeds[reference]
+            for width, seed in self.seeds.items():
+                if width != reference:
+                    votes = ratios.get(width, [])
+                    if len(votes) < 2:
+                        votes = votes + [seed * self._nearest_ratio(width, measured)]
+                    relative[width] = lower_median(votes[-COST_WINDOW:])
+        for width, votes in ratios.items():
+            if len(votes) >= 2:
+                self.seeds[width] = relative[width]  # what the calls said outlives them
+        load_now = lower_median([seconds / relative[width] for width, seconds in fresh[-COST_WINDOW:]])
+        return {width: load_now * cost for width, cost in relative.items()}
 
-    def _nearest_ratio(self, width: int, fresh: dict[int, list[float]]) -> Optional[float]:
-        """How much dearer than their seeds the calls of the nearest other width called are (the mean of two as
-        near); None before another width was called.  A burst during the timed pass skews a range of widths,
-        so the nearest tells best; a width's own calls cannot vouch for its seed."""
-        ratio = {w: lower_median(calls) / self.seeds[w] for w, calls in fresh.items() if calls and w != width}
+    @staticmethod
+    def _load_around(index: int, fresh: list[tuple[int, float]], relative: dict[int, float]) -> Optional[float]:
+        """The (lower) median load of the calls of other widths within PAIR_SPAN of call `index` (a call compared
+        with calls of its own width says nothing of its width); None when there are none."""
+        width = fresh[index][0]
+        near = [seconds / relative[other] for other, seconds in fresh[max(index - PAIR_SPAN, 0):index + PAIR_SPAN + 1]
+                if other != width]
+        return lower_median(near) if near else None
+
+    def _nearest_ratio(self, width: int, measured: dict[int, float]) -> float:
+        """How much the nearest other measured width's relative cost differs from its seed (the mean of two as
+        near; 1 before another width was measured).  A width's own calls cannot vouch for its seed."""
+        ratio = {w: cost / self.seeds[w] for w, cost in measured.items() if w != width}
         if not ratio:
-            return None
+            return 1.0
         distance = {w: abs(math.log(w / width)) for w in ratio}
         nearest = [ratio[w] for w in ratio if distance[w] == min(distance.values())]
         return sum(nearest) / len(nearest)
