@@ -10,14 +10,16 @@ Costs are kept per process (a ComfyUI server lives for hours) for each model
 and cost key (`cost_key`: dtype, device, batch, candidates, precision, compile
 and offload mode) in a `CallCosts`.  A few timed calls right after the first
 prefill seed them; from then on every call of an automatic run adds its own
-measured seconds, and a width's cost is the median of its last COST_WINDOW
-calls.  One noisy measurement, in the timing pass or in a run, therefore
-decides nothing, and a change of conditions (compiled calls, another process
-on the device) is followed within a few dozen calls.  Widths a run does not
-use would drift out of date, so one call in EXPLORE_EVERY tries a neighbour of
-the best width (one step narrower or wider, whichever was called least
-recently): a bounded cost (5% of the calls, at a width close to the best) that
-keeps the costs and commit counts around the best known.
+measured seconds, read as the load of the moment times what its width costs
+relative to the others, each width compared with the calls made around its own
+(medians throughout).  One noisy measurement, in the timing pass or in a run,
+therefore decides nothing, load that comes and goes weighs on every width
+alike, and a change of conditions (compiled calls, another process on the
+device) is followed within a few dozen calls.  Widths a run does not use would
+drift out of date, so one call in EXPLORE_EVERY tries a neighbour of the best
+width (one step narrower or wider, whichever was called least recently): a
+bounded cost (5% of the calls, at a width close to the best) that keeps the
+costs and commit counts around the best known.
 
 A call at width L commits c = min(K, L) tokens, K being the slot of the first
 rejection plus one, so a call that accepted every draft only says K >= L (a
@@ -119,7 +121,7 @@ class CallCosts:
     The load around a call is the median of the calls within PAIR_SPAN of it (of any width, each divided by
     its width's relative cost), so a width is compared with the calls made around its own and load that comes
     and goes weighs on both sides alike; a width's relative cost is the median of its last COST_WINDOW calls
-    over the load around them (two passes).  A width with fewer than two calls counts its seed as one more,
+    over the load around them.  A width with fewer than two calls counts its seed as one more,
     scaled as the nearest other width called differs from its seed (a burst during the timed pass skews a
     range of widths); a width whose calls aged out keeps what they said as its seed.  cost = load now x
     relative cost.  `fixed` costs are not learned from (a cost profile to replay, `remember_costs`).  `clock`
@@ -162,25 +164,26 @@ class CallCosts:
         return self._estimates
 
     def _read(self, fresh: list[tuple[int, float]]) -> dict[int, float]:
+        """Costs from the recent calls `fresh` ((width, seconds), oldest first) and the seeds; the widths
+        measured twice or more keep their relative cost as their seed."""
         if not fresh:
             return dict(self.seeds)
         count = collections.Counter(width for width, _ in fresh[-COST_WINDOW:])
         reference = max(count, key=lambda w: (count[w], w))  # called most of late: its relative cost is its seed
-        relative, ratios = dict(self.seeds), {}
-        for _ in range(2):  # the second pass sees the other widths' relative costs the first one measured
-            ratios = {}
-            for index, (width, seconds) in enumerate(fresh):
-                load = self._load_around(index, fresh, relative)
-                if width != reference and load is not None:
-                    ratios.setdefault(width, []).append(seconds / load)
-            measured = {width: lower_median(values[-COST_WINDOW:]) for width, values in ratios.items()}
-            measured[reference] = self.seeds[reference]
-            for width, seed in self.seeds.items():
-                if width != reference:
-                    votes = ratios.get(width, [])
-                    if len(votes) < 2:
-                        votes = votes + [seed * self._nearest_ratio(width, measured)]
-                    relative[width] = lower_median(votes[-COST_WINDOW:])
+        ratios: dict[int, list[float]] = {}
+        for index, (width, seconds) in enumerate(fresh):
+            load = None if width == reference else self._load_around(index, fresh, self.seeds)
+            if load is not None:
+                ratios.setdefault(width, []).append(seconds / load)
+        measured = {width: lower_median(values[-COST_WINDOW:]) for width, values in ratios.items()}
+        measured[reference] = self.seeds[reference]
+        relative = {reference: self.seeds[reference]}
+        for width, seed in self.seeds.items():
+            if width != reference:
+                votes = ratios.get(width, [])
+                if len(votes) < 2:
+                    votes = votes + [seed * self._nearest_ratio(width, measured)]
+                relative[width] = lower_median(votes[-COST_WINDOW:])
         for width, votes in ratios.items():
             if len(votes) >= 2:
                 self.seeds[width] = relative[width]  # what the calls said outlives them

@@ -340,9 +340,9 @@ def test_a_run_teaches_the_process_what_its_calls_cost(monkeypatch):
     auto_window.remember_costs(unlearned, 1, timed)  # what the chooser did before: the timed costs decide
     runs = [generate(model, None, SamplerConfig(window="auto", seed=seed)) for seed in range(3)]
     before = generate(unlearned, None, SamplerConfig(window="auto", seed=2))
-    assert statistics.median(before.windows[1:]) <= 4 and statistics.median(runs[-1].windows[1:]) >= 32
+    assert statistics.median(before.windows[1:]) <= 4 and statistics.median(runs[-1].windows[1:]) >= 16
     costs = auto_window._COSTS[model][auto_window.cost_key(model, 1)]
-    assert [w for _, w, _ in costs.calls].count(64) >= auto_window.COST_WINDOW
+    assert sum(w >= 32 for _, w, _ in costs.calls) >= auto_window.COST_WINDOW
     assert costs.clock == sum(r.nfe - 1 for r in runs)
 
 
