@@ -62,6 +62,7 @@ TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each wid
 COST_WINDOW = 16       # a cost is the median of this many recent calls (or ratios) ...
 COST_AGE = 60          # ... made within this many calls of the process: older ones tell of other conditions
 PAIR_SPAN = 4          # a call is compared with the calls this many before and after it
+TRUSTED = 3            # comparisons a width needs before they alone tell its cost (its seed votes till then)
 EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
 REFINEMENT = 0.25      # commits grow like width**REFINEMENT beyond what the counts at one width show
@@ -121,9 +122,9 @@ class CallCosts:
     The load around a call is the median of the calls within PAIR_SPAN of it (of any width, each divided by
     its width's relative cost), so a width is compared with the calls made around its own and load that comes
     and goes weighs on both sides alike; a width's relative cost is the median of its last COST_WINDOW calls
-    over the load around them.  A width with fewer than two calls counts its seed as one more,
-    scaled as the nearest other width called differs from its seed (a burst during the timed pass skews a
-    range of widths); a width whose calls aged out keeps what they said as its seed.  cost = load now x
+    over the load around them.  Until a width has TRUSTED such comparisons its seed makes up the rest of the
+    votes, scaled as the nearest other width measured differs from its seed (a burst during the timed pass
+    skews a range of widths); a width whose calls aged out keeps what they said as its seed.  cost = load now x
     relative cost.  `fixed` costs are not learned from (a cost profile to replay, `remember_costs`).  `clock`
     counts the widths chosen under this key, so that exploration keeps its rhythm from one run to the next.
     """
@@ -165,7 +166,7 @@ class CallCosts:
 
     def _read(self, fresh: list[tuple[int, float]]) -> dict[int, float]:
         """Costs from the recent calls `fresh` ((width, seconds), oldest first) and the seeds; the widths
-        measured twice or more keep their relative cost as their seed."""
+        compared TRUSTED times or more keep their relative cost as their seed."""
         if not fresh:
             return dict(self.seeds)
         count = collections.Counter(width for width, _ in fresh[-COST_WINDOW:])
@@ -175,17 +176,17 @@ class CallCosts:
             load = None if width == reference else self._load_around(index, fresh, self.seeds)
             if load is not None:
                 ratios.setdefault(width, []).append(seconds / load)
-        measured = {width: lower_median(values[-COST_WINDOW:]) for width, values in ratios.items()}
+        measured = {width: lower_median(values[-COST_WINDOW:]) for width, values in ratios.items()
+                    if len(values) >= TRUSTED}
         measured[reference] = self.seeds[reference]
         relative = {reference: self.seeds[reference]}
         for width, seed in self.seeds.items():
             if width != reference:
-                votes = ratios.get(width, [])
-                if len(votes) < 2:
-                    votes = votes + [seed * self._nearest_ratio(width, measured)]
-                relative[width] = lower_median(votes[-COST_WINDOW:])
+                votes = ratios.get(width, [])[-COST_WINDOW:]
+                votes += [seed * self._nearest_ratio(width, measured)] * max(TRUSTED - len(votes), 0)
+                relative[width] = lower_median(votes)
         for width, votes in ratios.items():
-            if len(votes) >= 2:
+            if len(votes) >= TRUSTED:
                 self.seeds[width] = relative[width]  # what the calls said outlives them
         load_now = lower_median([seconds / relative[width] for width, seconds in fresh[-COST_WINDOW:]])
         return {width: load_now * cost for width, cost in relative.items()}

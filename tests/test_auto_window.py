@@ -250,11 +250,13 @@ def time_factor(widths, costs, counts_seen_by):
 def test_a_burst_during_the_timed_pass_is_corrected_within_a_few_dozen_calls():
     fixed = WindowChooser(auto_window.CallCosts(BURST_ON_WIDE, fixed=True))  # the chooser before learning
     learning = WindowChooser(BURST_ON_WIDE)
-    widths = run_calls(learning, noisy(CPU_LIKE), 100, hazard=0.05, also=[fixed])
+    widths = run_calls(learning, noisy(CPU_LIKE), 200, hazard=0.05, also=[fixed])
     assert true_best(CPU_LIKE, learning) == 32 and fixed.choose() == 8  # the burst alone keeps every call at 8
     assert time_factor([fixed.choose()], CPU_LIKE, learning) > 1.15
-    assert widths[:19] == [8] * 19 and widths[19] == 16  # the first exploration finds the wider width cheaper
-    assert time_factor(widths[40:], CPU_LIKE, learning) < 1.04  # exploration included
+    # explorations at calls 20 (16), 40 (4), 60 (16 again): two comparisons against its seed say 16 is cheaper,
+    # and with 16 measured the seeds beyond it are rescaled: 32 follows at once
+    assert widths[19] == 16 and set(widths[:59]) <= {4, 8, 16} and widths[60:62] == [16, 32]
+    assert time_factor(widths[140:], CPU_LIKE, learning) < 1.04  # then 32, the best; exploration included
     costs = learning.costs
     assert costs[32] / costs[8] == pytest.approx(CPU_LIKE[32] / CPU_LIKE[8], rel=0.1)  # the stalls moved nothing
 
@@ -299,10 +301,10 @@ def test_a_step_change_in_cost_is_followed(before, after, best_after):
     chooser = WindowChooser(before)
     run_calls(chooser, noisy(before), 60, seed=1)
     assert true_best(before, chooser) != best_after
-    widths = run_calls(chooser, noisy(after), 160, seed=2)
+    widths = run_calls(chooser, noisy(after), 240, seed=2)
     assert true_best(after, chooser) == best_after
-    # a step of width per exploration of the neighbour that way: 16 -> 32 -> 64 by then
-    assert time_factor(widths[80:], after, chooser) < 1.05
+    # a step of width per two or three explorations of the neighbour that way: 16 -> 32 -> 64 by then
+    assert time_factor(widths[160:], after, chooser) < 1.05
 
 
 def test_exploration_is_one_call_in_twenty_at_a_neighbour_of_the_best():
@@ -338,7 +340,7 @@ def test_a_run_teaches_the_process_what_its_calls_cost(monkeypatch):
 
     model, unlearned = flat_cost_model(), flat_cost_model()
     auto_window.remember_costs(unlearned, 1, timed)  # what the chooser did before: the timed costs decide
-    runs = [generate(model, None, SamplerConfig(window="auto", seed=seed)) for seed in range(3)]
+    runs = [generate(model, None, SamplerConfig(window="auto", seed=seed)) for seed in range(6)]
     before = generate(unlearned, None, SamplerConfig(window="auto", seed=2))
     assert statistics.median(before.windows[1:]) <= 4 and statistics.median(runs[-1].windows[1:]) >= 16
     costs = auto_window._COSTS[model][auto_window.cost_key(model, 1)]
