@@ -1,11 +1,25 @@
 """The automatic window: the width of each call that maximises expected tokens per second.
 
 Two numbers decide it.  cost(L): the seconds of one call at width L on this
-device (the model's forward plus turning its logits into the sampling
-distribution), measured once per model, dtype, device and batch with a few
-timed calls right after the prefill and kept for the process.  E[c(L)]: the
-tokens a call at width L is expected to commit, estimated from the commit
-counts observed so far in the run.
+device (the model's forward plus sampling: turning its logits into the sampling
+distribution, verifying, re-drafting).  E[c(L)]: the tokens a call at width L
+is expected to commit, estimated from the commit counts observed so far in the
+run.
+
+Costs are kept per process (a ComfyUI server lives for hours) for each model
+and cost key (`cost_key`: dtype, device, batch, candidates, precision, compile
+and offload mode) in a `CallCosts`.  A few timed calls right after the first
+prefill seed them; from then on every call of an automatic run adds its own
+measured seconds, read as the load of the moment times what its width costs
+relative to the others, each width compared with the calls made around its own
+(medians throughout).  One noisy measurement, in the timing pass or in a run,
+therefore decides nothing, load that comes and goes weighs on every width
+alike, and a change of conditions (compiled calls, another process on the
+device) is followed within a few dozen calls.  Widths a run does not use would
+drift out of date, so one call in EXPLORE_EVERY tries a neighbour of the best
+width (one step narrower or wider, whichever was called least recently): a
+bounded cost (5% of the calls, at a width close to the best) that keeps the
+costs and commit counts around the best known.
 
 A call at width L commits c = min(K, L) tokens, K being the slot of the first
 rejection plus one, so a call that accepted every draft only says K >= L (a
@@ -29,8 +43,8 @@ bias the estimate.  With no counts yet S = 1 (optimism): the first call tries
 the widest window the costs favour, and the counts then pull it back.
 
 Exactness does not depend on any of this: the width of a call is fixed before
-the call from earlier calls only, and every call's verification is exact for
-any width given that history.
+the call from earlier calls only (their counts and measured seconds), and every
+call's verification is exact for any width given that history.
 """
 
 from __future__ import annotations
@@ -47,11 +61,16 @@ from .config import AUTO_WINDOW
 
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # few distinct widths: few kernels to warm up or graphs to capture
 TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each width's fastest call counts
+COST_WINDOW = 16       # a cost is the median of this many recent calls (or ratios) ...
+COST_AGE = 60          # ... made within this many calls of the process: older ones tell of other conditions
+PAIR_SPAN = 4          # a call is compared with the calls this many before and after it
+TRUSTED = 3            # comparisons a width needs before they alone tell its cost (its seed votes till then)
+EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
 REFINEMENT = 0.25      # commits grow like width**REFINEMENT beyond what the counts at one width show
 
-# model -> {(dtype, device, batch): {width: seconds}}; a model that cannot be weakly referenced is not cached
-_COSTS: "weakref.WeakKeyDictionary[Any, dict[tuple, dict[int, float]]]" = weakref.WeakKeyDictionary()
+# model -> {cost_key: CallCosts}; a model that cannot be weakly referenced is not cached
+_COSTS: "weakref.WeakKeyDictionary[Any, dict[tuple, CallCosts]]" = weakref.WeakKeyDictionary()
 
 
 def candidate_widths(num_tokens: int, largest: int = CANDIDATES[-1]) -> list[int]:
@@ -101,29 +120,150 @@ def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
     return {width: min(fastest[i:]) for i, width in enumerate(widths)}
 
 
+def lower_median(values: Sequence[float]) -> float:
+    """The median; of an even count the lower middle value (of two timings the faster: a stall only slows)."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+class CallCosts:
+    """Seconds per call by width for one model and cost key, kept for the process and learned from its calls.
+
+    The timed pass seeds them; each call of an automatic run then adds its measured seconds, and the calls
+    within the process's last COST_AGE are read as (load now) x (what a width costs relative to the others).
+    The load around a call is the median of the calls within PAIR_SPAN of it (of any width, each divided by
+    its width's relative cost), so a width is compared with the calls made around its own and load that comes
+    and goes weighs on both sides alike; a width's relative cost is the median of its last COST_WINDOW calls
+    over the load around them.  Until a width has TRUSTED such comparisons its seed makes up the rest of the
+    votes, scaled as the nearest other width measured differs from its seed (a burst during the timed pass
+    skews a range of widths); a width whose calls aged out keeps what they said as its seed.  cost = load now x
+    relative cost.  `fixed` costs are not learned from (a cost profile to replay, `remember_costs`).  `clock`
+    counts the widths chosen under this key, so that exploration keeps its rhythm from one run to the next.
+    """
+
+    def __init__(self, seeds: dict[int, float], fixed: bool = False) -> None:
+        self.seeds: dict[int, float] = {}
+        self.add_seeds(seeds)
+        self.fixed = fixed
+        self.calls: collections.deque = collections.deque(maxlen=COST_AGE)  # (clock, width, seconds)
+        self.last_called: dict[int, int] = {}  # width -> the clock at its last call
+        self.clock = 0
+        self._estimates: Optional[dict[int, float]] = None  # cached until the next call is learned
+
+    def add_seeds(self, seeds: dict[int, float]) -> None:
+        """Timed costs of (more) widths."""
+        if not seeds or min(seeds.values()) <= 0:
+            raise ValueError(f"window costs must be positive seconds per width, got {seeds}")
+        self.seeds = dict(sorted({**self.seeds, **seeds}.items()))
+        self._estimates = None
+
+    def learn(self, width: int, seconds: float) -> None:
+        """One call of `width` took `seconds`; widths without a seed (a narrowed last call) are not costed."""
+        if width not in self.seeds:
+            return
+        self.last_called[width] = self.clock
+        if self.fixed or not seconds > 0:
+            return
+        self.calls.append((self.clock, width, seconds))
+        self._estimates = None
+
+    def estimates(self) -> dict[int, float]:
+        """cost(width) for every seeded width, from the calls where there are any."""
+        if self.fixed:
+            return dict(self.seeds)
+        fresh = [(width, seconds) for clock, width, seconds in self.calls if self.clock - clock < COST_AGE]
+        if self._estimates is None or len(fresh) != self._counted:
+            self._estimates, self._counted = self._read(fresh), len(fresh)
+        return self._estimates
+
+    def _read(self, fresh: list[tuple[int, float]]) -> dict[int, float]:
+        """Costs from the recent calls `fresh` ((width, seconds), oldest first) and the seeds; the widths
+        compared TRUSTED times or more keep their relative cost as their seed."""
+        if not fresh:
+            return dict(self.seeds)
+        count = collections.Counter(width for width, _ in fresh[-COST_WINDOW:])
+        reference = max(count, key=lambda w: (count[w], w))  # called most of late: its relative cost is its seed
+        ratios: dict[int, list[float]] = {}
+        for index, (width, seconds) in enumerate(fresh):
+            load = None if width == reference else self._load_around(index, fresh, self.seeds)
+            if load is not None:
+                ratios.setdefault(width, []).append(seconds / load)
+        measured = {width: lower_median(values[-COST_WINDOW:]) for width, values in ratios.items()
+                    if len(values) >= TRUSTED}
+        measured[reference] = self.seeds[reference]
+        relative = {reference: self.seeds[reference]}
+        for width, seed in self.seeds.items():
+            if width != reference:
+                votes = ratios.get(width, [])[-COST_WINDOW:]
+                votes += [seed * self._nearest_ratio(width, measured)] * max(TRUSTED - len(votes), 0)
+                relative[width] = lower_median(votes)
+        for width, votes in ratios.items():
+            if len(votes) >= TRUSTED:
+                self.seeds[width] = relative[width]  # what the calls said outlives them
+        load_now = lower_median([seconds / relative[width] for width, seconds in fresh[-COST_WINDOW:]])
+        return {width: load_now * cost for width, cost in relative.items()}
+
+    @staticmethod
+    def _load_around(index: int, fresh: list[tuple[int, float]], relative: dict[int, float]) -> Optional[float]:
+        """The (lower) median load of the calls of other widths within PAIR_SPAN of call `index` (a call compared
+        with calls of its own width says nothing of its width); None when there are none."""
+        width = fresh[index][0]
+        near = [seconds / relative[other] for other, seconds in fresh[max(index - PAIR_SPAN, 0):index + PAIR_SPAN + 1]
+                if other != width]
+        return lower_median(near) if near else None
+
+    def _nearest_ratio(self, width: int, measured: dict[int, float]) -> float:
+        """How much the nearest other measured width's relative cost differs from its seed (the mean of two as
+        near; 1 before another width was measured).  A width's own calls cannot vouch for its seed."""
+        ratio = {w: cost / self.seeds[w] for w, cost in measured.items() if w != width}
+        if not ratio:
+            return 1.0
+        distance = {w: abs(math.log(w / width)) for w in ratio}
+        nearest = [ratio[w] for w in ratio if distance[w] == min(distance.values())]
+        return sum(nearest) / len(nearest)
+
+    def explores(self) -> bool:
+        """Advance the clock by one choice; True for the one in EXPLORE_EVERY that tries a neighbour."""
+        self.clock += 1
+        return self.clock % EXPLORE_EVERY == 0
+
+    def stalest(self, widths: Sequence[int]) -> int:
+        """The width called least recently (never called first; the wider on a tie)."""
+        return min(widths, key=lambda w: (self.last_called.get(w, -1), -w))
+
+
 def cost_key(model: Any, batch_size: int, branches: int = 1) -> tuple:
-    """What a call's cost depends on besides the model: its dtype, its device, the batch and the chains of a
-    tree of candidates (a call of width L then feeds 1 + branches (L - 1) tokens)."""
-    return str(getattr(model, "dtype", None)), str(getattr(model, "device", None)), batch_size, branches
+    """What a call's cost depends on besides the model: its dtype, its device, the batch, the chains of a
+    tree of candidates (a call of width L then feeds 1 + branches (L - 1) tokens), and what the model
+    reports of how it runs: optional attributes `precision` (e.g. "int8", "nf4"; absent: the dtype's),
+    `compiled` (true once its forward is compiled or graph-captured; absent: eager) and `offload` (e.g.
+    "cpu"; absent: none)."""
+    return (str(getattr(model, "dtype", None)), str(getattr(model, "device", None)), batch_size, branches,
+            str(getattr(model, "precision", None)), bool(getattr(model, "compiled", False)),
+            str(getattr(model, "offload", None)))
 
 
 def remember_costs(model: Any, batch_size: int, costs: dict[int, float], branches: int = 1) -> None:
-    """Use `costs` (seconds per call by width) for `model` from now on instead of measuring them,
-    e.g. costs measured on another model of the same shape."""
-    _COSTS.setdefault(model, {})[cost_key(model, batch_size, branches)] = dict(costs)
+    """Use `costs` (seconds per call by width) for `model` from now on instead of measuring and learning
+    them, e.g. costs measured on another model of the same shape: the runs' own calls do not move them."""
+    _COSTS.setdefault(model, {})[cost_key(model, batch_size, branches)] = CallCosts(costs, fixed=True)
 
 
 def call_costs(model: Any, key: tuple, widths: Sequence[int], call: Callable[[int], torch.Tensor]
-               ) -> dict[int, float]:
-    """cost(width) for `model` under `key` (`cost_key`), measured with `call` on a cache miss."""
+               ) -> CallCosts:
+    """The process's costs for `model` under `key` (`cost_key`), seeded by timing `call` when a width has none."""
     try:
         per_model = _COSTS.setdefault(model, {})
     except TypeError:
         per_model = {}
-    known = per_model.get(key, {})
-    if any(w not in known for w in widths):
-        known = per_model[key] = {**known, **measure_costs(call, widths)}
-    return {w: known[w] for w in widths}
+    known = per_model.get(key)
+    if known is None or any(w not in known.seeds for w in widths):
+        measured = measure_costs(call, widths)
+        if known is None:
+            known = per_model[key] = CallCosts(measured)
+        else:
+            known.add_seeds(measured)
+    return known
 
 
 def session_chooser(model: Any, call: Callable[[int], torch.Tensor], batch_size: int, largest: int,
@@ -131,22 +271,37 @@ def session_chooser(model: Any, call: Callable[[int], torch.Tensor], batch_size:
     """A chooser for one run, with costs measured by `call(width)` when not cached: a call of that width as the
     run makes them (a tree with `branches` > 1) that leaves the session as it found it (rewound)."""
     widths = candidate_widths(model.num_tokens, largest)
-    return WindowChooser(call_costs(model, cost_key(model, batch_size, branches), widths, call))
+    return WindowChooser(call_costs(model, cost_key(model, batch_size, branches), widths, call), widths, batch_size)
 
 
 class WindowChooser:
     """Picks each call's width from the costs and the commit counts seen so far in one run."""
 
-    def __init__(self, costs: dict[int, float]) -> None:
-        if not costs or min(costs.values()) <= 0:
-            raise ValueError(f"window costs must be positive seconds per width, got {costs}")
-        self.costs = dict(sorted(costs.items()))
-        self.largest = max(self.costs)
+    def __init__(self, costs: "dict[int, float] | CallCosts", widths: Optional[Sequence[int]] = None,
+                 batch: Optional[int] = None) -> None:
+        """`costs`: the process's `CallCosts`, or seconds per width to seed costs of this chooser's own;
+        `widths`: the candidates (default: every costed width); `batch`: the rows of the calls to learn from."""
+        self.call_costs = costs if isinstance(costs, CallCosts) else CallCosts(costs)
+        self.widths = sorted(self.call_costs.seeds if widths is None else widths)
+        self.batch = batch
+        self.largest = max(self.widths)
         # events[k]: calls whose first rejection made them commit exactly k; at_risk[k]: calls that got to
         # slot k, i.e. committed >= k (censored calls count as at risk up to their width)
         self.events = [0.0] * (self.largest + 1)
         self.at_risk = [0.0] * (self.largest + 1)
         self.observed, self.log_width_sum = 0.0, 0.0  # rows counted, and their widths' log sum
+
+    @property
+    def costs(self) -> dict[int, float]:
+        """Seconds per call of each candidate width, as estimated now."""
+        estimates = self.call_costs.estimates()
+        return {width: estimates[width] for width in self.widths}
+
+    def observe_cost(self, width: int, seconds: float, rows: Optional[int] = None) -> None:
+        """One call of `width` took `seconds` (forward and sampling) on `rows` rows; a batch regrouped to fewer
+        rows costs less per call, so its calls are not learned from."""
+        if rows is None or self.batch is None or rows == self.batch:
+            self.call_costs.learn(width, seconds)
 
     def observe(self, width: int, counts: Sequence[int]) -> None:
         """Record one call at `width`: counts[c] = how many rows (or row groups) committed c tokens."""
@@ -177,13 +332,21 @@ class WindowChooser:
         limit = self.largest if remaining is None else remaining
         seen = math.exp(self.log_width_sum / self.observed) if self.observed else None
         expected = {}
-        for width in self.costs:
+        for width in self.widths:
             counted = sum(survival[:min(width, limit)])
             scale = (width / seen) ** REFINEMENT if seen else 1.0
             expected[width] = min(counted * scale, width, limit)
         return expected
 
     def choose(self, remaining: Optional[int] = None) -> int:
-        """The width with the most expected tokens per second (the narrower one on a tie)."""
-        expected = self.expected_commits(remaining)
-        return max(self.costs, key=lambda w: (expected[w] / self.costs[w], -w))
+        """The width with the most expected tokens per second (the narrower one on a tie); one call in
+        EXPLORE_EVERY its neighbour called least recently instead."""
+        expected, costs = self.expected_commits(remaining), self.costs
+        best = max(self.widths, key=lambda w: (expected[w] / costs[w], -w))
+        if not self.call_costs.explores():
+            return best
+        index = self.widths.index(best)
+        neighbours = self.widths[max(index - 1, 0):index]
+        if index + 1 < len(self.widths) and (remaining is None or best < remaining):
+            neighbours.append(self.widths[index + 1])  # wider only while it could commit more
+        return self.call_costs.stalest(neighbours) if neighbours else best

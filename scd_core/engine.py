@@ -580,6 +580,8 @@ class _Run:
         else:
             result.forward_s += call.forward_s
         result.sample_s += sample_s
+        if self.chooser is not None:  # the automatic window learns each width's cost from the run's calls
+            self.chooser.observe_cost(call.width + call.pad, call.forward_s + sample_s, self.decoder.batch)
         if callback is not None:
             callback(IterationStats(self.iteration, outcome.committed, self.done, self.n, result.nfe, acceptance,
                                     self.decoder.tokens(self.done), call.forward_s, sample_s))

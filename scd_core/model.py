@@ -77,6 +77,8 @@ class TokenModel(Protocol):
         configured scale is `scale` (Lumina-mGPT 2.0's decays along the image); None keeps `scale` everywhere.
         A position's scale may depend on the position only, so that p stays a fixed function of the prefix.
       device: torch.device the logits come back on.
+      precision (e.g. "int8"; absent: the dtype's), compiled (true once the forward is compiled or graph-captured),
+        offload (e.g. "cpu"): how the model runs; the automatic window keeps call costs apart for each.
     Loaded families (see `scd_core.load_model`) also offer
       encode(prompt, negative_prompt=None) -> conditioning for `start`, and
       decode(tokens (batch, N)) -> images (batch, H, W, 3) float in 0..1.

@@ -35,3 +35,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     server = getattr(item, "funcargs", {}).get("comfy_server")
     if report.failed and server is not None:
         report.sections.append(("ComfyUI server log (tail)", server.log_tail()))
+
+
+@pytest.fixture
+def unlearned_auto_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests that compare two automatic runs on one model: their widths agree only if the first run taught
+    the chooser nothing, so the runs' own call costs are not learned and no call explores (both are tested on
+    their own in tests/test_auto_window.py)."""
+    from scd_core import auto_window
+
+    monkeypatch.setattr(auto_window.CallCosts, "learn", lambda self, width, seconds: None)
+    monkeypatch.setattr(auto_window.CallCosts, "explores", lambda self: False)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import random
+import statistics
+import time
 
 import pytest
 import torch
@@ -85,6 +88,7 @@ def test_costs_are_timed_interleaved_and_a_stall_cannot_make_a_width_dearer(monk
     assert costs == {1: 1.0, 2: 2.0, 4: 2.0, 8: 3.0}
 
 
+@pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model
 def test_costs_are_measured_once_per_model_and_the_timed_calls_leave_no_trace(monkeypatch):
     measured = []
     real = auto_window.measure_costs
@@ -118,6 +122,7 @@ def test_auto_windows_follow_the_commit_counts_and_faithful_keeps_the_ar_tokens(
 
 @pytest.mark.parametrize("coupler", ["maximal", "gumbel", "independent", "faithful"])
 @pytest.mark.parametrize("window", [7, "auto"])
+@pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model
 def test_fixed_shapes_give_the_same_tokens_with_one_call_width_per_window(coupler, window, monkeypatch):
     monkeypatch.setattr(auto_window, "measure_costs", lambda call, widths: {w: 1.0 + 0.05 * w for w in widths})
     model = GridModel(rows=6, cols=8, vocab_size=64, sharpness=0.5)
@@ -172,6 +177,7 @@ def test_without_counts_a_call_is_expected_to_commit_its_width_capped_by_the_res
     assert math.isclose(chooser.expected_commits(remaining=10)[64], 10.0)
 
 
+@pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model
 def test_with_candidates_the_costs_are_timed_on_trees_and_kept_apart(monkeypatch):
     """A call of width L with k candidates feeds 1 + k (L - 1) tokens: the auto window must price that."""
     fed = []
@@ -190,3 +196,173 @@ def test_with_candidates_the_costs_are_timed_on_trees_and_kept_apart(monkeypatch
     assert fed[6:] == [(w, w) for w in (1, 2, 4, 8, 16, 32)]  # measured again: not the trees' costs
     same = generate(model, None, SamplerConfig(window="auto", candidates=3, seed=2), batch_size=2)
     assert len(fed) == 12 and torch.equal(same.tokens, tree.tokens)  # the trees' costs were kept
+
+
+# seconds per call on a CPU-like device, and the costs a burst of load on the wide calls of the timed pass leaves
+CPU_LIKE = {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.4, 16: 1.8, 32: 2.8, 64: 4.8}
+BURST_ON_WIDE = {w: c * (3.0 if w >= 16 else 1.0) for w, c in CPU_LIKE.items()}
+
+
+def run_calls(chooser, seconds, calls, hazard=0.12, seed=0, also=()):
+    """`calls` calls as a run makes them: each width from `chooser`, then its commit count (first rejection
+    at K, geometric with `hazard`) and its cost `seconds(width, rng)` fed back; `also` choosers see the counts.
+    Returns the widths."""
+    rng = random.Random(seed)
+    widths = []
+    for _ in range(calls):
+        width = chooser.choose()
+        k = 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - hazard))
+        counts = [0] * (width + 1)
+        counts[min(k, width)] = 1
+        for each in (chooser, *also):
+            each.observe(width, counts)
+        chooser.observe_cost(width, seconds(width, rng))
+        widths.append(width)
+    return widths
+
+
+def noisy(costs, stall_every=10):
+    """A run's call: 1.3x the timed one (it also verifies), up to 10% jitter, one call in `stall_every` 4x."""
+    return lambda width, rng: costs[width] * 1.3 * (1 + 0.1 * rng.random()) * (4 if rng.random() < 1 / stall_every
+                                                                               else 1)
+
+
+def knowing(costs, counts_seen_by):
+    """A chooser that knows the costs and has seen the same commit counts."""
+    chooser = WindowChooser(auto_window.CallCosts({w: 1.3 * c for w, c in costs.items()}, fixed=True))
+    chooser.events, chooser.at_risk = counts_seen_by.events, counts_seen_by.at_risk
+    chooser.observed, chooser.log_width_sum = counts_seen_by.observed, counts_seen_by.log_width_sum
+    return chooser
+
+
+def true_best(costs, counts_seen_by):
+    """The width a chooser that knew the costs would pick, given the same commit counts."""
+    return knowing(costs, counts_seen_by).choose()
+
+
+def time_factor(widths, costs, counts_seen_by):
+    """Seconds per token of these calls' widths over the best width's, by the true costs and the counts."""
+    expected = knowing(costs, counts_seen_by).expected_commits()
+    rate = {w: expected[w] / costs[w] for w in costs}
+    return statistics.mean(max(rate.values()) / rate[w] for w in widths)
+
+
+def test_a_burst_during_the_timed_pass_is_corrected_within_a_few_dozen_calls():
+    fixed = WindowChooser(auto_window.CallCosts(BURST_ON_WIDE, fixed=True))  # the chooser before learning
+    learning = WindowChooser(BURST_ON_WIDE)
+    widths = run_calls(learning, noisy(CPU_LIKE), 200, hazard=0.05, also=[fixed])
+    assert true_best(CPU_LIKE, learning) == 32 and fixed.choose() == 8  # the burst alone keeps every call at 8
+    assert time_factor([fixed.choose()], CPU_LIKE, learning) > 1.15
+    # explorations at calls 20 (16), 40 (4), 60 (16 again): two comparisons against its seed say 16 is cheaper,
+    # and with 16 measured the seeds beyond it are rescaled: 32 follows at once
+    assert widths[19] == 16 and set(widths[:59]) <= {4, 8, 16} and widths[60:62] == [16, 32]
+    assert time_factor(widths[140:], CPU_LIKE, learning) < 1.04  # then 32, the best; exploration included
+    costs = learning.costs
+    assert costs[32] / costs[8] == pytest.approx(CPU_LIKE[32] / CPU_LIKE[8], rel=0.1)  # the stalls moved nothing
+
+
+def test_an_outlier_call_moves_no_cost():
+    chooser = WindowChooser(CPU_LIKE)
+    chooser.observe_cost(8, 1.3 * CPU_LIKE[8])
+    chooser.observe_cost(8, 100.0)  # a stall: of two calls the faster counts
+    assert chooser.costs[8] == 1.3 * CPU_LIKE[8]
+    chooser.observe_cost(8, 1.3 * CPU_LIKE[8])
+    assert chooser.costs[8] == 1.3 * CPU_LIKE[8]  # the median of three
+    assert chooser.costs[4] == pytest.approx(1.3 * CPU_LIKE[4])  # not called: its seed, at the load of the calls
+    lone = WindowChooser(CPU_LIKE)
+    lone.observe_cost(16, 50.0)  # the process's first call, and it stalled: every width looks as slow
+    assert lone.costs[16] == 50.0 and lone.costs[8] == pytest.approx(50.0 * CPU_LIKE[8] / CPU_LIKE[16])
+    assert lone.choose() == WindowChooser(CPU_LIKE).choose()
+
+
+def test_load_that_comes_and_goes_weighs_on_every_width_alike():
+    """Bursts of load (1.3-3x, 3-60 calls long) on every call: widths are compared with the calls around them."""
+    for seed in range(4):
+        bursts = random.Random(100 + seed)
+        state = dict(left=0, level=1.0)
+
+        def loaded(width, rng):
+            if state["left"] <= 0:
+                state["left"] = bursts.randint(3, 60)
+                state["level"] = 1.0 if state["level"] != 1.0 else bursts.uniform(1.3, 3.0)
+            state["left"] -= 1
+            return noisy(CPU_LIKE)(width, rng) * state["level"]
+
+        chooser = WindowChooser(CPU_LIKE)
+        widths = run_calls(chooser, loaded, 300, seed=seed)
+        assert time_factor(widths[40:], CPU_LIKE, chooser) < 1.06, seed
+
+
+@pytest.mark.parametrize("before, after, best_after", [
+    (CPU_LIKE, {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.02, 16: 1.05, 32: 1.1, 64: 1.2}, 64),  # compiled: wide calls cheap
+    ({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.02, 16: 1.05, 32: 1.1, 64: 1.2}, CPU_LIKE, 16),  # another process on the device
+])
+def test_a_step_change_in_cost_is_followed(before, after, best_after):
+    chooser = WindowChooser(before)
+    run_calls(chooser, noisy(before), 60, seed=1)
+    assert true_best(before, chooser) != best_after
+    widths = run_calls(chooser, noisy(after), 240, seed=2)
+    assert true_best(after, chooser) == best_after
+    # a step of width per two or three explorations of the neighbour that way: 16 -> 32 -> 64 by then
+    assert time_factor(widths[160:], after, chooser) < 1.05
+
+
+def test_exploration_is_one_call_in_twenty_at_a_neighbour_of_the_best():
+    chooser = WindowChooser(auto_window.CallCosts(CPU_LIKE, fixed=True))
+    widths = run_calls(chooser, noisy(CPU_LIKE), 1000, hazard=0.12)
+    best = true_best(CPU_LIKE, chooser)
+    assert widths[0] == 64  # no counts yet: the widest
+    explored = [(i, w) for i, w in enumerate(widths) if w != best and i > 0]
+    assert len(explored) == 1000 // auto_window.EXPLORE_EVERY == 50  # 5% of the calls
+    assert all((i + 1) % auto_window.EXPLORE_EVERY == 0 for i, _ in explored)  # fixed by the call count alone
+    assert [w for _, w in explored[-4:]] == [best * 2, best // 2] * 2  # the neighbours in turn
+    assert time_factor(widths[1:], CPU_LIKE, chooser) < 1.02  # what exploring costs here
+
+
+def test_a_run_teaches_the_process_what_its_calls_cost(monkeypatch):
+    """The timed pass said wide calls are dear (a burst); the runs' own calls say they cost as little as narrow
+    ones (a GPU-like device): the automatic window widens over the runs, and the costs stay with the model."""
+    timed = {w: 0.004 * (1 + w) for w in auto_window.CANDIDATES}
+    monkeypatch.setattr(auto_window, "measure_costs", lambda call, widths: {w: timed[w] for w in widths})
+
+    def flat_cost_model():
+        model = GridModel(rows=16, cols=16, vocab_size=64, sharpness=1.5)
+        start = model.start
+
+        def slow_start(cond, batch_size):
+            session = start(cond, batch_size)
+            forward = session.forward
+            session.forward = lambda tokens: (time.sleep(0.004), forward(tokens))[1]  # every width alike
+            return session
+
+        model.start = slow_start
+        return model
+
+    model, unlearned = flat_cost_model(), flat_cost_model()
+    auto_window.remember_costs(unlearned, 1, timed)  # what the chooser did before: the timed costs decide
+    runs = [generate(model, None, SamplerConfig(window="auto", seed=seed)) for seed in range(6)]
+    before = generate(unlearned, None, SamplerConfig(window="auto", seed=2))
+    assert statistics.median(before.windows[1:]) <= 4 and statistics.median(runs[-1].windows[1:]) >= 16
+    costs = auto_window._COSTS[model][auto_window.cost_key(model, 1)]
+    assert sum(w >= 32 for _, w, _ in costs.calls) >= auto_window.COST_WINDOW
+    assert costs.clock == sum(r.nfe - 1 for r in runs)
+
+
+def test_remembered_costs_are_a_profile_the_runs_do_not_move():
+    model = GridModel(rows=6, cols=8, vocab_size=64, sharpness=0.5)
+    auto_window.remember_costs(model, 1, CPU_LIKE)
+    generate(model, None, SamplerConfig(window="auto", seed=1))
+    chooser = auto_window.session_chooser(model, None, 1, 32)
+    assert chooser.costs == {w: c for w, c in CPU_LIKE.items() if w <= 32}
+
+
+def test_a_compiled_or_quantised_model_keeps_costs_of_its_own(monkeypatch):
+    measured = []
+    monkeypatch.setattr(auto_window, "measure_costs", lambda call, widths: measured.append(1) or dict(CPU_LIKE))
+    model = GridModel(rows=6, cols=8, vocab_size=64, sharpness=0.5)
+    for attribute, value in (("compiled", True), ("precision", "int8"), ("offload", "cpu")):
+        generate(model, None, SamplerConfig(window="auto", seed=1))
+        setattr(model, attribute, value)
+    generate(model, None, SamplerConfig(window="auto", seed=1))
+    assert len(measured) == 4
+    assert auto_window.cost_key(model, 1)[4:] == ("int8", True, "cpu")

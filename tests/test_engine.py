@@ -162,6 +162,7 @@ def test_cancel_stops_promptly_and_the_next_run_is_unaffected():
 @pytest.mark.parametrize("coupler, options, batch", [
     ("gumbel", dict(window=12), 2), ("faithful", dict(window=12), 2),
     ("gumbel", dict(window="auto", candidates=2), 5), ("faithful", dict(window=9, fixed_shapes=True), 3)])
+@pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model
 def test_reused_window_noise_equals_fresh_noise(coupler, options, batch, monkeypatch):
     """Each row reuses its window's Gumbel noise (rows at their own pace, widths that change, rows dropped once
     half are done); the result must equal hashing the whole window anew every call."""

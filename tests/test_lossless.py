@@ -162,6 +162,29 @@ def test_window_chosen_from_commit_counts_is_lossless(coupler, monkeypatch):
     assert chi_square_pvalue(result.tokens, law) > P_MIN
 
 
+@pytest.mark.parametrize("coupler", ["maximal", "gumbel"])
+def test_window_chosen_from_learned_costs_and_exploration_is_lossless(coupler, monkeypatch):
+    """window="auto" with call costs that jump from call to call: the chooser learns them and explores every
+    other call, so the widths move with the costs as well as the counts.  Still exact: the costs a call's width
+    comes from are those of earlier calls, whatever they are."""
+    monkeypatch.setattr(auto_window, "measure_costs", lambda call, widths: {1: 1.0, 2: 1.4, 4: 2.6})
+    monkeypatch.setattr(auto_window, "EXPLORE_EVERY", 2)
+    noise = torch.Generator().manual_seed(11)
+    learned = []
+    learn = auto_window.CallCosts.learn
+
+    def jumpy(costs, width, seconds):  # the measured seconds replaced by a cost that jumps tenfold
+        seconds = {1: 1.0, 2: 1.4, 4: 2.6}[width] * float(torch.empty(1).log_normal_(0, 1.2, generator=noise))
+        learned.append((width, seconds))
+        learn(costs, width, seconds)
+
+    monkeypatch.setattr(auto_window.CallCosts, "learn", jumpy)
+    result, law = sample_case(coupler, dict(vocab_size=3, num_tokens=6, cfg=True, grid=(2, 3)),
+                              dict(window="auto", cfg_scale=2.0, draft_init="above"), 2)
+    assert len(learned) == result.nfe - 1 and set(result.windows[1:]) == {1, 2, 4}  # every call after the prefill
+    assert chi_square_pvalue(result.tokens, law) > P_MIN
+
+
 def test_plain_ar_is_lossless():
     result, law = sample_case("maximal", dict(vocab_size=4, num_tokens=5), dict(window=1), 1)
     assert result.nfe == 5

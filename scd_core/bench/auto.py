@@ -1,21 +1,27 @@
-"""Wall time per image: the automatic window against fixed windows, on this machine.
+"""Wall time per image: the automatic window against pinned windows, in fresh processes, on this machine.
 
-`python -m scd_core.bench --auto` times the demo model and a Janus-Pro-1B-shaped stand-in: a synthetic
-24 x 24 grid model over 16384 codes (medium entropy, so the acceptance is an image model's) whose every
-call also runs a random-weight Janus-Pro-1B-shaped backbone and image head at the call's width, so that
-a call costs what it would cost that model here.  Runs are interleaved (seed by seed, every window in turn)
-so that load from elsewhere on the machine falls on all windows alike; the first auto run, which measures
-the costs, is a warm-up and is reported apart.
+`python -m scd_core.bench --auto` starts fresh processes one after the other for the demo model and for a
+Janus-Pro-1B-shaped stand-in: a synthetic 24 x 24 grid model over 16384 codes (medium entropy, so the
+acceptance is an image model's) whose every call also runs a random-weight Janus-Pro-1B-shaped backbone
+(`--layers` of its 24 layers) and image head at the call's width, so that a call costs what it would cost
+that model here.  Each process makes one automatic image (its first call times the widths: the seeds of the
+cost estimates), then rounds of one automatic image and one at each pinned window, seed for seed, so that
+load from elsewhere falls on all windows alike.  The first process's timed calls run under a burst of load: a
+busy-loop process for BURST_S seconds, started with them; the images compared start after it ends.
 
 The same command also checks the chooser against cost profiles this machine does not have: for a GPU-like
 profile (a call of 64 tokens costs 1.15x one of 1) and a steep CPU-like one (13x), each model's time per image
-is the sum of the profile's cost over the calls the engine makes, fixed windows and auto alike.
+is the sum of the profile's cost over the calls the engine makes, fixed windows and auto alike, and auto with
+its exploration against auto without.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
-import time
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
@@ -27,7 +33,8 @@ from ..config import SamplerConfig
 from ..engine import generate
 from .synthetic import GridModel
 
-WINDOWS: tuple = (8, 16, 32, 64, "auto")
+PINNED: tuple = (8, 16, 32, 64)  # the windows an automatic image is held against
+BURST_S = 1.0  # seconds of the busy loop started with the first process's timed calls
 MEDIUM_SHARPNESS = 1.5
 PROFILES = {  # seconds per call by width, relative
     "GPU-like (64 costs 1.15x)": {1: 1.0, 2: 1.0, 4: 1.01, 8: 1.02, 16: 1.04, 32: 1.08, 64: 1.15},
@@ -40,11 +47,11 @@ class ShapedGridModel(GridModel):
     """A GridModel whose calls cost what a Janus-Pro-shaped call of the same width costs on this device."""
 
     def __init__(self, size: str = "1B", layers: int = 4, context: int = 352, device: str = "cpu",
-                 dtype: Optional[torch.dtype] = None) -> None:
+                 dtype: Optional[torch.dtype] = None, side: int = 24) -> None:
         from .shapes import JANUS_SHAPES, _build_backbone
         from ..models.janus import cache_keyword, new_cache
 
-        super().__init__(rows=24, cols=24, vocab_size=16384, sharpness=MEDIUM_SHARPNESS, device=device)
+        super().__init__(rows=side, cols=side, vocab_size=16384, sharpness=MEDIUM_SHARPNESS, device=device)
         self.dtype = dtype or torch.float32
         self.backbone, self.head = _build_backbone(JANUS_SHAPES[size], layers, self.device, self.dtype)
         hidden = JANUS_SHAPES[size]["hidden_size"]
@@ -72,34 +79,90 @@ class ShapedGridModel(GridModel):
         return session
 
 
-def time_windows(model: Any, cond: Any, windows: Sequence, seeds: Sequence[int]) -> list[dict[str, Any]]:
-    """Median seconds per image for each window (maximal coupling), runs interleaved across windows."""
-    started = time.perf_counter()
-    generate(model, cond, SamplerConfig(window="auto", seed=seeds[0]))  # measures the costs once
-    measure_s = time.perf_counter() - started
-    runs: dict[Any, list] = {w: [] for w in windows}
-    for seed in seeds:
-        for window in windows:
-            runs[window].append(generate(model, cond, SamplerConfig(window=window, seed=seed)))
+def bench_model(name: str, layers: int, side: int) -> tuple[Any, Any]:
+    """(model, cond): "demo", or "janus-1b", the Janus-Pro-1B-shaped stand-in with `layers` layers on a grid of
+    `side` x `side`."""
+    if name == "demo":
+        from ..models.loading import load_model
+
+        demo = load_model("demo")
+        return demo, demo.encode("7")
+    return ShapedGridModel(layers=layers, side=side), None
+
+
+def busy_loop(seconds: float) -> subprocess.Popen:
+    """A process that keeps one core busy for `seconds`, returned once its loop runs."""
+    code = ("import time\nprint(flush=True)\nend = time.perf_counter() + %r\n"
+            "while time.perf_counter() < end:\n    pass\n" % seconds)
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    process.stdout.readline()
+    return process
+
+
+def one_process(name: str, layers: int, side: int, images: int, burst: bool) -> dict[str, Any]:
+    """What one fresh process sees: its first automatic image (which times the widths, under a burst of load
+    when `burst`), then `images` - 1 rounds of one automatic image and one at each pinned window, seed for seed."""
+    torch.set_grad_enabled(False)
+    model, cond = bench_model(name, layers, side)
+    measure, timed, bursts = auto_window.measure_costs, [], []
+
+    def measured(call, widths):
+        if burst:
+            bursts.append(busy_loop(BURST_S))
+        timed.append(measure(call, widths))
+        return timed[-1]
+
+    auto_window.measure_costs = measured
+    first = generate(model, cond, SamplerConfig(window="auto", seed=0))
+    for process in bursts:
+        process.wait()  # the images compared come after the burst
+    seconds: dict[str, list[float]] = {str(w): [] for w in ("auto",) + PINNED}
+    used: list[int] = []
+    for seed in range(1, images):
+        for window in ("auto",) + PINNED:
+            result = generate(model, cond, SamplerConfig(window=window, seed=seed))
+            seconds[str(window)].append(result.total_s)
+            if window == "auto":
+                used += result.windows[1:]
+    def commonest(windows: list[int]) -> str:
+        return ", ".join(auto_window.widths_used(windows).split(", ")[:3])
+
+    return dict(first_s=first.total_s, first_widths=commonest(first.windows), widths=commonest([1] + used),
+                seconds=seconds,
+                timed={str(w): c for w, c in timed[0].items()})
+
+
+def fresh_processes(name: str, processes: int, images: int, layers: int, side: int) -> list[dict[str, Any]]:
+    """`one_process` in `processes` fresh interpreters one after the other, the first one disturbed."""
     rows = []
-    for window, results in runs.items():
-        used: dict[int, int] = {}
-        for result in results:
-            for width in result.windows[1:]:
-                used[width] = used.get(width, 0) + 1
-        common = sorted(used.items(), key=lambda item: -item[1])[:3]
-        rows.append(dict(window=window, nfe=statistics.mean(r.nfe for r in results),
-                         seconds=statistics.median(r.total_s for r in results),
-                         widths=" ".join(f"{w}x{n}" for w, n in common) if window == "auto" else "-"))
-    best = min(r["seconds"] for r in rows if r["window"] != "auto")
-    for row in rows:
-        row["vs_best_fixed"] = row["seconds"] / best
-    rows[-1]["widths"] += f" (first run, which measured the costs: {measure_s:.1f} s)"
+    root = Path(__file__).resolve().parents[2]
+    for index in range(processes):
+        code = ("import json, sys\nfrom scd_core.bench.auto import one_process\n"
+                "print(json.dumps(one_process(*json.loads(sys.argv[1]))))")
+        argument = json.dumps([name, layers, side, images, index == 0])
+        done = subprocess.run([sys.executable, "-c", code, argument], cwd=root, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"benchmark process {index + 1} failed:\n{done.stderr[-3000:]}")
+        run = json.loads(done.stdout.strip().splitlines()[-1])
+        mean = {window: statistics.mean(times) for window, times in run["seconds"].items()}
+        best = min((w for w in mean if w != "auto"), key=mean.get)
+        timed = run["timed"]
+        rows.append(dict(process=index + 1, burst=f"{BURST_S:g} s" if index == 0 else "-",
+                         timed_64_vs_1=timed[max(timed, key=int)] / timed["1"],
+                         first_vs_best=run["first_s"] / mean[best], first_widths=run["first_widths"],
+                         best_pinned=best, best_s=mean[best], auto_s=mean["auto"], auto_vs_best=mean["auto"] / mean[best],
+                         widths=run["widths"]))
+        print(f"  {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)  # what a cut-short run leaves
     return rows
 
 
+PROCESS_COLUMNS = ("process", "burst", "timed_64_vs_1", "first_vs_best", "first_widths", "best_pinned", "best_s",
+                   "auto_s", "auto_vs_best", "widths")
+
+
 def profile_rows(seeds: Sequence[int]) -> list[dict[str, Any]]:
-    """Time per image under each cost profile (sum of per-call costs), relative to the best fixed window."""
+    """Time per image under each cost profile (sum of per-call costs), relative to the best fixed window, and
+    what exploration costs there: auto against auto that never explores."""
     from ..models.loading import load_model
 
     demo = load_model("demo")
@@ -109,36 +172,43 @@ def profile_rows(seeds: Sequence[int]) -> list[dict[str, Any]]:
     rows = []
     for profile, costs in PROFILES.items():
         for name, model, cond in models:
-            auto_window.remember_costs(model, 1, costs)
-            seconds = {}
-            for window in PROFILE_WINDOWS:
+            def replay(window: Any) -> float:
+                auto_window.remember_costs(model, 1, costs)  # the profile, and exploration's clock from 0
                 results = [generate(model, cond, SamplerConfig(window=window, seed=seed)) for seed in seeds]
-                seconds[window] = statistics.mean(sum(auto_window.cost_of_width(costs, w) for w in r.windows[1:])
-                                                  for r in results)
+                return statistics.mean(sum(auto_window.cost_of_width(costs, w) for w in r.windows[1:])
+                                       for r in results)
+
+            seconds = {window: replay(window) for window in PROFILE_WINDOWS}
+            explore_every, auto_window.EXPLORE_EVERY = auto_window.EXPLORE_EVERY, 10 ** 9
+            try:
+                never_exploring = replay("auto")
+            finally:
+                auto_window.EXPLORE_EVERY = explore_every
             fixed = {w: t for w, t in seconds.items() if w != "auto"}
             best = min(fixed, key=fixed.get)
             rows.append(dict(profile=profile, model=name, best_fixed=best,
                              auto_vs_best=seconds["auto"] / fixed[best],
+                             exploring_vs_not=seconds["auto"] / never_exploring,
                              **{f"w{w}_vs_best": fixed[w] / fixed[best] for w in fixed}))
     return rows
 
 
-def auto_tables(seeds: Sequence[int], layers: int = 4) -> str:
-    from ..models.loading import load_model
-
+def auto_tables(seeds: Sequence[int], processes: int = 10, images: Sequence[int] = (4,), layers: int = 2,
+                side: int = 24) -> str:
+    """The benchmark's tables; `images` per process: the demo's, and (the last number) the stand-in's."""
     torch.set_grad_enabled(False)
-    demo = load_model("demo")
-    parts = [f"**demo** (prompt '7', maximal coupling, median of {len(seeds)} seeds)\n\n"
-             + markdown(time_windows(demo, demo.encode("7"), WINDOWS, seeds),
-                        ("window", "nfe", "seconds", "vs_best_fixed", "widths"))]
-    shaped = ShapedGridModel(layers=layers)
-    parts.append(f"**Janus-Pro-1B-shaped** (synthetic 24 x 24 grid, 16384 codes, medium entropy; each call also "
-                 f"runs a random Janus-Pro-1B-shaped backbone of {layers} layers at its width; median of "
-                 f"{len(seeds)} seeds)\n\n"
-                 + markdown(time_windows(shaped, None, WINDOWS, seeds),
-                            ("window", "nfe", "seconds", "vs_best_fixed", "widths")))
+    titles = {"demo": "**demo** (prompt '7', maximal coupling)",
+              "janus-1b": f"**Janus-Pro-1B-shaped** (synthetic {side} x {side} grid, 16384 codes, medium entropy; "
+                          f"each call also runs a random Janus-Pro-1B-shaped backbone of {layers} layers at its width)"}
+    parts = []
+    for (name, title), count in zip(titles.items(), (images[0], images[-1])):
+        print(parts[-1] if parts else "", file=sys.stderr, flush=True)
+        parts.append(f"{title}: {processes} fresh processes, each {count} automatic images and {count - 1} at each "
+                     f"pinned window {', '.join(map(str, PINNED))} (seeds 1..{count - 1} after the automatic seed 0); "
+                     f"seconds are means per image over those seeds\n\n"
+                     + markdown(fresh_processes(name, processes, count, layers, side), PROCESS_COLUMNS))
     parts.append(f"**Other cost profiles** (time = sum of the profile's per-call cost over the calls made; mean of "
-                 f"{len(seeds)} seeds)\n\n"
-                 + markdown(profile_rows(seeds), ("profile", "model", "best_fixed", "auto_vs_best",
+                 f"{len(seeds)} seeds; exploring_vs_not: auto against auto that never explores)\n\n"
+                 + markdown(profile_rows(seeds), ("profile", "model", "best_fixed", "auto_vs_best", "exploring_vs_not",
                                                   *(f"w{w}_vs_best" for w in PROFILE_WINDOWS[:-1]))))
     return "\n\n".join(parts)

@@ -34,7 +34,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--prompt", default="7", help="prompt or class label for --model")
     parser.add_argument("--shape", choices=("1B", "7B", "lumina-7b"),
                         help="window cost of a Janus-Pro- or Lumina-mGPT-shaped model")
-    parser.add_argument("--layers", type=int, help="--shape: layers to build (default: all that fit in memory)")
+    parser.add_argument("--layers", type=int, help="--shape: layers to build (default: all that fit in memory); "
+                                                   "--auto: of the Janus-Pro-1B stand-in (default 2)")
     parser.add_argument("--video", action="store_true", help="synthetic video model (AR / SJD / SCD x draft init)")
     parser.add_argument("--long", action="store_true",
                         help="time and sampling time per call along an 8193-token Emu3-shaped image (AR, SCD)")
@@ -45,6 +46,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="--device-check: tiny shapes (tests the same code path)")
     parser.add_argument("--auto", action="store_true",
                         help="time per image, automatic window against fixed ones: demo and Janus-Pro-1B-shaped")
+    parser.add_argument("--processes", type=int, default=10, help="--auto: fresh processes per model")
+    parser.add_argument("--images", type=int, nargs="+", default=[4],
+                        help="--auto: automatic images per process (one number, or the demo's and the stand-in's)")
+    parser.add_argument("--side", type=int, default=24, help="--auto: grid side of the Janus-Pro-1B stand-in")
     parser.add_argument("--candidates", action="store_true",
                         help="candidates=2..4 against SCD-MC at window 32, seed for seed (demo and the grids)")
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 32, 64])
@@ -85,7 +90,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     elif args.auto:
         from .auto import auto_tables
 
-        section, text = "auto", auto_tables(seeds)
+        section, text = "auto", auto_tables(seeds, args.processes, args.images, args.layers or 2,
+                                                args.side)
     elif args.device_check:
         from .device_check import run
 
