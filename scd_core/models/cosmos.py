@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from .checkpoints import ModelLoadError, read_torch_checkpoint
 from .row_cache import RowCache
 from .tokenizer_files import read_json
+from .quantize import quantize_then_move
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
 WEIGHTS = "model.pt"
@@ -639,7 +640,9 @@ def detect(folder: Path) -> bool:
     return "cosmos" in folder.name.lower() or size_from_name(folder) is not None
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> CosmosModel:
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> CosmosModel:
+    """Load a Cosmos-1.0 autoregressive folder onto `device`, computing in `dtype`, the transformer blocks'
+    linear layers at `quantize` precision (quantize.PRECISIONS)."""
     folder = Path(folder)
     cfg = config_for(folder)
     tokenizer = find_tokenizer(folder)  # before the big read: a missing file fails fast
@@ -656,5 +659,5 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> CosmosModel:
         t5 = CosmosT5(Path(t5_folder), dtype, T5_TOKENS)
     size = size_from_name(folder) or "custom"
     model = CosmosModel(net.to(dtype), encoder.to(dtype), decoder.to(dtype), size, t5)
-    model.module.to(device)
+    quantize_then_move(model.module, net.layers, quantize, dtype, device)
     return model

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
+from .generation_only import code_rows_head
 from .hf_folders import check_safetensors_weights, load_pretrained
+from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone
 from .tokenizer_files import TextTokenizer, read_json
 
@@ -82,9 +83,8 @@ class Emu3Model:
         self._tokenizer = tokenizer
         self.code_ids = code_ids
         self.vocab_size = code_ids.numel()
-        first = int(code_ids[0])
-        contiguous = torch.equal(code_ids, torch.arange(first, first + self.vocab_size))
-        self.code_rows: Union[slice, torch.Tensor] = slice(first, first + self.vocab_size) if contiguous else code_ids
+        # generation samples only the 32768 image-code rows of lm_head (of ~184k): the others are freed
+        module.lm_head = code_rows_head(module.lm_head, code_ids)
         self._code_of = torch.zeros(module.config.text_config.vocab_size, dtype=torch.long)
         self._code_of[code_ids] = torch.arange(self.vocab_size)  # id -> code; non-code ids decode as code 0
         self._bos = tokenizer.special_id("bos_token", BOS)
@@ -148,8 +148,7 @@ class Emu3Model:
         return CFGSession(prefix, mask, self.num_tokens,
                           backbone=lambda cache: RowAttentionBackbone(net.model.text_model, cache),
                           embed_prefix=net.get_input_embeddings(), embed_image=net.get_input_embeddings(),
-                          # only the image-code rows of lm_head (32768 of ~184k); a slice when the ids are contiguous
-                          head=lambda hidden: F.linear(hidden, net.lm_head.weight[self.code_rows]))
+                          head=net.lm_head)  # its rows are the image codes only
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -209,8 +208,9 @@ def code_ids_from(config: dict, tokenizer: TextTokenizer, folder: Path) -> torch
     return torch.tensor(ids, dtype=torch.long)
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> Emu3Model:
-    """Load a transformers-format Emu3-Gen folder onto `device` in `dtype`."""
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> Emu3Model:
+    """Load a transformers-format Emu3-Gen folder onto `device`, computing in `dtype`, the backbone's linear
+    layers at `quantize` precision (quantize.PRECISIONS)."""
     from transformers import Emu3ForConditionalGeneration
 
     folder = Path(folder)
@@ -221,4 +221,6 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> Emu3Model:
     code_ids = code_ids_from(config, tokenizer, folder)
     check_safetensors_weights(folder, HF_FORMAT_HINT)
     module = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, "Emu3-Gen", HF_FORMAT_HINT)
-    return Emu3Model(module.to(device), tokenizer, code_ids)
+    model = Emu3Model(module, tokenizer, code_ids)  # slices lm_head to the image codes
+    quantize_then_move(model.module, module.model.text_model, quantize, dtype, device)
+    return model

@@ -27,7 +27,9 @@ import torch
 
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
+from .generation_only import drop_modules
 from .hf_folders import check_safetensors_weights, load_pretrained
+from .quantize import quantize_then_move
 from .row_cache import RowCache
 from .tokenizer_files import TextTokenizer, read_json
 
@@ -40,6 +42,8 @@ BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 CFG_PAD_TOKEN = "<｜▁pad▁｜>"  # Janus's pad for uncond rows; not the tokenizer's own pad token
 BEGIN_OF_IMAGE = "<begin_of_image>"
 PROMPT_TEMPLATE = "<|User|>: {text}\n\n<|Assistant|>:"
+# Understanding only: the SigLIP vision tower and its aligner encode input images, lm_head predicts text.
+UNUSED_MODULES = ("model.vision_model", "model.aligner", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -200,8 +204,9 @@ def _check_config(folder: Path) -> None:
         raise ModelLoadError(f"{path} has model_type {model_type!r}, not {MODEL_TYPE!r}: not a Janus-Pro folder")
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> JanusModel:
-    """Load a transformers-format Janus-Pro folder onto `device` in `dtype`."""
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> JanusModel:
+    """Load a transformers-format Janus-Pro folder onto `device`, computing in `dtype`, the backbone's linear
+    layers at `quantize` precision (quantize.PRECISIONS); the parts only understanding uses are dropped."""
     folder = Path(folder)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
@@ -211,4 +216,6 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> JanusModel:
     from transformers import JanusForConditionalGeneration
 
     net = load_pretrained(JanusForConditionalGeneration, folder, dtype, "Janus-Pro", HF_FORMAT_HINT)
-    return JanusModel(net.to(device), tokenizer)
+    drop_modules(net, *UNUSED_MODULES)
+    quantize_then_move(net, net.model.language_model, quantize, dtype, device)
+    return JanusModel(net, tokenizer)

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
+from .quantize import quantize_then_move
 from .row_cache import RowCache
 from .vq16 import VQModel, vq_from_state_dict
 
@@ -561,7 +562,9 @@ def _positive_int(value: Any, name: str, folder: Path) -> int:
     return value
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaGenModel:
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LlamaGenModel:
+    """Load a LlamaGen folder onto `device`, computing in `dtype`, the transformer blocks' linear layers at
+    `quantize` precision (quantize.PRECISIONS); the class/caption embedders, the head and the VQ stay float."""
     folder = Path(folder)
     settings = _settings(folder)
     image_size = _positive_int(settings["image_size"], "image_size", folder)
@@ -598,5 +601,5 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaGenMode
     model = LlamaGenModel(gpt.to(dtype), vq, image_size, family=settings.get("family", "llamagen"),
                           captioner=captioner, cfg_scale=settings.get("cfg_scale"), top_k=settings.get("top_k"),
                           class_names=settings.get("class_names"))
-    model.module.to(device)
+    quantize_then_move(model.module, gpt.layers, quantize, dtype, device)
     return model

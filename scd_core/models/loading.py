@@ -1,18 +1,19 @@
 """`load_model`: a model folder on disk (or "demo") to a ready TokenModel.
 
 Each family module offers `detect(folder) -> bool` and
-`load(folder, device, dtype)`; the first family that recognises the folder loads it.
+`load(folder, device, dtype, quantize)`; the first family that recognises the folder loads it.
 """
 
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import torch
 
 from .checkpoints import ModelLoadError
+from .quantize import check_precision, normalize_precision
 
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
 FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.models.emu3",
@@ -53,17 +54,23 @@ def pick_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) -> to
 
 
 def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = None,
-               dtype: Union[str, torch.dtype, None] = None) -> Any:
-    """Load the model in `path` ("demo" for the embedded demo model)."""
+               dtype: Union[str, torch.dtype, None] = None, quantize: Optional[str] = None) -> Any:
+    """Load the model in `path` ("demo" for the embedded demo model).
+
+    `dtype` is the compute dtype; `quantize` ("int8" or "nf4"; None or "none" for full precision) stores the
+    backbone's linear layers in fewer bits (heads, embeddings and image decoders stay at `dtype`).
+    """
     folder = DEMO_DIR if str(path) == "demo" else Path(path).expanduser()
     if not folder.is_dir():
         raise ModelLoadError(f"model folder {folder} not found")
     device = pick_device(device)
     dtype = pick_dtype(dtype, device)
+    precision = normalize_precision(quantize)
+    check_precision(precision, device, dtype)  # before anything is read
     for name in FAMILIES:
         family = importlib.import_module(name)
         if family.detect(folder):
-            return family.load(folder, device, dtype)
+            return family.load(folder, device, dtype, quantize=precision)
     found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
     raise ModelLoadError(
         f"{folder} is not a model folder this pack can load (found: {found}). Expected a Janus-Pro folder in "

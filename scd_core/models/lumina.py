@@ -31,14 +31,15 @@ import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional
 
 import torch
-import torch.nn.functional as F
 
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
+from .generation_only import code_rows_head
 from .hf_folders import raise_load_failure
+from .quantize import QuantizationError, quantize_then_move
 from .tokenizer_files import TextTokenizer, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
 from .janus import RowBackbone
@@ -98,6 +99,8 @@ class LuminaModel:
 
     def __init__(self, net: torch.nn.Module, vq: VQDecoder, tokenizer: TextTokenizer, code_ids: torch.Tensor,
                  variant: Variant, resolution: int, bos: Optional[int]) -> None:
+        # generation samples only the image-code rows of lm_head (8192 or 16384 of 65536+): the others are freed
+        net.lm_head = code_rows_head(net.lm_head, code_ids)
         self.module = torch.nn.ModuleDict({"lm": net, "vq": vq}).eval()
         self.family = variant.family
         self.default_cfg_scale = variant.cfg_scale
@@ -105,9 +108,6 @@ class LuminaModel:
         self._tokenizer = tokenizer
         self.code_ids = code_ids
         self.vocab_size = code_ids.numel()
-        first = int(code_ids[0])
-        contiguous = torch.equal(code_ids, torch.arange(first, first + self.vocab_size))
-        self._code_rows: Union[slice, torch.Tensor] = slice(first, first + self.vocab_size) if contiguous else code_ids
         self._code_of = torch.full((net.config.vocab_size,), -1, dtype=torch.long)
         self._code_of[code_ids] = torch.arange(self.vocab_size)  # token id -> code index, -1 for other ids
         self._bos = bos
@@ -145,10 +145,6 @@ class LuminaModel:
     def device(self) -> torch.device:
         return self.module["lm"].lm_head.weight.device
 
-    def code_head(self) -> torch.Tensor:
-        """The lm_head rows of the image codes, in code_ids order (a view when the ids are contiguous)."""
-        return self.module["lm"].lm_head.weight[self._code_rows]
-
     def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> LuminaPrompt:
         """Prefix ids; without a negative prompt the uncond context is the bare image header, as the authors run it."""
         if not isinstance(prompt, str):
@@ -184,7 +180,7 @@ class LuminaModel:
                           backbone=lambda cache: RowBackbone(lm.model, cache),
                           embed_prefix=lm.model.embed_tokens, embed_image=lm.model.embed_tokens,
                           # the code rows only: transformers' own head would mask the image rows
-                          head=lambda hidden: F.linear(hidden, self.code_head()))
+                          head=lm.lm_head)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -399,8 +395,9 @@ def _read_network(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
     return net.eval().requires_grad_(False)
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LuminaModel:
-    """Load a Lumina-mGPT 1 or 2.0 folder onto `device` in `dtype`."""
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LuminaModel:
+    """Load a Lumina-mGPT 1 or 2.0 folder onto `device`, computing in `dtype`, the backbone's linear layers at
+    `quantize` precision (quantize.PRECISIONS)."""
     folder = Path(folder)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
@@ -416,8 +413,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LuminaModel:
     failure: Optional[str] = None
     try:
         model = LuminaModel(_read_network(folder, dtype), vq.to(dtype), tokenizer, code_ids, variant, resolution, bos)
-        model.module.to(device)
-    except ModelLoadError as err:
+        quantize_then_move(model.module, model.module["lm"].model, quantize, dtype, device)
+    except (ModelLoadError, QuantizationError) as err:
         failure = str(err)
     except Exception as err:  # transformers raises many types for bad configs
         failure = f"{folder} could not be loaded as Lumina-mGPT ({type(err).__name__}: {err}); {HINT}"
