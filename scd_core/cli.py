@@ -24,6 +24,7 @@ from .models.checkpoints import ModelLoadError
 from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .engine import GenerationResult, IterationStats, ModelOutputError, generate
 from .models.loading import load_model, pick_device
+from .models.quantize import PRECISIONS
 from .model import set_image_size
 
 EXIT_BAD_INPUT = 2
@@ -79,6 +80,8 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--negative-prompt", help="negative prompt for the unconditional CFG branch")
     model.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
     model.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
+    model.add_argument("--quantize", choices=PRECISIONS, default="none",
+                       help="store the backbone's weights in 8 or 4 bits (nf4 needs bitsandbytes); exact either way")
     model.add_argument("--width", type=_pixels, default=0,
                        help="image width in pixels (Emu3, Lumina-mGPT); default 0: the model's size")
     model.add_argument("--height", type=_pixels, default=0,
@@ -280,7 +283,7 @@ def run_generate(args: argparse.Namespace) -> int:
     check_output(args.output)
     if (args.width == 0) != (args.height == 0):
         raise ValueError(f"give both --width and --height, or neither (got {args.width} x {args.height})")
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, quantize=args.quantize)
     set_image_size(model, args.width, args.height)
     cond = model.encode(args.prompt, args.negative_prompt)
     if args.compare:
