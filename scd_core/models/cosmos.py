@@ -51,6 +51,7 @@ from .quantize import quantize_then_move
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
 WEIGHTS = "model.pt"
+CACHE_TOKENS = 12800  # 9 context frames and 24 generated ones: 5 latent frames (memory estimates)
 ENCODER, DECODER = "encoder.jit", "decoder.jit"
 TOKENIZER_FOLDER = "Cosmos-1.0-Tokenizer-DV8x16x16"
 TEMPORAL, SPATIAL = 8, 16  # DV8x16x16: pixel frames per latent frame (after the first), pixels per code

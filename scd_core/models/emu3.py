@@ -44,6 +44,7 @@ NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers
                    "username, blurry.")
 DEFAULT_RATIO, DEFAULT_AREA = "1:1", 720 * 720
 DOWNSAMPLE = 8  # pixels per token side, as Emu3's processor assumes
+CACHE_TOKENS = 120 + 8193  # a prompt and a 720 px image (memory estimates)
 
 
 def grid_size(ratio: str, image_area: int) -> tuple[int, int]:

@@ -44,6 +44,8 @@ BEGIN_OF_IMAGE = "<begin_of_image>"
 PROMPT_TEMPLATE = "<|User|>: {text}\n\n<|Assistant|>:"
 # Understanding only: the SigLIP vision tower and its aligner encode input images, lm_head predicts text.
 UNUSED_MODULES = ("model.vision_model", "model.aligner", "lm_head")
+UNUSED_WEIGHTS = tuple(f"{name}." for name in UNUSED_MODULES)  # their names in the checkpoint
+CACHE_TOKENS = 64 + 576  # a prompt and the 24 x 24 codes (memory estimates)
 
 
 @dataclass(frozen=True)

@@ -477,6 +477,7 @@ class LlamaGenModel:
 ORIGINAL_GPT = re.compile(r"^(c2i|t2i)_([0-9A-Za-z]+)_(?:.*_)?(\d+)\.(pt|pth|safetensors)$")
 ORIGINAL_VQ = re.compile(r"^vq_ds\d+.*\.(pt|pth|safetensors)$")
 CONFIG_NAMES = ("llamagen.json", "config.json")
+CACHE_TOKENS = 120 + 1024  # a caption and the largest grid, 32 x 32 (memory estimates)
 
 
 def _read_config(folder: Path) -> Optional[dict[str, Any]]:

@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 import torch
 
 from .checkpoints import ModelLoadError
+from .memory import MemoryEstimate, folder_estimate
 from .quantize import check_precision, normalize_precision
 
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
@@ -60,17 +61,34 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
     `dtype` is the compute dtype; `quantize` ("int8" or "nf4"; None or "none" for full precision) stores the
     backbone's linear layers in fewer bits (heads, embeddings and image decoders stay at `dtype`).
     """
-    folder = DEMO_DIR if str(path) == "demo" else Path(path).expanduser()
-    if not folder.is_dir():
-        raise ModelLoadError(f"model folder {folder} not found")
+    folder = _model_folder(path)
     device = pick_device(device)
     dtype = pick_dtype(dtype, device)
     precision = normalize_precision(quantize)
     check_precision(precision, device, dtype)  # before anything is read
+    return _family(folder).load(folder, device, dtype, quantize=precision)
+
+
+def estimate_memory(path: Union[str, Path]) -> MemoryEstimate:
+    """What `load_model(path)` will hold, from the weight files' headers: see `memory.MemoryEstimate`."""
+    folder = _model_folder(path)
+    family = _family(folder)
+    return folder_estimate(folder, getattr(family, "UNUSED_WEIGHTS", ()), getattr(family, "CACHE_TOKENS", 4096))
+
+
+def _model_folder(path: Union[str, Path]) -> Path:
+    folder = DEMO_DIR if str(path) == "demo" else Path(path).expanduser()
+    if not folder.is_dir():
+        raise ModelLoadError(f"model folder {folder} not found")
+    return folder
+
+
+def _family(folder: Path) -> Any:
+    """The family module that recognises `folder`."""
     for name in FAMILIES:
         family = importlib.import_module(name)
         if family.detect(folder):
-            return family.load(folder, device, dtype, quantize=precision)
+            return family
     found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
     raise ModelLoadError(
         f"{folder} is not a model folder this pack can load (found: {found}). Expected a Janus-Pro folder in "

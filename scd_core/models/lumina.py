@@ -56,6 +56,8 @@ MOVQ_CODE_OFFSET = 155000
 # images) and rotary tables (recomputed from config.json).
 UNUSED_PREFIXES = ("model.vqmodel.",)
 UNUSED_SUFFIXES = ("rotary_emb.inv_freq",)
+UNUSED_WEIGHTS = UNUSED_PREFIXES  # what the memory estimate leaves out
+CACHE_TOKENS = 80 + 2357  # a prompt and a 768 px image (memory estimates)
 HINT = ("a Lumina-mGPT folder is the Hugging Face repository (Alpha-VLLM/Lumina-mGPT-7B-768 or -512/-1024, "
         "or Alpha-VLLM/Lumina-mGPT-2.0) plus its image tokenizer (Chameleon's vqgan.ckpt, or movqgan_270M.ckpt "
         "for 2.0); see the README's 'Model folders' table")
