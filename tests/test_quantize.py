@@ -16,6 +16,10 @@ import pytest
 import torch
 from torch import nn
 
+from cosmos_fixture import context_frames, write_cosmos
+from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
+from llamagen_fixture import write_original_c2i
+from lumina_fixture import tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.models import quantize
 from scd_core.models.llamagen import GPT, ClassLabel, GPTConfig, LlamaGenSession
@@ -217,3 +221,47 @@ def test_generation_only_janus_drops_what_understanding_uses(tiny_janus_dir: Pat
     for name in ("vision_model", "aligner"):
         assert not hasattr(net.model, name)
     assert not hasattr(net, "lm_head")
+
+
+# ---- every family's tiny real-format checkpoint at every precision ----
+
+BACKBONES = {  # where each family's quantised linear layers live
+    "janus": lambda m: m.module.model.language_model, "emu3": lambda m: m.module.model.text_model,
+    "lumina-mgpt": lambda m: m.module["lm"].model, "lumina-mgpt-2": lambda m: m.module["lm"].model,
+    "llamagen": lambda m: m.module["gpt"].layers, "cosmos": lambda m: m.module["transformer"].layers,
+}
+
+
+@pytest.fixture(scope="module")
+def family_folders(tmp_path_factory: pytest.TempPathFactory, tiny_janus_dir: Path, tiny_emu3_dir: Path,
+                   tiny_lumina_dir: Path, tiny_lumina2_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("quantized_families")
+    return {"janus": tiny_janus_dir, "emu3": tiny_emu3_dir, "lumina-mgpt": tiny_lumina_dir,
+            "lumina-mgpt-2": tiny_lumina2_dir, "llamagen": write_original_c2i(root / "llamagen"),
+            "cosmos": write_cosmos(root, "4B")}
+
+
+def family_cond(model):
+    if model.family == "cosmos":
+        return model.encode_video(context_frames(9))
+    if model.family == "emu3":
+        model.set_resolution("4:3", 768)  # 3 x 4 codes: keeps the run short
+    return model.encode("3" if model.family == "llamagen" else PROMPT)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("family", list(BACKBONES))
+def test_every_family_loads_generates_and_decodes_at_each_precision(family_folders: dict[str, Path], family: str,
+                                                                    precision: str) -> None:
+    full = load_model(family_folders[family], device="cpu", dtype="float32")
+    model = load_model(family_folders[family], device="cpu", dtype="float32", quantize=precision)
+    assert model.family == full.family == family
+    linears = [m for m in BACKBONES[family](full).modules() if type(m) is nn.Linear]
+    layers = [type(m).__name__ for m in BACKBONES[family](model).modules()]
+    assert "Linear" not in layers and layers.count("Int8Linear" if precision == "int8" else "Linear4bit") == len(linears)
+    assert quantize.module_bytes(model.module) < quantize.module_bytes(full.module)
+    cond = family_cond(model)
+    result = generate(model, cond, SamplerConfig(coupler="maximal", window=4, seed=2))
+    assert result.tokens.shape == (1, model.num_tokens)
+    pixels = model.decode(result.tokens)
+    assert pixels.dtype == torch.float32 and torch.isfinite(pixels).all() and 0 <= pixels.min() <= pixels.max() <= 1
