@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from .checkpoints import ModelLoadError, read_torch_checkpoint
 from .row_cache import RowCache
 from .tokenizer_files import read_json
-from .quantize import quantize_then_move
+from .quantize import quantize_linears, quantize_then_move
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
 WEIGHTS = "model.pt"
@@ -648,6 +648,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     cfg = config_for(folder)
     tokenizer = find_tokenizer(folder)  # before the big read: a missing file fails fast
     net = transformer_from_state_dict(read_state_dict(folder / WEIGHTS), cfg, folder / WEIGHTS)
+    # before the cast: each layer is read from the memory-mapped model.pt and quantised on its own
+    quantize_linears(net.layers, quantize, dtype)
     encoder, decoder = load_torchscript(tokenizer / ENCODER), load_torchscript(tokenizer / DECODER)
     t5 = None
     if cfg.cross_attention:
@@ -660,5 +662,5 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
         t5 = CosmosT5(Path(t5_folder), dtype, T5_TOKENS)
     size = size_from_name(folder) or "custom"
     model = CosmosModel(net.to(dtype), encoder.to(dtype), decoder.to(dtype), size, t5)
-    quantize_then_move(model.module, net.layers, quantize, dtype, device)
+    quantize_then_move(model.module, net.layers, "none", dtype, device)
     return model

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
-from .quantize import quantize_then_move
+from .quantize import quantize_linears, quantize_then_move
 from .row_cache import RowCache
 from .vq16 import VQModel, vq_from_state_dict
 
@@ -590,6 +590,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
                              f"{settings['vq_checkpoint'].name} has {vq.config.codebook_size}; they do not belong together")
     gpt = gpt_from_state_dict(state, cfg, str(gpt_path))
     del state
+    # before the cast: each layer is read from the (memory-mapped) checkpoint and quantised on its own
+    quantize_linears(gpt.layers, quantize, dtype)
     captioner = None
     if cfg.task == "t2i":
         t5_folder = settings.get("t5_folder")
@@ -602,5 +604,5 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     model = LlamaGenModel(gpt.to(dtype), vq, image_size, family=settings.get("family", "llamagen"),
                           captioner=captioner, cfg_scale=settings.get("cfg_scale"), top_k=settings.get("top_k"),
                           class_names=settings.get("class_names"))
-    quantize_then_move(model.module, gpt.layers, quantize, dtype, device)
+    quantize_then_move(model.module, gpt.layers, "none", dtype, device)
     return model

@@ -36,10 +36,10 @@ from typing import Iterator, Optional
 import torch
 
 from .cfg_session import CFGSession, cfg_prefix
-from .checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
+from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
 from .generation_only import code_rows_head
 from .hf_folders import raise_load_failure
-from .quantize import QuantizationError, quantize_then_move
+from .quantize import QuantizationError, assign_quantizing, quantize_then_move
 from .tokenizer_files import TextTokenizer, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
 from .janus import RowBackbone
@@ -368,8 +368,9 @@ def _checkpoint_plan(folder: Path, expected: dict[str, torch.Size], heads: dict[
     return plan
 
 
-def _read_network(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """ChameleonForConditionalGeneration with every weight from the shards, q/k norms expanded to one row per head."""
+def _read_network(folder: Path, dtype: torch.dtype, precision: str) -> torch.nn.Module:
+    """ChameleonForConditionalGeneration with every weight from the shards, q/k norms expanded to one row per head,
+    read tensor by tensor and the backbone's linear layers quantised to `precision` as they arrive."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     config = ChameleonConfig.from_pretrained(str(folder))
@@ -386,14 +387,16 @@ def _read_network(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
             heads[key] = config.num_attention_heads
         elif ".self_attn.k_norm." in key:
             heads[key] = config.num_key_value_heads
-    plan = _checkpoint_plan(folder, expected, heads)
-    state: dict[str, torch.Tensor] = {}
+    plan = _checkpoint_plan(folder, expected, heads)  # every expected tensor is there, in the expected shape
+    from safetensors import safe_open
+
     for path in sorted({path for path, _ in plan.values()}):
-        for key, tensor in read_safetensors(path).items():
-            if key in plan:
-                repeat = plan[key][1]
-                state[key] = (tensor if repeat == 1 else tensor.repeat_interleave(repeat, dim=0)).to(dtype)
-    net.load_state_dict(state, strict=True, assign=True)
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                if key in plan:
+                    tensor, repeat = handle.get_tensor(key), plan[key][1]
+                    tensor = tensor if repeat == 1 else tensor.repeat_interleave(repeat, dim=0)
+                    assign_quantizing(net, key, tensor, "model", precision, dtype)
     return net.eval().requires_grad_(False)
 
 
@@ -414,8 +417,9 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     bos = _bos(tokenizer, variant)
     failure: Optional[str] = None
     try:
-        model = LuminaModel(_read_network(folder, dtype), vq.to(dtype), tokenizer, code_ids, variant, resolution, bos)
-        quantize_then_move(model.module, model.module["lm"].model, quantize, dtype, device)
+        net = _read_network(folder, dtype, quantize)  # quantised while reading: never whole in `dtype`
+        model = LuminaModel(net, vq.to(dtype), tokenizer, code_ids, variant, resolution, bos)
+        quantize_then_move(model.module, net.model, "none", dtype, device)
     except (ModelLoadError, QuantizationError) as err:
         failure = str(err)
     except Exception as err:  # transformers raises many types for bad configs

@@ -168,3 +168,23 @@ def quantize_then_move(module: nn.Module, backbone: nn.Module, precision: str, d
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         raise QuantizationError(message)
+
+
+def assign_quantizing(root: nn.Module, key: str, tensor: torch.Tensor, backbone: str, precision: str,
+                      dtype: torch.dtype) -> None:
+    """Put checkpoint tensor `key` into `root` (built on the meta device) in `dtype`; a linear layer under the
+    `backbone` prefix is quantised as soon as all its parameters are in, so the float copy of one layer at a
+    time is all that exists beside the quantised model."""
+    owner_name, _, attr = key.rpartition(".")
+    owner = root.get_submodule(owner_name)
+    value = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    if attr in owner._buffers:
+        owner._buffers[attr] = value
+        return
+    owner._parameters[attr] = nn.Parameter(value, requires_grad=False)
+    complete = all(p.device.type != "meta" for p in owner.parameters(recurse=False))
+    if precision != "none" and type(owner) is nn.Linear and complete and \
+            (owner_name + ".").startswith(backbone + "."):
+        parent_name, _, child = owner_name.rpartition(".")
+        new = Int8Linear.from_linear(owner, dtype) if precision == "int8" else _nf4_linear(owner, dtype)
+        setattr(root.get_submodule(parent_name), child, new)
