@@ -227,6 +227,19 @@ def test_nf4_without_bitsandbytes_names_the_package(tiny_janus_dir: Path, monkey
     assert isinstance(load_model(tiny_janus_dir, device="cpu", quantize="int8").module, nn.Module)
 
 
+def test_a_failed_quantisation_leaves_nothing_loaded(tiny_janus_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_janus import live_janus_modules
+
+    def out_of_memory(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    before = live_janus_modules()
+    monkeypatch.setattr(quantize.Int8Linear, "from_linear", out_of_memory)
+    with pytest.raises(ValueError, match="could not put the model on cpu at precision 'int8' .*out of memory"):
+        load_model(tiny_janus_dir, device="cpu", quantize="int8")
+    assert live_janus_modules() == before
+
+
 def test_generation_only_janus_drops_what_understanding_uses(tiny_janus_dir: Path) -> None:
     net = load_model(tiny_janus_dir, device="cpu", dtype="float32").module
     for name in ("vision_model", "aligner"):

@@ -104,6 +104,11 @@ def _nf4_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
     return layer.to(linear.weight.device if linear.weight.device.type != "meta" else "cpu").eval()
 
 
+def quantized_linear(linear: nn.Linear, precision: str, dtype: torch.dtype) -> nn.Module:
+    """`linear` at `precision` ("int8" or "nf4"), computing in `dtype`."""
+    return Int8Linear.from_linear(linear, dtype) if precision == "int8" else _nf4_linear(linear, dtype)
+
+
 def quantize_linears(module: nn.Module, precision: str, dtype: torch.dtype) -> int:
     """Replace every nn.Linear inside `module` by its `precision` version, one layer at a time (the float
     weight of a layer is freed as soon as its quantised copy exists).  Returns how many were replaced."""
@@ -113,8 +118,7 @@ def quantize_linears(module: nn.Module, precision: str, dtype: torch.dtype) -> i
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                new = Int8Linear.from_linear(child, dtype) if precision == "int8" else _nf4_linear(child, dtype)
-                setattr(parent, name, new)
+                setattr(parent, name, quantized_linear(child, precision, dtype))
                 replaced += 1
     return replaced
 
@@ -153,7 +157,8 @@ def bytes_per_weight(precision: str, dtype: Union[torch.dtype, int]) -> float:
 def quantize_then_move(module: nn.Module, backbone: nn.Module, precision: str, dtype: torch.dtype,
                        device: torch.device) -> None:
     """Quantise `backbone`'s linear layers where the weights were read (the CPU), then move all of `module` to
-    `device`: the device never holds the full-precision backbone.  A failure leaves nothing half-built."""
+    `device`: the device never holds the full-precision backbone.  On a failure what reached the device goes
+    back to the CPU (the caller then drops the model), so no device memory stays taken."""
     failure: Optional[Exception] = None
     try:
         quantize_linears(backbone, precision, dtype)
@@ -163,7 +168,8 @@ def quantize_then_move(module: nn.Module, backbone: nn.Module, precision: str, d
     if failure is not None:
         message = f"could not put the model on {device} at precision {precision!r} ({type(failure).__name__}: " \
                   f"{str(failure).splitlines()[0] if str(failure) else ''})"
-        del failure, module, backbone
+        del failure  # its traceback holds this frame
+        module.to("cpu")
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -186,5 +192,4 @@ def assign_quantizing(root: nn.Module, key: str, tensor: torch.Tensor, backbone:
     if precision != "none" and type(owner) is nn.Linear and complete and \
             (owner_name + ".").startswith(backbone + "."):
         parent_name, _, child = owner_name.rpartition(".")
-        new = Int8Linear.from_linear(owner, dtype) if precision == "int8" else _nf4_linear(owner, dtype)
-        setattr(root.get_submodule(parent_name), child, new)
+        setattr(root.get_submodule(parent_name), child, quantized_linear(owner, precision, dtype))
