@@ -14,7 +14,7 @@ from scd_core import load_model
 from scd_core.models.loading import estimate_memory, pick_device
 from scd_core.models.checkpoints import ModelLoadError
 from scd_core.models.memory import auto_precision
-from scd_core.models.quantize import NF4_PACKAGE, PRECISIONS, check_precision, module_bytes
+from scd_core.models.quantize import NF4_DEVICES, NF4_PACKAGE, PRECISIONS, check_precision, module_bytes
 from server import PromptServer
 
 from .checks import CheckedCombo, choice_error
@@ -43,9 +43,10 @@ def compute_device(choice: str) -> torch.device:
     return pick_device(choice)
 
 
-def offered_precisions() -> tuple[str, ...]:
-    """Best first; NF4 only where bitsandbytes is installed."""
-    return PRECISIONS if importlib.util.find_spec(NF4_PACKAGE) is not None else PRECISIONS[:-1]
+def offered_precisions(device: torch.device) -> tuple[str, ...]:
+    """Best first; NF4 only where bitsandbytes is installed and runs on `device`."""
+    nf4 = importlib.util.find_spec(NF4_PACKAGE) is not None and device.type in NF4_DEVICES
+    return PRECISIONS if nf4 else PRECISIONS[:-1]
 
 
 def chosen_precision(choice: str, folder: Optional[Path], device: torch.device, dtype: torch.dtype) -> str:
@@ -56,7 +57,7 @@ def chosen_precision(choice: str, folder: Optional[Path], device: torch.device, 
     if device.type == "cpu":
         return "none"
     estimate = estimate_memory(DEMO if folder is None else folder)
-    return auto_precision(estimate, dtype, mm.get_free_memory(device), rows=2, offered=offered_precisions())
+    return auto_precision(estimate, dtype, mm.get_free_memory(device), rows=2, offered=offered_precisions(device))
 
 
 def memory_note(model: Any, precision: str, weights: int, cache: int) -> str:

@@ -180,7 +180,8 @@ def test_loader_auto_precision_follows_the_free_memory(pack: ModuleType, monkeyp
     cache = estimate.cache_bytes(estimate.tokens, 2, torch.float32)
     gpu = torch.device("cuda")
     full = (estimate.weight_bytes("none", torch.float32) + cache) * 1.2
-    least = loader.offered_precisions()[-1]  # nf4 where bitsandbytes is installed
+    least = loader.offered_precisions(gpu)[-1]  # nf4 where bitsandbytes is installed
+    assert loader.offered_precisions(torch.device("mps")) == ("none", "int8")  # bitsandbytes lacks MPS
     for free, expected in ((int(full) + 1, "none"), (int(full) - 1, "int8"), (1000, least)):
         monkeypatch.setattr(loader.mm, "get_free_memory", lambda device=None, free=free: free)
         assert loader.chosen_precision("auto", None, gpu, torch.float32) == expected

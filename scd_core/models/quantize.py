@@ -21,6 +21,7 @@ from torch import nn
 
 PRECISIONS = ("none", "int8", "nf4")
 NF4_PACKAGE = "bitsandbytes"
+NF4_DEVICES = ("cpu", "cuda", "xpu", "meta")  # where bitsandbytes' 4-bit layers run
 
 
 class QuantizationError(ValueError):
@@ -84,7 +85,7 @@ def check_precision(precision: str, device: torch.device, dtype: torch.dtype) ->
     if precision != "nf4":
         return
     _bitsandbytes()
-    if device.type not in ("cpu", "cuda", "xpu", "meta"):
+    if device.type not in NF4_DEVICES:
         raise QuantizationError(f"quantize='nf4' (bitsandbytes) does not run on {device.type}; use 'int8' there")
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise QuantizationError(f"quantize='nf4' computes in float32, bfloat16 or float16, not {dtype}")
