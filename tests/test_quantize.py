@@ -245,6 +245,7 @@ def test_generation_only_janus_drops_what_understanding_uses(tiny_janus_dir: Pat
     for name in ("vision_model", "aligner"):
         assert not hasattr(net.model, name)
     assert not hasattr(net, "lm_head")
+    assert not hasattr(net.model.vqmodel, "encoder") and not hasattr(net.model.vqmodel, "quant_conv")
 
 
 # ---- every family's tiny real-format checkpoint at every precision ----
@@ -286,9 +287,9 @@ def test_every_family_loads_generates_and_decodes_at_each_precision(family_folde
     real = quantize.module_bytes(model.module)
     assert real < quantize.module_bytes(full.module)
     # the loader node's estimate, from the weight files' headers: close where the folder holds only what is
-    # loaded, larger where it holds more (Lumina-mGPT 2's MoVQGAN checkpoint carries its encoder too)
+    # loaded (heads are counted whole), larger where it holds more (Lumina-mGPT 2's MoVQGAN carries its encoder)
     estimate = estimate_memory(family_folders[family]).weight_bytes(precision, torch.float32) / real
-    assert 0.97 < estimate < 1.05 if family in ("janus", "emu3", "lumina-mgpt") else 0.7 < estimate < 2.0
+    assert 0.97 < estimate < 1.1 if family in ("janus", "emu3", "lumina-mgpt") else 0.7 < estimate < 2.0
     cond = family_cond(model)
     result = generate(model, cond, SamplerConfig(coupler="maximal", window=4, seed=2))
     assert result.tokens.shape == (1, model.num_tokens)

@@ -270,7 +270,7 @@ def published_memory_rows() -> list[dict[str, Any]]:
         ("Janus-Pro-7B", _janus_shapes("7B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2),
         ("Lumina-mGPT-7B (768 px)", _lumina_shapes(), "lm_head.weight:8192", lumina.UNUSED_WEIGHTS,
          lumina.CACHE_TOKENS, 2),
-        ("Emu3-Gen (720 px)", _emu3_shapes(), "lm_head.weight:32768", (), emu3.CACHE_TOKENS, 2),
+        ("Emu3-Gen (720 px)", _emu3_shapes(), "lm_head.weight:32768", emu3.UNUSED_WEIGHTS, emu3.CACHE_TOKENS, 2),
         ("Cosmos-1.0-4B", _cosmos_shapes("4B"), None, (), cosmos.CACHE_TOKENS, 1),
         ("Cosmos-1.0-12B", _cosmos_shapes("12B"), None, (), cosmos.CACHE_TOKENS, 1),
     ]

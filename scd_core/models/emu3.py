@@ -24,7 +24,7 @@ import torch
 
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
-from .generation_only import code_rows_head
+from .generation_only import code_rows_head, drop_modules
 from .hf_folders import check_safetensors_weights, load_pretrained
 from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone
@@ -44,6 +44,10 @@ NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers
                    "username, blurry.")
 DEFAULT_RATIO, DEFAULT_AREA = "1:1", 720 * 720
 DOWNSAMPLE = 8  # pixels per token side, as Emu3's processor assumes
+# The VQ's encoder side turns images into codes: generation never runs it.
+UNUSED_MODULES = ("model.vqmodel.encoder", "model.vqmodel.quant_conv")
+# their checkpoint names, in the published (BAAI/Emu3-Gen-hf) and in transformers' own spelling
+UNUSED_WEIGHTS = ("vqmodel.encoder.", "vqmodel.quant_conv.", "model.vqmodel.encoder.", "model.vqmodel.quant_conv.")
 CACHE_TOKENS = 120 + 8193  # a prompt and a 720 px image (memory estimates)
 
 
@@ -222,6 +226,7 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     code_ids = code_ids_from(config, tokenizer, folder)
     check_safetensors_weights(folder, HF_FORMAT_HINT)
     module = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, "Emu3-Gen", HF_FORMAT_HINT)
+    drop_modules(module, *UNUSED_MODULES)
     model = Emu3Model(module, tokenizer, code_ids)  # slices lm_head to the image codes
     quantize_then_move(model.module, module.model.text_model, quantize, dtype, device)
     return model

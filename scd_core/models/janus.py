@@ -42,8 +42,10 @@ BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 CFG_PAD_TOKEN = "<｜▁pad▁｜>"  # Janus's pad for uncond rows; not the tokenizer's own pad token
 BEGIN_OF_IMAGE = "<begin_of_image>"
 PROMPT_TEMPLATE = "<|User|>: {text}\n\n<|Assistant|>:"
-# Understanding only: the SigLIP vision tower and its aligner encode input images, lm_head predicts text.
-UNUSED_MODULES = ("model.vision_model", "model.aligner", "lm_head")
+# Understanding only: the SigLIP vision tower and its aligner encode input images, lm_head predicts text; the
+# VQ's encoder side turns images into codes.  Generation never runs them.
+UNUSED_MODULES = ("model.vision_model", "model.aligner", "lm_head", "model.vqmodel.encoder",
+                  "model.vqmodel.quant_conv")
 UNUSED_WEIGHTS = tuple(f"{name}." for name in UNUSED_MODULES)  # their names in the checkpoint
 CACHE_TOKENS = 64 + 576  # a prompt and the 24 x 24 codes (memory estimates)
 
