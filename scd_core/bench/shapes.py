@@ -289,7 +289,7 @@ def published_memory_rows() -> list[dict[str, Any]]:
         for card in CARDS_GIB:
             fitting = [p for p in ("none", "int8", "nf4")
                        if (loaded.weight_bytes(p, bf16) + cache) * (1 + MEMORY_MARGIN) <= card * gib]
-            row[f"{card}_gib"] = ("bf16" if fitting[0] == "none" else fitting[0]) if fitting else "offload"
+            row[f"{card}_gib"] = ("bf16" if fitting[0] == "none" else fitting[0]) if fitting else "-"
         rows.append(row)
     return rows
 
@@ -302,8 +302,7 @@ def memory_table() -> str:
             "weight of the checkpoint; the others: what generation-only loading keeps, the backbone's linear "
             "layers at bf16 / int8 / nf4. KV cache: keys + values of every layer for `tokens` positions (prompt "
             "and image) and both CFG rows (Cosmos: one row), batch 1. A card column names the most precise "
-            "weights whose weights + cache, 20% more, fit in that many GiB (\"offload\": none does; ComfyUI "
-            "then streams weights). Text encoders (T5 for LlamaGen t2i and Cosmos Video2World) and the Cosmos "
+            "weights whose weights + cache, 20% more, fit in that many GiB (\"-\": none does). Text encoders (T5 for LlamaGen t2i and Cosmos Video2World) and the Cosmos "
             "video tokenizer are not counted.\n\n"
             + markdown(published_memory_rows(), ("model", "published_bf16_gib", "bf16_gib", "int8_gib", "nf4_gib",
                                                  "tokens", "kv_cache_gib", *(f"{c}_gib" for c in CARDS_GIB))))

@@ -99,7 +99,7 @@ def folder_estimate(folder: Path, unused: tuple[str, ...] = (), tokens: int = 40
 def auto_precision(estimate: MemoryEstimate, dtype: torch.dtype, free_bytes: int, rows: int,
                    offered: tuple[str, ...], margin: float = 0.2) -> str:
     """The most precise of `offered` (best first) whose weights plus KV cache for `rows` rows, `margin` more for
-    activations, fit in `free_bytes`; the least precise one when none fits (ComfyUI then streams the weights)."""
+    activations, fit in `free_bytes`; the least precise one when none fits."""
     cache = estimate.cache_bytes(estimate.tokens, rows, dtype)
     for precision in offered:
         if (estimate.weight_bytes(precision, dtype) + cache) * (1 + margin) <= free_bytes:
