@@ -155,20 +155,24 @@ def test_loader_schema(node_classes: dict[str, Any]) -> None:
     assert inputs["device"][1]["default"] == inputs["dtype"][1]["default"] == "auto"
 
 
-def test_loader_int8_reports_the_real_bytes_and_the_cache_to_comfyui(node_classes: dict[str, Any], janus: Any,
-                                                                     fake_server: FakeServer) -> None:
+@pytest.mark.parametrize("precision,layer", [
+    ("int8", "Int8Linear"),
+    pytest.param("nf4", "Linear4bit", marks=pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
+                                                               reason="bitsandbytes (tests/requirements.txt)"))])
+def test_loader_quantized_reports_the_real_bytes_and_the_cache_to_comfyui(
+        node_classes: dict[str, Any], janus: Any, fake_server: FakeServer, precision: str, layer: str) -> None:
     from scd_core.models.quantize import module_bytes
 
-    (int8,) = run_node(node_classes["SCDModelLoader"], model="tiny-janus", device="cpu", dtype="float32",
-                       quantize="int8")
-    assert int8.patcher.model_size() == module_bytes(int8.model.module) < module_bytes(janus.model.module)
-    assert any(type(m).__name__ == "Int8Linear" for m in int8.model.module.modules())
-    assert int8.memory_required > 0
+    (loaded,) = run_node(node_classes["SCDModelLoader"], model="tiny-janus", device="cpu", dtype="float32",
+                         quantize=precision)
+    assert loaded.patcher.model_size() == module_bytes(loaded.model.module) < module_bytes(janus.model.module)
+    assert any(type(m).__name__ == layer for m in loaded.model.module.modules())
+    assert loaded.memory_required > 0
     ((node_id, text),) = fake_server.texts
-    assert node_id == "7" and "weights int8" in text and "GiB" in text
-    cond = run_node(node_classes["SCDPromptEncode"], model=int8, prompt="a cat")[0]
-    tokens, _ = run_node(node_classes["SCDSampler"], **sampler_inputs(int8, cond))
-    (images,) = run_node(node_classes["SCDVQDecode"], model=int8, tokens=tokens)
+    assert node_id == "7" and f"weights {precision}" in text and "GiB" in text
+    cond = run_node(node_classes["SCDPromptEncode"], model=loaded, prompt="a cat")[0]
+    tokens, _ = run_node(node_classes["SCDSampler"], **sampler_inputs(loaded, cond))
+    (images,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens)
     assert images.shape[0] == 1 and images.shape[-1] == 3
 
 
