@@ -57,7 +57,14 @@ def chosen_precision(choice: str, folder: Optional[Path], device: torch.device, 
     if device.type == "cpu":
         return "none"
     estimate = estimate_memory(DEMO if folder is None else folder)
-    return auto_precision(estimate, dtype, mm.get_free_memory(device), rows=2, offered=offered_precisions(device))
+    return auto_precision(estimate, dtype, available_memory(device), rows=2, offered=offered_precisions(device))
+
+
+def available_memory(device: torch.device) -> int:
+    """Free memory on `device` plus what ComfyUI's loaded models hold there (it unloads them for ours)."""
+    held = sum(loaded.model_loaded_memory() for loaded in getattr(mm, "current_loaded_models", ())
+               if loaded.device == device and loaded.model is not None)
+    return mm.get_free_memory(device) + held
 
 
 def memory_note(model: Any, precision: str, weights: int, cache: int) -> str:
