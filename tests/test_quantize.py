@@ -218,6 +218,15 @@ def test_unknown_precision_is_refused_before_loading(tiny_janus_dir: Path) -> No
         load_model(tiny_janus_dir, device="cpu", quantize="int4")
 
 
+@needs_bnb
+def test_nf4_refuses_what_bitsandbytes_cannot_run(tiny_janus_dir: Path) -> None:
+    with pytest.raises(ValueError, match="computes in float32, bfloat16 or float16"):
+        load_model(tiny_janus_dir, device="cpu", dtype=torch.float64, quantize="nf4")
+    with pytest.raises(ValueError, match="does not run on mps; use 'int8' there"):
+        quantize.check_precision("nf4", torch.device("mps"), torch.float16)
+    quantize.check_precision("int8", torch.device("mps"), torch.float16)  # our own layer runs anywhere
+
+
 def test_nf4_without_bitsandbytes_names_the_package(tiny_janus_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
