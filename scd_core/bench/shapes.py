@@ -310,12 +310,15 @@ def memory_table() -> str:
 
 def quantized_cost_table(size: str = "1B", precisions: Iterable[str] = ("none", "int8", "nf4"),
                          windows: Iterable[int] = (1, 16, 64), device: Union[str, torch.device, None] = None,
-                         dtype: Union[str, torch.dtype, None] = None, layers: Optional[int] = None) -> str:
-    """Cost of one window forward per precision, relative to full precision at window 1 on the same machine."""
+                         dtype: Union[str, torch.dtype, None] = None, layers: Optional[int] = None,
+                         repeats: int = 9) -> str:
+    """Cost of one window forward per precision, relative to full precision at window 1 on the same machine
+    (medians of `repeats` calls: the ratios between precisions are what a shared CPU can tell)."""
     from .tables import markdown
 
     rows = [row for precision in precisions
-            for row in shape_benchmark(size, windows, device, dtype, layers=layers, quantize=precision)]
+            for row in shape_benchmark(size, windows, device, dtype, layers=layers, repeats=repeats,
+                                       quantize=precision)]
     base = next(row["seconds"] for row in rows if row["quantize"] == "none" and row["window"] == min(windows)) \
         if any(row["quantize"] == "none" for row in rows) else rows[0]["seconds"]
     for row in rows:
