@@ -244,9 +244,25 @@ def test_a_failed_quantisation_leaves_nothing_loaded(tiny_janus_dir: Path, monke
 
     before = live_janus_modules()
     monkeypatch.setattr(quantize.Int8Linear, "from_linear", out_of_memory)
-    with pytest.raises(ValueError, match="could not put the model on cpu at precision 'int8' .*out of memory"):
+    with pytest.raises(ValueError, match=r"could not quantise model\.language_model\.layers\.0\.\S+ to int8 "
+                                         r"\(RuntimeError: CUDA out of memory"):
         load_model(tiny_janus_dir, device="cpu", quantize="int8")
     assert live_janus_modules() == before
+
+
+def test_janus_read_tensor_by_tensor_holds_what_from_pretrained_loads(tiny_janus_dir: Path) -> None:
+    """Every parameter and buffer the streamed loader keeps equals transformers' own from_pretrained load."""
+    from transformers import JanusForConditionalGeneration
+
+    from scd_core.models.hf_folders import dtype_keyword
+
+    ours = load_model(tiny_janus_dir, device="cpu", dtype="float32").module
+    reference = JanusForConditionalGeneration.from_pretrained(str(tiny_janus_dir),
+                                                              **{dtype_keyword(): torch.float32}).eval()
+    theirs = dict(reference.named_parameters()) | dict(reference.named_buffers())
+    kept = dict(ours.named_parameters()) | dict(ours.named_buffers())
+    assert len(kept) > 100 and set(kept) <= set(theirs)
+    assert all(torch.equal(tensor, theirs[name]) for name, tensor in kept.items())
 
 
 def test_generation_only_janus_drops_what_understanding_uses(tiny_janus_dir: Path) -> None:

@@ -27,11 +27,10 @@ UNUSED_PREFIXES.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
@@ -40,6 +39,7 @@ from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
 from .generation_only import code_rows_head
 from .hf_folders import raise_load_failure
 from .quantize import QuantizationError, assign_quantizing, quantize_then_move
+from .streaming import parameters_on_meta
 from .tokenizer_files import TextTokenizer, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
 from .janus import RowBackbone
@@ -287,28 +287,6 @@ def _code_ids(tokenizer: TextTokenizer, variant: Variant, codebook_size: int, vo
     return ids
 
 
-@contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    """Build modules with parameters on the meta device (no memory, no random init) but real buffers.
-
-    Buffers such as rotary tables are computed in the constructors and never stored
-    in checkpoints, so they must be real; every parameter is replaced by a
-    checkpoint tensor afterwards.
-    """
-    register = torch.nn.Module.register_parameter
-
-    def register_on_meta(module: torch.nn.Module, name: str, param: Optional[torch.nn.Parameter]) -> None:
-        register(module, name, param)
-        if param is not None:
-            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-
-    torch.nn.Module.register_parameter = register_on_meta
-    try:
-        yield
-    finally:
-        torch.nn.Module.register_parameter = register
-
-
 def _shard_files(folder: Path) -> list[Path]:
     """The weight shards the index names (all *.safetensors without an index); pickles are never opened."""
     index = folder / "model.safetensors.index.json"
@@ -377,7 +355,7 @@ def _read_network(folder: Path, dtype: torch.dtype, precision: str) -> torch.nn.
     if config.vocabulary_map is None:  # only used to encode input images, which generation never does
         config.vocabulary_map = {}
     config._attn_implementation = "sdpa"
-    with _parameters_on_meta():
+    with parameters_on_meta():
         net = ChameleonForConditionalGeneration(config)
     del net.model.vqmodel  # the image encoder: no published weights, never called here (see UNUSED_PREFIXES)
     expected = {key: value.shape for key, value in net.state_dict().items()}

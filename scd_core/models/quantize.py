@@ -193,4 +193,9 @@ def assign_quantizing(root: nn.Module, key: str, tensor: torch.Tensor, backbone:
     if precision != "none" and type(owner) is nn.Linear and complete and \
             (owner_name + ".").startswith(backbone + "."):
         parent_name, _, child = owner_name.rpartition(".")
-        setattr(root.get_submodule(parent_name), child, quantized_linear(owner, precision, dtype))
+        try:
+            new = quantized_linear(owner, precision, dtype)
+        except RuntimeError as err:  # out of memory, a kernel bitsandbytes lacks here
+            raise QuantizationError(f"could not quantise {owner_name} to {precision} ({type(err).__name__}: "
+                                    f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        setattr(root.get_submodule(parent_name), child, new)

@@ -1,0 +1,62 @@
+"""Building a network on the meta device and filling it from safetensors files one tensor at a time.
+
+The backbone's linear layers are quantised as their weights arrive (`quantize.assign_quantizing`), so a model
+never sits whole in full precision in memory: the quantised model plus one float tensor is the peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+
+from .checkpoints import ModelLoadError
+from .quantize import assign_quantizing
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Build modules with parameters on the meta device (no memory, no random init) but real buffers.
+
+    Buffers such as rotary tables are computed in the constructors and never stored
+    in checkpoints, so they must be real; every parameter is replaced by a
+    checkpoint tensor afterwards.
+    """
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module: torch.nn.Module, name: str, param: Optional[torch.nn.Parameter]) -> None:
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def fill_from_safetensors(net: torch.nn.Module, files: list[Path], backbone: str, precision: str,
+                          dtype: torch.dtype, hint: str) -> None:
+    """Every tensor `net` (built under `parameters_on_meta`) holds, read from `files` one at a time, in `dtype`,
+    the linear layers under the `backbone` prefix at `precision`.  Names `net` does not have (modules dropped
+    before, extras) stay in the files; a parameter no file holds, or one of another shape, is a ModelLoadError."""
+    from safetensors import safe_open
+
+    expected = {key: tuple(value.shape) for key, value in net.state_dict().items()}
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                if key not in expected:
+                    continue
+                shape = tuple(handle.get_slice(key).get_shape())
+                if shape != expected[key]:
+                    raise ModelLoadError(f"{path}: {key} has shape {list(shape)} where config.json implies "
+                                         f"{list(expected[key])}; the weights do not match config.json: {hint}")
+                assign_quantizing(net, key, handle.get_tensor(key), backbone, precision, dtype)
+    missing = sorted(name for name, param in net.named_parameters() if param.device.type == "meta")
+    if missing:
+        raise ModelLoadError(f"{files[0].parent}: the weights do not match config.json (missing {missing[:5]}); "
+                             f"the folder may mix files of different models: {hint}")
