@@ -25,9 +25,10 @@ import torch
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
 from .generation_only import code_rows_head, drop_modules
-from .hf_folders import check_safetensors_weights, load_pretrained
-from .quantize import quantize_then_move
+from .hf_folders import check_safetensors_weights, raise_load_failure
+from .quantize import QuantizationError, quantize_then_move
 from .row_attention import RowAttentionBackbone
+from .streaming import fill_from_safetensors, parameters_on_meta
 from .tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "emu3"
@@ -48,6 +49,9 @@ DOWNSAMPLE = 8  # pixels per token side, as Emu3's processor assumes
 UNUSED_MODULES = ("model.vqmodel.encoder", "model.vqmodel.quant_conv")
 # their checkpoint names, in the published (BAAI/Emu3-Gen-hf) and in transformers' own spelling
 UNUSED_WEIGHTS = ("vqmodel.encoder.", "vqmodel.quant_conv.", "model.vqmodel.encoder.", "model.vqmodel.quant_conv.")
+# The published shards' names -> transformers' module names (transformers renames them the same way on loading).
+PUBLISHED_NAMES = (("text_model.model.", "model.text_model."), ("text_model.lm_head.", "lm_head."),
+                   ("vqmodel.", "model.vqmodel."))
 CACHE_TOKENS = 120 + 8193  # a prompt and a 720 px image (memory estimates)
 
 
@@ -216,8 +220,6 @@ def code_ids_from(config: dict, tokenizer: TextTokenizer, folder: Path) -> torch
 def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> Emu3Model:
     """Load a transformers-format Emu3-Gen folder onto `device`, computing in `dtype`, the backbone's linear
     layers at `quantize` precision (quantize.PRECISIONS)."""
-    from transformers import Emu3ForConditionalGeneration
-
     folder = Path(folder)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
@@ -225,8 +227,29 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     tokenizer = TextTokenizer(folder)
     code_ids = code_ids_from(config, tokenizer, folder)
     check_safetensors_weights(folder, HF_FORMAT_HINT)
-    module = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, "Emu3-Gen", HF_FORMAT_HINT)
-    drop_modules(module, *UNUSED_MODULES)
+    module = _read_network(folder, dtype, quantize)
     model = Emu3Model(module, tokenizer, code_ids)  # slices lm_head to the image codes
-    quantize_then_move(model.module, module.model.text_model, quantize, dtype, device)
+    quantize_then_move(model.module, module.model.text_model, "none", dtype, device)
     return model
+
+
+def _read_network(folder: Path, dtype: torch.dtype, precision: str) -> torch.nn.Module:
+    """transformers' Emu3ForConditionalGeneration without the VQ encoder, filled tensor by tensor from the
+    shards, the backbone quantised as it arrives."""
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    failure: Optional[str] = None
+    try:
+        config = Emu3Config.from_pretrained(str(folder))
+        with parameters_on_meta():
+            net = Emu3ForConditionalGeneration(config)
+        drop_modules(net, *UNUSED_MODULES)
+        fill_from_safetensors(net, sorted(folder.glob("*.safetensors")), "model.text_model", precision, dtype,
+                              HF_FORMAT_HINT, renames=PUBLISHED_NAMES)
+    except (ModelLoadError, QuantizationError) as err:
+        failure = str(err)
+    except Exception as err:  # transformers raises many types for bad configs
+        failure = f"{folder} could not be loaded as Emu3-Gen ({type(err).__name__}: {err}); {HF_FORMAT_HINT}"
+    if failure is not None:
+        raise_load_failure(failure)
+    return net.eval().requires_grad_(False)

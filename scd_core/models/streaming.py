@@ -38,24 +38,34 @@ def parameters_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = register
 
 
+def renamed(stored: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """A checkpoint name with the first matching (stored prefix, module prefix) of `renames` applied."""
+    for old, new in renames:
+        if stored.startswith(old):
+            return new + stored[len(old):]
+    return stored
+
+
 def fill_from_safetensors(net: torch.nn.Module, files: list[Path], backbone: str, precision: str,
-                          dtype: torch.dtype, hint: str) -> None:
+                          dtype: torch.dtype, hint: str, renames: tuple[tuple[str, str], ...] = ()) -> None:
     """Every tensor `net` (built under `parameters_on_meta`) holds, read from `files` one at a time, in `dtype`,
-    the linear layers under the `backbone` prefix at `precision`.  Names `net` does not have (modules dropped
-    before, extras) stay in the files; a parameter no file holds, or one of another shape, is a ModelLoadError."""
+    the linear layers under the `backbone` prefix at `precision`; a stored name that is no module name goes
+    through `renames` first.  Names `net` does not have (modules dropped before, extras) stay in the files; a
+    parameter no file holds, or one of another shape, is a ModelLoadError."""
     from safetensors import safe_open
 
     expected = {key: tuple(value.shape) for key, value in net.state_dict().items()}
     for path in files:
         with safe_open(str(path), framework="pt") as handle:
-            for key in handle.keys():
+            for stored in handle.keys():
+                key = stored if stored in expected else renamed(stored, renames)
                 if key not in expected:
                     continue
-                shape = tuple(handle.get_slice(key).get_shape())
+                shape = tuple(handle.get_slice(stored).get_shape())
                 if shape != expected[key]:
-                    raise ModelLoadError(f"{path}: {key} has shape {list(shape)} where config.json implies "
+                    raise ModelLoadError(f"{path}: {stored} has shape {list(shape)} where config.json implies "
                                          f"{list(expected[key])}; the weights do not match config.json: {hint}")
-                assign_quantizing(net, key, handle.get_tensor(key), backbone, precision, dtype)
+                assign_quantizing(net, key, handle.get_tensor(stored), backbone, precision, dtype)
     missing = sorted(name for name, param in net.named_parameters() if param.device.type == "meta")
     if missing:
         raise ModelLoadError(f"{files[0].parent}: the weights do not match config.json (missing {missing[:5]}); "
