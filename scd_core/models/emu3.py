@@ -24,11 +24,11 @@ import torch
 
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
-from .generation_only import code_rows_head, drop_modules
-from .hf_folders import check_safetensors_weights, raise_load_failure
-from .quantize import QuantizationError, quantize_then_move
+from .generation_only import code_rows_head
+from .hf_folders import check_safetensors_weights
+from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone
-from .streaming import fill_from_safetensors, parameters_on_meta
+from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "emu3"
@@ -227,29 +227,12 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     tokenizer = TextTokenizer(folder)
     code_ids = code_ids_from(config, tokenizer, folder)
     check_safetensors_weights(folder, HF_FORMAT_HINT)
-    module = _read_network(folder, dtype, quantize)
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    # the backbone is quantised as it is read
+    module = read_hf_network(folder, HFNetwork(Emu3Config, Emu3ForConditionalGeneration, UNUSED_MODULES,
+                                               "model.text_model", "Emu3-Gen", HF_FORMAT_HINT, PUBLISHED_NAMES),
+                             dtype, quantize)
     model = Emu3Model(module, tokenizer, code_ids)  # slices lm_head to the image codes
     quantize_then_move(model.module, module.model.text_model, "none", dtype, device)
     return model
-
-
-def _read_network(folder: Path, dtype: torch.dtype, precision: str) -> torch.nn.Module:
-    """transformers' Emu3ForConditionalGeneration without the VQ encoder, filled tensor by tensor from the
-    shards, the backbone quantised as it arrives."""
-    from transformers import Emu3Config, Emu3ForConditionalGeneration
-
-    failure: Optional[str] = None
-    try:
-        config = Emu3Config.from_pretrained(str(folder))
-        with parameters_on_meta():
-            net = Emu3ForConditionalGeneration(config)
-        drop_modules(net, *UNUSED_MODULES)
-        fill_from_safetensors(net, sorted(folder.glob("*.safetensors")), "model.text_model", precision, dtype,
-                              HF_FORMAT_HINT, renames=PUBLISHED_NAMES)
-    except (ModelLoadError, QuantizationError) as err:
-        failure = str(err)
-    except Exception as err:  # transformers raises many types for bad configs
-        failure = f"{folder} could not be loaded as Emu3-Gen ({type(err).__name__}: {err}); {HF_FORMAT_HINT}"
-    if failure is not None:
-        raise_load_failure(failure)
-    return net.eval().requires_grad_(False)

@@ -27,11 +27,10 @@ import torch
 
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
-from .generation_only import drop_modules
-from .hf_folders import check_safetensors_weights, raise_load_failure
-from .quantize import QuantizationError, quantize_then_move
+from .hf_folders import check_safetensors_weights
+from .quantize import quantize_then_move
 from .row_cache import RowCache
-from .streaming import fill_from_safetensors, parameters_on_meta
+from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "janus"
@@ -218,28 +217,10 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     _check_config(folder)
     tokenizer = TextTokenizer(folder)
     check_safetensors_weights(folder, HF_FORMAT_HINT)
-    net = _read_network(folder, dtype, quantize)
-    quantize_then_move(net, net.model.language_model, "none", dtype, device)
-    return JanusModel(net, tokenizer)
-
-
-def _read_network(folder: Path, dtype: torch.dtype, precision: str) -> torch.nn.Module:
-    """transformers' JanusForConditionalGeneration without the understanding-only modules, filled tensor by
-    tensor from the shards (the checkpoint names are the module names), the backbone quantised as it arrives."""
     from transformers import JanusConfig, JanusForConditionalGeneration
 
-    failure: Optional[str] = None
-    try:
-        config = JanusConfig.from_pretrained(str(folder))
-        with parameters_on_meta():
-            net = JanusForConditionalGeneration(config)
-        drop_modules(net, *UNUSED_MODULES)
-        fill_from_safetensors(net, sorted(folder.glob("*.safetensors")), "model.language_model", precision, dtype,
-                              HF_FORMAT_HINT)
-    except (ModelLoadError, QuantizationError) as err:
-        failure = str(err)
-    except Exception as err:  # transformers raises many types for bad configs
-        failure = f"{folder} could not be loaded as Janus-Pro ({type(err).__name__}: {err}); {HF_FORMAT_HINT}"
-    if failure is not None:
-        raise_load_failure(failure)
-    return net.eval().requires_grad_(False)
+    # the checkpoint names are the module names; the backbone is quantised as it is read
+    net = read_hf_network(folder, HFNetwork(JanusConfig, JanusForConditionalGeneration, UNUSED_MODULES,
+                                            "model.language_model", "Janus-Pro", HF_FORMAT_HINT), dtype, quantize)
+    quantize_then_move(net, net.model.language_model, "none", dtype, device)
+    return JanusModel(net, tokenizer)

@@ -7,13 +7,16 @@ never sits whole in full precision in memory: the quantised model plus one float
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
 
 from .checkpoints import ModelLoadError
-from .quantize import assign_quantizing
+from .generation_only import drop_modules
+from .hf_folders import raise_load_failure
+from .quantize import QuantizationError, assign_quantizing
 
 
 @contextlib.contextmanager
@@ -70,3 +73,37 @@ def fill_from_safetensors(net: torch.nn.Module, files: list[Path], backbone: str
     if missing:
         raise ModelLoadError(f"{files[0].parent}: the weights do not match config.json (missing {missing[:5]}); "
                              f"the folder may mix files of different models: {hint}")
+
+
+@dataclass(frozen=True)
+class HFNetwork:
+    """How to read one transformers-backed family: its classes, what generation never runs, where its backbone
+    is, and how its published checkpoint names map onto module names."""
+
+    config_class: type
+    model_class: type
+    unused_modules: tuple[str, ...]
+    backbone: str
+    family: str
+    hint: str
+    renames: tuple[tuple[str, str], ...] = ()
+
+
+def read_hf_network(folder: Path, spec: HFNetwork, dtype: torch.dtype, precision: str) -> torch.nn.Module:
+    """`spec.model_class` built from the folder's config.json on the meta device, without `unused_modules`,
+    filled tensor by tensor from its safetensors files; any failure is one ModelLoadError, nothing kept."""
+    failure: Optional[str] = None
+    try:
+        config = spec.config_class.from_pretrained(str(folder))
+        with parameters_on_meta():
+            net = spec.model_class(config)
+        drop_modules(net, *spec.unused_modules)
+        fill_from_safetensors(net, sorted(folder.glob("*.safetensors")), spec.backbone, precision, dtype, spec.hint,
+                              spec.renames)
+    except (ModelLoadError, QuantizationError) as err:
+        failure = str(err)
+    except Exception as err:  # transformers raises many types for bad configs
+        failure = f"{folder} could not be loaded as {spec.family} ({type(err).__name__}: {err}); {spec.hint}"
+    if failure is not None:
+        raise_load_failure(failure)
+    return net.eval().requires_grad_(False)
