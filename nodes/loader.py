@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import comfy.model_management as mm
 import comfy.model_patcher
@@ -49,15 +49,15 @@ def offered_precisions(device: torch.device) -> tuple[str, ...]:
     return PRECISIONS if nf4 else PRECISIONS[:-1]
 
 
-def chosen_precision(choice: str, folder: Optional[Path], device: torch.device, dtype: torch.dtype) -> str:
+def chosen_precision(choice: str, path: Union[str, Path], device: torch.device, dtype: torch.dtype) -> str:
     """`choice`, or for "auto" the best precision whose weights and KV cache fit the device's free memory (full
     precision on the CPU, whose memory the weights share with everything else anyway)."""
     if choice != "auto":
         return choice
     if device.type == "cpu":
         return "none"
-    estimate = estimate_memory(DEMO if folder is None else folder)
-    return auto_precision(estimate, dtype, available_memory(device), rows=2, offered=offered_precisions(device))
+    return auto_precision(estimate_memory(path), dtype, available_memory(device), rows=2,
+                          offered=offered_precisions(device))
 
 
 def available_memory(device: torch.device) -> int:
@@ -124,18 +124,17 @@ class SCDModelLoader(io.ComfyNode):
                    or choice_error("quantize", quantize, QUANTIZE))
         if problem:
             raise ValueError(problem)
-        folder = choices[model]
+        path = DEMO if choices[model] is None else choices[model]
         load_device = compute_device(device)
         offload_device = load_device if load_device.type == "cpu" else mm.unet_offload_device()
         compute_dtype = weight_dtype(dtype, load_device)
-        precision = chosen_precision(quantize, folder, load_device, compute_dtype)
+        precision = chosen_precision(quantize, path, load_device, compute_dtype)
         check_precision(precision, load_device, compute_dtype)  # e.g. nf4 on MPS: before anything is read
         # Loaded on the offload device; ModelPatcher moves it to load_device when a node needs it.
-        loaded = load_model(DEMO if folder is None else folder, device=offload_device, dtype=compute_dtype,
-                            quantize=precision)
+        loaded = load_model(path, device=offload_device, dtype=compute_dtype, quantize=precision)
         weights = module_bytes(loaded.module)  # real bytes: int8 and packed 4-bit weights as stored
-        cache = estimate_memory(DEMO if folder is None else folder).cache_bytes(
-            PROMPT_ALLOWANCE + loaded.num_tokens, 2, compute_dtype) + DISTRIBUTION_BYTES * loaded.vocab_size
+        cache = (estimate_memory(path).cache_bytes(PROMPT_ALLOWANCE + loaded.num_tokens, 2, compute_dtype)
+                 + DISTRIBUTION_BYTES * loaded.vocab_size)
         patcher = comfy.model_patcher.ModelPatcher(_ModuleHolder(loaded.module), load_device=load_device,
                                                    offload_device=offload_device, size=weights)
         note = memory_note(loaded, precision, weights, cache)

@@ -188,16 +188,16 @@ def test_loader_auto_precision_follows_the_free_memory(pack: ModuleType, monkeyp
     assert loader.offered_precisions(torch.device("mps")) == ("none", "int8")  # bitsandbytes lacks MPS
     for free, expected in ((int(full) + 1, "none"), (int(full) - 1, "int8"), (1000, least)):
         monkeypatch.setattr(loader.mm, "get_free_memory", lambda device=None, free=free: free)
-        assert loader.chosen_precision("auto", None, gpu, torch.float32) == expected
+        assert loader.chosen_precision("auto", "demo", gpu, torch.float32) == expected
     # memory other models hold on the device counts as free: ComfyUI unloads them for this one
     held = SimpleNamespace(device=gpu, model=object(), model_loaded_memory=lambda: int(full))
     monkeypatch.setattr(loader.mm, "current_loaded_models", [held])
-    assert loader.chosen_precision("auto", None, gpu, torch.float32) == "none"
+    assert loader.chosen_precision("auto", "demo", gpu, torch.float32) == "none"
     monkeypatch.setattr(loader.mm, "current_loaded_models", [])
-    assert loader.chosen_precision("auto", None, torch.device("cpu"), torch.float32) == "none"
-    assert loader.chosen_precision("int8", None, torch.device("cpu"), torch.float32) == "int8"
+    assert loader.chosen_precision("auto", "demo", torch.device("cpu"), torch.float32) == "none"
+    assert loader.chosen_precision("int8", "demo", torch.device("cpu"), torch.float32) == "int8"
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # not installed: auto stops at int8
-    assert loader.chosen_precision("auto", None, gpu, torch.float32) == "int8"
+    assert loader.chosen_precision("auto", "demo", gpu, torch.float32) == "int8"
 
 
 def test_loader_refuses_what_cannot_run(node_classes: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
