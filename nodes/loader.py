@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import importlib.util
+from pathlib import Path
+from typing import Any, Optional, Union
 
 import comfy.model_management as mm
 import comfy.model_patcher
@@ -10,8 +12,11 @@ import torch
 from comfy.cli_args import args
 from comfy_api.latest import io
 from scd_core import load_model
-from scd_core.models.loading import pick_device
+from scd_core.models.loading import estimate_memory, pick_device
 from scd_core.models.checkpoints import ModelLoadError
+from scd_core.models.memory import auto_precision
+from scd_core.models.quantize import NF4_DEVICES, NF4_PACKAGE, PRECISIONS, check_precision, module_bytes
+from server import PromptServer
 
 from .checks import CheckedCombo, choice_error
 from .model_folders import DEMO, model_choices, unknown_model_message
@@ -19,6 +24,9 @@ from .sockets import LoadedModel, SCDModel
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZE = ("auto",) + PRECISIONS
+PROMPT_ALLOWANCE = 256  # prompt tokens the memory estimate sets aside next to the image
+DISTRIBUTION_BYTES = 64 * 4 * 8  # per vocabulary entry: a 64-wide window's float32 distributions, ~8 copies
 
 
 class _ModuleHolder(torch.nn.Module):
@@ -48,6 +56,35 @@ def compute_device(choice: str) -> torch.device:
         raise ValueError(f"{err}; choose auto (ComfyUI's device, here {mm.get_torch_device().type})") from err
 
 
+def offered_precisions(device: torch.device) -> tuple[str, ...]:
+    """Best first; NF4 only where bitsandbytes is installed and runs on `device`."""
+    nf4 = importlib.util.find_spec(NF4_PACKAGE) is not None and device.type in NF4_DEVICES
+    return PRECISIONS if nf4 else PRECISIONS[:-1]
+
+
+def chosen_precision(choice: str, path: Union[str, Path], device: torch.device, dtype: torch.dtype) -> str:
+    """`choice`, or for "auto" the best precision whose weights and KV cache fit the device's free memory (full
+    precision on the CPU, whose memory the weights share with everything else anyway)."""
+    if choice != "auto":
+        return choice
+    if device.type == "cpu":
+        return "none"
+    return auto_precision(estimate_memory(path), dtype, available_memory(device), rows=2,
+                          offered=offered_precisions(device))
+
+
+def available_memory(device: torch.device) -> int:
+    """Free memory on `device` plus what ComfyUI's loaded models hold there (it unloads them for ours)."""
+    held = sum(loaded.model_loaded_memory() for loaded in getattr(mm, "current_loaded_models", ())
+               if loaded.device == device and loaded.model is not None)
+    return mm.get_free_memory(device) + held
+
+
+def memory_note(model: Any, precision: str, weights: int, cache: int) -> str:
+    return (f"{model.family}, weights {precision if precision != 'none' else 'full precision'}: "
+            f"{weights / 2**30:.2f} GiB + KV cache and distributions ~{cache / 2**30:.2f} GiB (batch 1)")
+
+
 def weight_dtype(choice: str, device: torch.device) -> torch.dtype:
     if choice != "auto":
         return getattr(torch, choice)
@@ -74,8 +111,14 @@ class SCDModelLoader(io.ComfyNode):
                              tooltip="auto: ComfyUI's device (respects --cpu)."),
                 CheckedCombo("dtype", options=list(DTYPES), default="auto",
                              tooltip="auto: bfloat16 where the GPU supports it, else float32."),
+                CheckedCombo("quantize", options=list(QUANTIZE), default="auto", optional=True,
+                             tooltip="Weights of the backbone in 8 bits (int8, about half the memory) or 4 bits "
+                                     "(nf4, about a quarter; needs bitsandbytes); heads stay in dtype and "
+                                     "sampling stays exact. auto: the most precise that fits the GPU's free "
+                                     "memory; full precision on the CPU."),
             ],
             outputs=[SCDModel.Output(display_name="model")],
+            hidden=[io.Hidden.unique_id],
         )
 
     @classmethod
@@ -87,19 +130,30 @@ class SCDModelLoader(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, model: str, device: str, dtype: str) -> io.NodeOutput:
+    def execute(cls, model: str, device: str, dtype: str, quantize: str = "auto") -> io.NodeOutput:
         choices = model_choices()
         if model not in choices:  # e.g. the folder was removed after validation
             raise ModelLoadError(unknown_model_message(model, choices))
-        problem = choice_error("device", device, DEVICES) or choice_error("dtype", dtype, DTYPES)
+        problem = (choice_error("device", device, DEVICES) or choice_error("dtype", dtype, DTYPES)
+                   or choice_error("quantize", quantize, QUANTIZE))
         if problem:
             raise ValueError(problem)
-        folder = choices[model]
+        path = DEMO if choices[model] is None else choices[model]
         load_device = compute_device(device)
         offload_device = load_device if load_device.type == "cpu" else mm.unet_offload_device()
+        compute_dtype = weight_dtype(dtype, load_device)
+        precision = chosen_precision(quantize, path, load_device, compute_dtype)
+        check_precision(precision, load_device, compute_dtype)  # e.g. nf4 on MPS: before anything is read
         # Loaded on the offload device; ModelPatcher moves it to load_device when a node needs it.
-        loaded = load_model(DEMO if folder is None else folder, device=offload_device,
-                            dtype=weight_dtype(dtype, load_device))
-        patcher = comfy.model_patcher.ModelPatcher(module_holder(loaded.module, model), load_device=load_device,
-                                                   offload_device=offload_device)
-        return io.NodeOutput(LoadedModel(name=model, model=loaded, patcher=patcher))
+        loaded = load_model(path, device=offload_device, dtype=compute_dtype, quantize=precision)
+        weights = module_bytes(loaded.module)  # real bytes: int8 and packed 4-bit weights as stored
+        cache = (estimate_memory(path).cache_bytes(PROMPT_ALLOWANCE + loaded.num_tokens, 2, compute_dtype)
+                 + DISTRIBUTION_BYTES * loaded.vocab_size)
+        patcher = comfy.model_patcher.ModelPatcher(module_holder(loaded.module, model),
+                                                   load_device=load_device, offload_device=offload_device,
+                                                   size=weights)
+        note = memory_note(loaded, precision, weights, cache)
+        node_id = getattr(getattr(cls, "hidden", None), "unique_id", None)
+        if node_id is not None:
+            PromptServer.instance.send_progress_text(note, str(node_id))
+        return io.NodeOutput(LoadedModel(name=model, model=loaded, patcher=patcher, memory_required=cache))

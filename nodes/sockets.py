@@ -22,10 +22,11 @@ class LoadedModel:
     name: str
     model: Any
     patcher: Any
+    memory_required: int = 0  # beyond the weights: KV cache and distributions, so ComfyUI frees that much too
 
     def to_compute_device(self) -> None:
         # Full load: the adapters run plain torch modules, which cannot run half on the CPU.
-        mm.load_models_gpu([self.patcher], force_full_load=True)
+        mm.load_models_gpu([self.patcher], memory_required=self.memory_required, force_full_load=True)
 
 
 @dataclass(eq=False)

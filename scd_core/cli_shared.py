@@ -11,6 +11,7 @@ from PIL import Image
 
 from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .models.loading import load_model, pick_device
+from .models.quantize import PRECISIONS
 from .model import set_image_size
 
 DEFAULTS = SamplerConfig()
@@ -44,6 +45,8 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--model", required=True, help='"demo" (the embedded digit model) or a model folder')
     group.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
     group.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
+    group.add_argument("--quantize", choices=PRECISIONS, default="none",
+                       help="store the backbone's weights in 8 or 4 bits (nf4 needs bitsandbytes); exact either way")
     group.add_argument("--width", type=_pixels, default=0,
                        help="image width in pixels (Emu3, Lumina-mGPT); 0: the model's size")
     group.add_argument("--height", type=_pixels, default=0,
@@ -98,9 +101,10 @@ def check_image_size(width: int, height: int) -> None:
         raise ValueError(f"give both --width and --height, or neither (got {width} x {height})")
 
 
-def open_model(path: str, device: Optional[str], dtype: Optional[str], width: int, height: int) -> Any:
-    """The model in `path`, asked for width x height images (0 x 0: its own size)."""
-    model = load_model(path, device=device, dtype=dtype)
+def open_model(path: str, device: Optional[str], dtype: Optional[str], quantize: str, width: int, height: int
+               ) -> Any:
+    """The model in `path` at `quantize` precision, asked for width x height images (0 x 0: its own size)."""
+    model = load_model(path, device=device, dtype=dtype, quantize=quantize)
     set_image_size(model, width, height)
     return model
 

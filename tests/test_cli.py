@@ -85,6 +85,17 @@ def sheet_height(title_lines: int, seeds: int, batch: int = 1) -> int:
     return 2 * PADDING + LINE_HEIGHT * (title_lines + 2) + seeds * batch * MIN_PANEL + (seeds - 1) * PADDING
 
 
+def test_quantize_int8_generates_what_the_library_does(tiny_janus_dir, tmp_path, capsys):
+    output = tmp_path / "int8.png"
+    code, out, err = run_cli(capsys, "generate", "--model", tiny_janus_dir, "--prompt", "a red cube", "--window", 4,
+                             "--seed", 3, "--device", "cpu", "--dtype", "float32", "--quantize", "int8", "-o", output)
+    assert code == 0, err
+    model = load_model(tiny_janus_dir, "cpu", "float32", quantize="int8")
+    result = generate(model, model.encode("a red cube"), SamplerConfig(window=4, seed=3))
+    expected = (model.decode(result.tokens).clamp(0, 1) * 255).round().byte().numpy()
+    assert np.array_equal(np.asarray(Image.open(output)), expected[0])
+
+
 def test_compare_writes_one_panel_per_mode_and_a_table(tiny_janus_dir, tmp_path, capsys):
     output = tmp_path / "compare.png"
     code, out, err = run_cli(capsys, "generate", "--model", tiny_janus_dir, "--prompt", "a red cube",
@@ -208,6 +219,7 @@ def test_commit_histogram_buckets_by_powers_of_two():
     (["--cfg", "-2"], "cfg_scale must be"),
     (["--batch-size", "0"], "--batch-size"),
     (["--dtype", "int3"], "dtype must be one of"),
+    (["--quantize", "int4"], "--quantize: invalid choice"),
     (["--device", "nonsense"], "--device"),
     (["-o", "{tmp}/out.jpg"], "must be a .png file"),
     (["-o", "{tmp}/no/such/folder/out.png"], "does not exist"),

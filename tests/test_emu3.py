@@ -16,6 +16,7 @@ from pace import assert_each_row_matches, staggered_logits, tree_logits
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.bench.pace import PaceRecorder
 from scd_core.models import emu3
+from scd_core.models.hf_folders import dtype_keyword
 from scd_core.models.tokenizer_files import TextTokenizer
 
 CPU = torch.device("cpu")
@@ -37,6 +38,14 @@ def model32(tiny_emu3_dir: Path) -> emu3.Emu3Model:
 @pytest.fixture(scope="module")
 def model64(tiny_emu3_dir: Path) -> emu3.Emu3Model:
     return at_test_size(load_model(tiny_emu3_dir, device="cpu", dtype=torch.float64))
+
+
+@pytest.fixture(scope="module")
+def full64(tiny_emu3_dir: Path) -> torch.nn.Module:
+    """transformers' own Emu3 with every lm_head row, loaded apart from load_model."""
+    from transformers import Emu3ForConditionalGeneration
+
+    return Emu3ForConditionalGeneration.from_pretrained(str(tiny_emu3_dir), **{dtype_keyword(): torch.float64}).eval()
 
 
 def special_ids(folder: Path) -> dict[str, int]:
@@ -164,8 +173,12 @@ def test_window_forward_equals_token_by_token(model32: emu3.Emu3Model, model64: 
         assert float((window[branch] - stepwise[branch]).abs().max()) <= 1e-12
 
 
-def test_logits_equal_transformers_forward_on_each_unpadded_prefix(model64: emu3.Emu3Model) -> None:
-    """Cond and uncond rows (left-padded to one length) give transformers' own logits over the code ids."""
+def test_logits_equal_transformers_forward_on_each_unpadded_prefix(model64: emu3.Emu3Model,
+                                                                   full64: torch.nn.Module) -> None:
+    """Cond and uncond rows (left-padded to one length) give transformers' own logits over the code ids (of a
+    model loaded apart, with its whole lm_head: the loaded one keeps only the code rows)."""
+    full = full64
+    assert model64.module.lm_head.weight.shape[0] == IMAGE_CODES < full.lm_head.weight.shape[0]
     prompt = model64.encode(PROMPT, negative_prompt="blurry")
     assert len(prompt.cond) != len(prompt.uncond)
     tokens = model64.code_ids[torch.randint(0, IMAGE_CODES, (1, 5), generator=torch.Generator().manual_seed(2))]
@@ -173,7 +186,8 @@ def test_logits_equal_transformers_forward_on_each_unpadded_prefix(model64: emu3
     ours = [torch.cat(pair, dim=1) for pair in zip(session.prefill(), session.forward(tokens))]
     for branch, prefix in enumerate((prompt.cond, prompt.uncond)):
         ids = torch.cat([torch.tensor([prefix]), tokens], dim=1)
-        reference = model64.module(input_ids=ids).logits[:, len(prefix) - 1:, model64.code_ids]
+        with torch.no_grad():
+            reference = full(input_ids=ids).logits[:, len(prefix) - 1:, model64.code_ids]
         assert float((ours[branch] - reference).abs().max()) <= 1e-10
 
 
@@ -196,7 +210,8 @@ def test_cfg_changes_the_distribution(model32: emu3.Emu3Model) -> None:
 
 
 @pytest.mark.parametrize("window", [1, 6])
-def test_greedy_equals_transformers_generate(model64: emu3.Emu3Model, tiny_emu3_dir: Path, window: int) -> None:
+def test_greedy_equals_transformers_generate(model64: emu3.Emu3Model, full64: torch.nn.Module, tiny_emu3_dir: Path,
+                                            window: int) -> None:
     """top-k 1 gives the tokens of transformers' documented Emu3 image generation (CFG 3, allowed-token prefix)."""
     prompt = model64.encode(PROMPT)
     ids = special_ids(tiny_emu3_dir)
@@ -209,7 +224,7 @@ def test_greedy_equals_transformers_generate(model64: emu3.Emu3Model, tiny_emu3_
         closing = {ROWS * (COLS + 1) + 1: EOF, ROWS * (COLS + 1) + 2: EOI, ROWS * (COLS + 1) + 3: EOS}
         return [ids[closing[offset]]] if offset in closing else codes
 
-    out = model64.module.generate(torch.tensor([prompt.cond]), attention_mask=torch.ones(1, len(prompt.cond),
+    out = full64.generate(torch.tensor([prompt.cond]), attention_mask=torch.ones(1, len(prompt.cond),
                                   dtype=torch.long), max_new_tokens=N, do_sample=False,
                                   prefix_allowed_tokens_fn=allowed, guidance_scale=3.0,
                                   negative_prompt_ids=torch.tensor([prompt.uncond]),

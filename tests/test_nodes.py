@@ -147,12 +147,69 @@ def inputs_of(node: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 
 def test_loader_schema(node_classes: dict[str, Any]) -> None:
     inputs = inputs_of(node_classes["SCDModelLoader"])
-    assert list(inputs) == ["model", "device", "dtype"]
+    assert list(inputs) == ["model", "device", "dtype", "quantize"]
+    assert inputs["quantize"][0] == inputs["quantize"][1]["options"] == ["auto", "none", "int8", "nf4"]
+    assert inputs["quantize"][1]["default"] == "auto"
+    assert "quantize" in node_classes["SCDModelLoader"].GET_NODE_INFO_V1()["input"]["optional"]  # old workflows
     assert inputs["model"][0] == "COMBO" and inputs["model"][1]["options"][0] == "demo"
     # typed by their options, ComfyUI checks device and dtype itself and reports each against its input
     assert inputs["device"][0] == inputs["device"][1]["options"] == ["auto", "cpu", "cuda", "mps"]
     assert inputs["dtype"][0] == inputs["dtype"][1]["options"] == ["auto", "float32", "bfloat16", "float16"]
     assert inputs["device"][1]["default"] == inputs["dtype"][1]["default"] == "auto"
+
+
+@pytest.mark.parametrize("precision,layer", [
+    ("int8", "Int8Linear"),
+    pytest.param("nf4", "Linear4bit", marks=pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
+                                                               reason="bitsandbytes (tests/requirements.txt)"))])
+def test_loader_quantized_reports_the_real_bytes_and_the_cache_to_comfyui(
+        node_classes: dict[str, Any], janus: Any, fake_server: FakeServer, precision: str, layer: str) -> None:
+    from scd_core.models.quantize import module_bytes
+
+    (loaded,) = run_node(node_classes["SCDModelLoader"], model="tiny-janus", device="cpu", dtype="float32",
+                         quantize=precision)
+    assert loaded.patcher.model_size() == module_bytes(loaded.model.module) < module_bytes(janus.model.module)
+    assert any(type(m).__name__ == layer for m in loaded.model.module.modules())
+    assert loaded.memory_required > 0
+    ((node_id, text),) = fake_server.texts
+    assert node_id == "7" and f"weights {precision}" in text and "GiB" in text
+    cond = run_node(node_classes["SCDPromptEncode"], model=loaded, prompt="a cat")[0]
+    tokens, _ = run_node(node_classes["SCDSampler"], **sampler_inputs(loaded, cond))
+    (images,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens)
+    assert images.shape[0] == 1 and images.shape[-1] == 3
+
+
+def test_loader_auto_precision_follows_the_free_memory(pack: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = sys.modules[f"{pack.__name__}.nodes.loader"]
+    from scd_core.models.loading import estimate_memory
+
+    estimate = estimate_memory("demo")
+    cache = estimate.cache_bytes(estimate.tokens, 2, torch.float32)
+    gpu = torch.device("cuda")
+    full = (estimate.weight_bytes("none", torch.float32) + cache) * 1.2
+    least = loader.offered_precisions(gpu)[-1]  # nf4 where bitsandbytes is installed
+    assert loader.offered_precisions(torch.device("mps")) == ("none", "int8")  # bitsandbytes lacks MPS
+    for free, expected in ((int(full) + 1, "none"), (int(full) - 1, "int8"), (1000, least)):
+        monkeypatch.setattr(loader.mm, "get_free_memory", lambda device=None, free=free: free)
+        assert loader.chosen_precision("auto", "demo", gpu, torch.float32) == expected
+    # memory other models hold on the device counts as free: ComfyUI unloads them for this one
+    held = SimpleNamespace(device=gpu, model=object(), model_loaded_memory=lambda: int(full))
+    monkeypatch.setattr(loader.mm, "current_loaded_models", [held])
+    assert loader.chosen_precision("auto", "demo", gpu, torch.float32) == "none"
+    monkeypatch.setattr(loader.mm, "current_loaded_models", [])
+    assert loader.chosen_precision("auto", "demo", torch.device("cpu"), torch.float32) == "none"
+    assert loader.chosen_precision("int8", "demo", torch.device("cpu"), torch.float32) == "int8"
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # not installed: auto stops at int8
+    assert loader.chosen_precision("auto", "demo", gpu, torch.float32) == "int8"
+
+
+def test_loader_refuses_what_cannot_run(node_classes: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = node_classes["SCDModelLoader"]
+    with pytest.raises(ValueError, match="quantize must be one of auto, none, int8, nf4"):
+        loader.execute("demo", "cpu", "auto", "int4")
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    with pytest.raises(ValueError, match="pip install bitsandbytes"):
+        loader.execute("demo", "cpu", "auto", "nf4")
 
 
 def test_encode_schema(node_classes: dict[str, Any]) -> None:

@@ -114,6 +114,16 @@ def test_tiny_janus_runs_with_progress_events_that_agree(comfy_server: ComfyServ
     assert len(progress) == nfe and progress[-1]["value"] == progress[-1]["max"] == 16
 
 
+def test_tiny_janus_runs_with_int8_weights(comfy_server: ComfyServer, tiny_janus: str) -> None:
+    graph = pipeline(tiny_janus, "a green field", seed=101)
+    graph["1"]["inputs"]["quantize"] = "int8"
+    run = comfy_server.run(graph)
+    assert run.status == "success", run.events[-3:]
+    assert [im.size for im in output_images(comfy_server, run, ["5"])] == [(64, 64)]
+    (note,) = [t for t in run.texts if "weights int8" in t]  # the loader's memory estimate, on the node
+    assert note.startswith("janus, weights int8: ") and "KV cache" in note
+
+
 def test_tiny_lumina_runs_in_the_server(comfy_server: ComfyServer, tiny_lumina_dir: Path) -> None:
     # the repository's name carries the resolution, so the folder keeps it under models/scd/
     name = comfy_server.add_model(tiny_lumina_dir.name, tiny_lumina_dir)
@@ -195,6 +205,7 @@ def test_interrupt_ends_the_run_within_a_second(comfy_server: ComfyServer) -> No
     ({"1": {"model": "no-such-folder"}}, "model 'no-such-folder' not found"),
     ({"1": {"device": "tpu"}}, "device: 'tpu' not in ['auto', 'cpu', 'cuda', 'mps']"),
     ({"1": {"dtype": "int8"}}, "dtype: 'int8' not in"),
+    ({"1": {"quantize": "int4"}}, "quantize: 'int4' not in ['auto', 'none', 'int8', 'nf4']"),
     ({"3": {"candidates": 9}}, "Value 9 bigger than max of 8"),
 ])
 def test_invalid_inputs_are_rejected_clearly(comfy_server: ComfyServer, change: dict[str, Any],

@@ -9,6 +9,8 @@
     python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 --shape 1B   # shared vs per-row pace
     python -m scd_core.bench --stream --model demo --shape 1B   # 64 jobs: batch 1, batches of 16, 16 slots
     python -m scd_core.bench --candidates --seeds 30   # candidates against SCD-MC, seed for seed
+    python -m scd_core.bench --memory        # weights and KV cache per precision at the published shapes
+    python -m scd_core.bench --shape 1B --layers 2 --quantize none int8 nf4   # window cost per precision
     python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
     ... --readme scd_core/bench/README.md                   # also write the tables between the README's bench markers
 
@@ -36,6 +38,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="window cost of a Janus-Pro- or Lumina-mGPT-shaped model")
     parser.add_argument("--layers", type=int, help="--shape: layers to build (default: all that fit in memory); "
                                                    "--auto: of the Janus-Pro-1B stand-in (default 2)")
+    parser.add_argument("--quantize", nargs="+", choices=("none", "int8", "nf4"),
+                        help="--shape: window cost with the backbone at each of these precisions (windows 1/16/64)")
     parser.add_argument("--video", action="store_true", help="synthetic video model (AR / SJD / SCD x draft init)")
     parser.add_argument("--long", action="store_true",
                         help="time and sampling time per call along an 8193-token Emu3-shaped image (AR, SCD)")
@@ -50,6 +54,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--images", type=int, nargs="+", default=[4],
                         help="--auto: automatic images per process (one number, or the demo's and the stand-in's)")
     parser.add_argument("--side", type=int, default=24, help="--auto: grid side of the Janus-Pro-1B stand-in")
+    parser.add_argument("--memory", action="store_true",
+                        help="weights (bf16 / int8 / nf4) and KV cache at each family's published shape; no weights")
     parser.add_argument("--candidates", action="store_true",
                         help="candidates=2..4 against SCD-MC at window 32, seed for seed (demo and the grids)")
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 32, 64])
@@ -83,6 +89,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         section = "batches"
         text = pace_tables(args.model or "demo", args.prompt, args.batches, args.windows[0], seeds, args.shape,
                            args.device, args.dtype)
+    elif args.memory:
+        from .shapes import memory_table
+
+        section, text = "memory", memory_table()
     elif args.candidates:
         from .candidates import candidate_table
 
@@ -98,6 +108,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if args.out is None:
             parser.error("--device-check needs --out DIR")
         section, text = "device-check", run(args.out, args.device, args.dtype, args.tiny)
+    elif args.shape and args.quantize:
+        from .shapes import quantized_cost_table
+
+        section = f"shape-{args.shape}-quantize"
+        text = quantized_cost_table(args.shape, args.quantize, device=args.device, dtype=args.dtype, layers=args.layers)
     elif args.shape:
         section, text = f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype, args.layers)
     elif args.long:

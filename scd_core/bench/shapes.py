@@ -21,6 +21,7 @@ import torch
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.loading import load_model, pick_device, pick_dtype
+from ..models.quantize import normalize_precision, quantize_linears
 
 DEFAULT_PROMPT = "A portrait of young girl. masterpiece, film grained, best quality."
 
@@ -149,8 +150,9 @@ def _build_chameleon(shape: dict[str, int], layers: int, device: torch.device, d
 def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 32, 64),
                     device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None, *,
                     layers: Optional[int] = None, prefix: Optional[int] = None, batch_size: int = 1,
-                    repeats: int = 5) -> list[dict[str, Any]]:
-    """cost(L) / cost(1) of one L-token window forward (cond + uncond rows) after `prefix` cached tokens.
+                    repeats: int = 5, quantize: str = "none") -> list[dict[str, Any]]:
+    """cost(L) / cost(1) of one L-token window forward (cond + uncond rows) after `prefix` cached tokens,
+    the backbone's linear layers at `quantize` precision (the head stays at `dtype`, as the loaders keep it).
 
     `layers` defaults to the full depth, reduced to what fits in half the free
     memory (a 7B in float32 needs ~24 GB); time per window scales linearly with
@@ -172,6 +174,7 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
         raise ValueError(f"not even one {size} layer fits in the free memory of {device}")
     build = _build_chameleon if size in LUMINA_SHAPES else _build_backbone
     backbone, head = build(shape, depth, device, dtype)
+    quantize_linears(backbone, normalize_precision(quantize), dtype)
     from ..models.janus import cache_keyword, new_cache  # the adapter's own cache handling
 
     rows_in_batch = 2 * batch_size  # the CFG double batch
@@ -200,5 +203,129 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
     return [dict(size=size, window=window, seconds=seconds, ratio=None if base is None else seconds / base,
                  per_layer_ms=1000 * seconds / depth, full_depth_s=seconds * full_depth / depth,
                  layers=depth, full_layers=full_depth, prefix=prefix, batch_rows=rows_in_batch,
-                 device=str(device), dtype=str(dtype).replace("torch.", ""))
+                 device=str(device), dtype=str(dtype).replace("torch.", ""), quantize=quantize)
             for window, seconds in timings.items()]
+
+
+# ----------------------------------------------------------------------------- memory at the published shapes
+
+CARDS_GIB = (8, 12, 16, 24)
+MEMORY_MARGIN = 0.2  # activations and allocator slack, as the loader node's "auto" assumes
+
+
+def _meta_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(p.shape) for name, p in module.state_dict().items()}
+
+
+def _janus_shapes(size: str) -> dict[str, tuple[int, ...]]:
+    from transformers import JanusConfig, JanusForConditionalGeneration
+
+    text = dict(JANUS_SHAPES[size], vocab_size=102400, model_type="llama")
+    hidden = text["hidden_size"]
+    config = JanusConfig(text_config=text, vq_config=dict(projection_dim=hidden, image_token_embed_dim=hidden))
+    with torch.device("meta"):
+        return _meta_shapes(JanusForConditionalGeneration(config))
+
+
+def _emu3_shapes() -> dict[str, tuple[int, ...]]:
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    with torch.device("meta"):  # transformers' defaults are Emu3-Gen's sizes
+        return _meta_shapes(Emu3ForConditionalGeneration(Emu3Config(vocabulary_map={})))
+
+
+def _lumina_shapes() -> dict[str, tuple[int, ...]]:
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    from ..models.taming import DecoderSpec, VQDecoder
+
+    with torch.device("meta"):  # transformers' defaults are Chameleon-7B's sizes; the VQGAN as chameleon_vqgan.py
+        shapes = _meta_shapes(ChameleonForConditionalGeneration(ChameleonConfig(vocabulary_map={})))
+        spec = DecoderSpec(codebook_size=8192, embed_dim=256, z_channels=256, widths=(128, 128, 256, 256, 512),
+                           num_res_blocks=2, attn_levels=frozenset(), spatial_norm=False)
+        shapes.update({f"vq.{k}": v for k, v in _meta_shapes(VQDecoder(spec)).items()})
+    return shapes
+
+
+def _cosmos_shapes(size: str) -> dict[str, tuple[int, ...]]:
+    from ..models.cosmos import SIZES, CosmosTransformer
+
+    with torch.device("meta"):
+        return _meta_shapes(CosmosTransformer(SIZES[size]))  # plus the DV8x16x16 tokenizer (TorchScript), not counted
+
+
+def _sliced(shapes: dict[str, tuple[int, ...]], head: str, rows: int) -> dict[str, tuple[int, ...]]:
+    """The shapes after generation-only loading keeps `rows` rows of `head`."""
+    return dict(shapes, **{head: (rows, *shapes[head][1:])})
+
+
+def published_memory_rows() -> list[dict[str, Any]]:
+    """Weights (bf16 / int8 / nf4) and KV cache with CFG at each family's published shape and default image,
+    after generation-only loading, and the most precise weights that fit each card (weights + cache, 20% more)."""
+    from ..models import cosmos, emu3, janus, lumina
+    from ..models.memory import estimate_from_shapes
+
+    families = [  # name, shapes as published, shapes loaded, dropped prefixes, cached tokens, CFG rows
+        ("Janus-Pro-1B", _janus_shapes("1B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2),
+        ("Janus-Pro-7B", _janus_shapes("7B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2),
+        ("Lumina-mGPT-7B (768 px)", _lumina_shapes(), "lm_head.weight:8192", lumina.UNUSED_WEIGHTS,
+         lumina.CACHE_TOKENS, 2),
+        ("Emu3-Gen (720 px)", _emu3_shapes(), "lm_head.weight:32768", emu3.UNUSED_WEIGHTS, emu3.CACHE_TOKENS, 2),
+        ("Cosmos-1.0-4B", _cosmos_shapes("4B"), None, (), cosmos.CACHE_TOKENS, 1),
+        ("Cosmos-1.0-12B", _cosmos_shapes("12B"), None, (), cosmos.CACHE_TOKENS, 1),
+    ]
+    bf16, gib = torch.bfloat16, 2**30
+    rows = []
+    for name, shapes, head, unused, tokens, cfg_rows in families:
+        published = estimate_from_shapes(shapes, tokens=tokens)
+        if head is not None:
+            head_name, head_rows = head.split(":")
+            shapes = _sliced(shapes, head_name, int(head_rows))
+        loaded = estimate_from_shapes(shapes, unused, tokens)
+        cache = loaded.cache_bytes(tokens, cfg_rows, bf16)
+        row = dict(model=name, published_bf16_gib=published.weight_bytes("none", bf16) / gib,
+                   bf16_gib=loaded.weight_bytes("none", bf16) / gib, int8_gib=loaded.weight_bytes("int8", bf16) / gib,
+                   nf4_gib=loaded.weight_bytes("nf4", bf16) / gib, tokens=tokens, kv_cache_gib=cache / gib)
+        for card in CARDS_GIB:
+            fitting = [p for p in ("none", "int8", "nf4")
+                       if (loaded.weight_bytes(p, bf16) + cache) * (1 + MEMORY_MARGIN) <= card * gib]
+            row[f"{card}_gib"] = ("bf16" if fitting[0] == "none" else fitting[0]) if fitting else "-"
+        rows.append(row)
+    return rows
+
+
+def memory_table() -> str:
+    from .tables import markdown
+
+    return ("Bytes at the published shapes (transformers' classes and ours built on the meta device, counted "
+            "by `scd_core.models.memory`, the loader's own estimate), compute dtype bf16. `published`: every "
+            "weight of the checkpoint; the others: what generation-only loading keeps, the backbone's linear "
+            "layers at bf16 / int8 / nf4. KV cache: keys + values of every layer for `tokens` positions (prompt "
+            "and image) and both CFG rows (Cosmos: one row), batch 1. A card column names the most precise "
+            "weights whose weights + cache, 20% more, fit in that many GiB (\"-\": none does). Text encoders (T5 for LlamaGen t2i and Cosmos Video2World) and the Cosmos "
+            "video tokenizer are not counted.\n\n"
+            + markdown(published_memory_rows(), ("model", "published_bf16_gib", "bf16_gib", "int8_gib", "nf4_gib",
+                                                 "tokens", "kv_cache_gib", *(f"{c}_gib" for c in CARDS_GIB))))
+
+
+def quantized_cost_table(size: str = "1B", precisions: Iterable[str] = ("none", "int8", "nf4"),
+                         windows: Iterable[int] = (1, 16, 64), device: Union[str, torch.device, None] = None,
+                         dtype: Union[str, torch.dtype, None] = None, layers: Optional[int] = None,
+                         repeats: int = 9) -> str:
+    """Cost of one window forward per precision, relative to full precision at window 1 on the same machine
+    (medians of `repeats` calls: the ratios between precisions are what a shared CPU can tell)."""
+    from .tables import markdown
+
+    rows = [row for precision in precisions
+            for row in shape_benchmark(size, windows, device, dtype, layers=layers, repeats=repeats,
+                                       quantize=precision)]
+    base = next(row["seconds"] for row in rows if row["quantize"] == "none" and row["window"] == min(windows)) \
+        if any(row["quantize"] == "none" for row in rows) else rows[0]["seconds"]
+    for row in rows:
+        row["vs_full_w1"] = row["seconds"] / base
+    first = rows[0]
+    return (f"{SHAPE_NAMES[size]}-shaped backbone with random weights, one window after a {first['prefix']}-token "
+            f"prefix, CFG double batch, {first['device']} {first['dtype']}, {first['layers']} of "
+            f"{first['full_layers']} layers; `ratio`: against window 1 at the same precision, `vs_full_w1`: "
+            f"against full precision at window 1\n\n"
+            + markdown(rows, ("quantize", "window", "seconds", "ratio", "vs_full_w1", "per_layer_ms")))

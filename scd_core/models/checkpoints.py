@@ -59,6 +59,17 @@ def _load_error(path: Path, err: Exception) -> ModelLoadError:
                           f"{': ' + detail[0] if detail else ''}); it may be truncated: download it again")
 
 
+def _load_tensors(path: Path) -> object:
+    """torch.load, memory-mapped where the file allows it (zip format): tensors are then read from the file as
+    they are used, so loaders can quantise or cast layer by layer without the whole file in RAM."""
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as err:
+        if "mmap" not in str(err):
+            raise
+        return torch.load(str(path), map_location="cpu", weights_only=True)  # the legacy format cannot be mapped
+
+
 def read_torch_checkpoint(path: Path, keys: tuple[str, ...] = ("model", "module", "state_dict")) -> dict[str, torch.Tensor]:
     """A plain tensor dict from a .pt/.ckpt file without unpickling arbitrary objects.
 
@@ -67,7 +78,7 @@ def read_torch_checkpoint(path: Path, keys: tuple[str, ...] = ("model", "module"
     """
     try:
         with _allowing_safe_classes():
-            data = torch.load(str(path), map_location="cpu", weights_only=True)
+            data = _load_tensors(path)
     except Exception as err:  # weights_only refuses code objects with UnpicklingError, corrupt zips with RuntimeError
         raise _load_error(path, err) from err
     for key in keys:

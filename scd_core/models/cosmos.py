@@ -45,11 +45,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpoints import ModelLoadError, read_torch_checkpoint
+from .quantize import quantize_linears, quantize_then_move
 from .row_cache import RowCache, joined_call, left_padded
 from .tokenizer_files import positive_int, read_json
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
 WEIGHTS = "model.pt"
+CACHE_TOKENS = 12800  # 9 context frames and 24 generated ones: 5 latent frames (memory estimates)
 ENCODER, DECODER = "encoder.jit", "decoder.jit"
 TOKENIZER_FOLDER = "Cosmos-1.0-Tokenizer-DV8x16x16"
 TEMPORAL, SPATIAL = 8, 16  # DV8x16x16: pixel frames per latent frame (after the first), pixels per code
@@ -711,11 +713,15 @@ def detect(folder: Path) -> bool:
     return "cosmos" in folder.name.lower() or size_from_name(folder) is not None
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> CosmosModel:
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> CosmosModel:
+    """Load a Cosmos-1.0 autoregressive folder onto `device`, computing in `dtype`, the transformer blocks'
+    linear layers at `quantize` precision (quantize.PRECISIONS)."""
     folder = Path(folder)
     cfg = config_for(folder)
     tokenizer = find_tokenizer(folder)  # before the big read: a missing file fails fast
     net = transformer_from_state_dict(read_state_dict(folder / WEIGHTS), cfg, folder / WEIGHTS)
+    # before the cast: each layer is read from the memory-mapped model.pt and quantised on its own
+    quantize_linears(net.layers, quantize, dtype)
     encoder, decoder = load_torchscript(tokenizer / ENCODER), load_torchscript(tokenizer / DECODER)
     t5 = None
     if cfg.cross_attention:
@@ -728,5 +734,5 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> CosmosModel:
         t5 = CosmosT5(Path(t5_folder), dtype, T5_TOKENS)
     size = size_from_name(folder) or "custom"
     model = CosmosModel(net.to(dtype), encoder.to(dtype), decoder.to(dtype), size, t5)
-    model.module.to(device)
+    quantize_then_move(model.module, net.layers, "none", dtype, device)
     return model

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
-from .hf_folders import check_safetensors_weights, load_pretrained
+from .generation_only import code_rows_head
+from .hf_folders import check_safetensors_weights
+from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone
+from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nulls
 
 MODEL_TYPE = "emu3"
@@ -43,6 +45,14 @@ NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers
                    "username, blurry.")
 DEFAULT_RATIO, DEFAULT_AREA = "1:1", 720 * 720
 DOWNSAMPLE = 8  # pixels per token side, as Emu3's processor assumes
+# The VQ's encoder side turns images into codes: generation never runs it.
+UNUSED_MODULES = ("model.vqmodel.encoder", "model.vqmodel.quant_conv")
+# their checkpoint names, in the published (BAAI/Emu3-Gen-hf) and in transformers' own spelling
+UNUSED_WEIGHTS = ("vqmodel.encoder.", "vqmodel.quant_conv.", "model.vqmodel.encoder.", "model.vqmodel.quant_conv.")
+# The published shards' names -> transformers' module names (transformers renames them the same way on loading).
+PUBLISHED_NAMES = (("text_model.model.", "model.text_model."), ("text_model.lm_head.", "lm_head."),
+                   ("vqmodel.", "model.vqmodel."))
+CACHE_TOKENS = 120 + 8193  # a prompt and a 720 px image (memory estimates)
 
 
 def grid_size(ratio: str, image_area: int) -> tuple[int, int]:
@@ -82,9 +92,8 @@ class Emu3Model:
         self._tokenizer = tokenizer
         self.code_ids = code_ids
         self.vocab_size = code_ids.numel()
-        first = int(code_ids[0])
-        contiguous = torch.equal(code_ids, torch.arange(first, first + self.vocab_size))
-        self.code_rows: Union[slice, torch.Tensor] = slice(first, first + self.vocab_size) if contiguous else code_ids
+        # generation samples only the 32768 image-code rows of lm_head (of ~184k): the others are freed
+        module.lm_head = code_rows_head(module.lm_head, code_ids)
         self._code_of = torch.zeros(module.config.text_config.vocab_size, dtype=torch.long)
         self._code_of[code_ids] = torch.arange(self.vocab_size)  # id -> code; non-code ids decode as code 0
         self._bos = tokenizer.special_id("bos_token", BOS)
@@ -148,8 +157,7 @@ class Emu3Model:
         return CFGSession(prefix, mask, self.num_tokens,
                           backbone=lambda cache: RowAttentionBackbone(net.model.text_model, cache),
                           embed_prefix=net.get_input_embeddings(), embed_image=net.get_input_embeddings(),
-                          # only the image-code rows of lm_head (32768 of ~184k); a slice when the ids are contiguous
-                          head=lambda hidden: F.linear(hidden, net.lm_head.weight[self.code_rows]))
+                          head=net.lm_head)  # its rows are the image codes only
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -210,10 +218,9 @@ def code_ids_from(config: dict, tokenizer: TextTokenizer, folder: Path) -> torch
     return torch.tensor(ids, dtype=torch.long)
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> Emu3Model:
-    """Load a transformers-format Emu3-Gen folder onto `device` in `dtype`."""
-    from transformers import Emu3ForConditionalGeneration
-
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> Emu3Model:
+    """Load a transformers-format Emu3-Gen folder onto `device`, computing in `dtype`, the backbone's linear
+    layers at `quantize` precision (quantize.PRECISIONS)."""
     folder = Path(folder)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
@@ -221,5 +228,12 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> Emu3Model:
     tokenizer = TextTokenizer(folder)
     code_ids = code_ids_from(config, tokenizer, folder)
     check_safetensors_weights(folder, HF_FORMAT_HINT)
-    module = load_pretrained(Emu3ForConditionalGeneration, folder, dtype, "Emu3-Gen", HF_FORMAT_HINT)
-    return Emu3Model(module.to(device), tokenizer, code_ids)
+    from transformers import Emu3Config, Emu3ForConditionalGeneration
+
+    # the backbone is quantised as it is read
+    module = read_hf_network(folder, HFNetwork(Emu3Config, Emu3ForConditionalGeneration, UNUSED_MODULES,
+                                               "model.text_model", "Emu3-Gen", HF_FORMAT_HINT, PUBLISHED_NAMES),
+                             dtype, quantize)
+    model = Emu3Model(module, tokenizer, code_ids)  # slices lm_head to the image codes
+    quantize_then_move(model.module, module.model.text_model, "none", dtype, device)
+    return model

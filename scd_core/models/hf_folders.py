@@ -1,4 +1,4 @@
-"""Hugging Face transformers-format model folders: check the files, then load strictly.
+"""Hugging Face transformers-format model folders: check the files before `streaming` reads them.
 
 `hint` arguments say which repository to download instead; every failure is a
 ModelLoadError naming the folder or file.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -56,22 +55,3 @@ def raise_load_failure(message: str) -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     raise ModelLoadError(message)
-
-
-def load_pretrained(model_class: type, folder: Path, dtype: torch.dtype, family: str, hint: str) -> torch.nn.Module:
-    """`model_class.from_pretrained(folder)` in eval mode; missing or resized weights are an error, not random."""
-    failure: Optional[str] = None
-    try:
-        net, info = model_class.from_pretrained(str(folder), use_safetensors=True, output_loading_info=True,
-                                                **{dtype_keyword(): dtype})
-        problems = {name: sorted(map(str, info.get(name) or ()))[:5] for name in ("missing_keys", "mismatched_keys")}
-        problems = {name: keys for name, keys in problems.items() if keys}
-        if problems:
-            del net
-            failure = (f"{folder}: the weights do not match config.json (first of {problems}); "
-                       f"the folder may mix files of different models: {hint}")
-    except Exception as err:  # transformers raises many types for bad configs or weights
-        failure = f"{folder} could not be loaded as {family} ({type(err).__name__}: {err}); {hint}"
-    if failure is not None:
-        raise_load_failure(failure)
-    return net.eval().requires_grad_(False)

@@ -27,8 +27,10 @@ import torch
 
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
-from .hf_folders import check_safetensors_weights, load_pretrained
+from .hf_folders import check_safetensors_weights
+from .quantize import quantize_then_move
 from .row_cache import RowCache
+from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "janus"
@@ -40,6 +42,12 @@ BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 CFG_PAD_TOKEN = "<｜▁pad▁｜>"  # Janus's pad for uncond rows; not the tokenizer's own pad token
 BEGIN_OF_IMAGE = "<begin_of_image>"
 PROMPT_TEMPLATE = "<|User|>: {text}\n\n<|Assistant|>:"
+# Understanding only: the SigLIP vision tower and its aligner encode input images, lm_head predicts text; the
+# VQ's encoder side turns images into codes.  Generation never runs them.
+UNUSED_MODULES = ("model.vision_model", "model.aligner", "lm_head", "model.vqmodel.encoder",
+                  "model.vqmodel.quant_conv")
+UNUSED_WEIGHTS = tuple(f"{name}." for name in UNUSED_MODULES)  # their names in the checkpoint
+CACHE_TOKENS = 64 + 576  # a prompt and the 24 x 24 codes (memory estimates)
 
 
 @dataclass(frozen=True)
@@ -200,15 +208,19 @@ def _check_config(folder: Path) -> None:
         raise ModelLoadError(f"{path} has model_type {model_type!r}, not {MODEL_TYPE!r}: not a Janus-Pro folder")
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> JanusModel:
-    """Load a transformers-format Janus-Pro folder onto `device` in `dtype`."""
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> JanusModel:
+    """Load a transformers-format Janus-Pro folder onto `device`, computing in `dtype`, the backbone's linear
+    layers at `quantize` precision (quantize.PRECISIONS); the parts only understanding uses are dropped."""
     folder = Path(folder)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
     _check_config(folder)
     tokenizer = TextTokenizer(folder)
     check_safetensors_weights(folder, HF_FORMAT_HINT)
-    from transformers import JanusForConditionalGeneration
+    from transformers import JanusConfig, JanusForConditionalGeneration
 
-    net = load_pretrained(JanusForConditionalGeneration, folder, dtype, "Janus-Pro", HF_FORMAT_HINT)
-    return JanusModel(net.to(device), tokenizer)
+    # the checkpoint names are the module names; the backbone is quantised as it is read
+    net = read_hf_network(folder, HFNetwork(JanusConfig, JanusForConditionalGeneration, UNUSED_MODULES,
+                                            "model.language_model", "Janus-Pro", HF_FORMAT_HINT), dtype, quantize)
+    quantize_then_move(net, net.model.language_model, "none", dtype, device)
+    return JanusModel(net, tokenizer)

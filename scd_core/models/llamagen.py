@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
+from .quantize import quantize_linears, quantize_then_move
 from .row_cache import RowCache, joined_call, paired_order
 from .tokenizer_files import positive_int, without_nulls
 from .vq16 import VQModel, vq_from_state_dict
@@ -523,6 +524,7 @@ class LlamaGenModel:
 ORIGINAL_GPT = re.compile(r"^(c2i|t2i)_([0-9A-Za-z]+)_(?:.*_)?(\d+)\.(pt|pth|safetensors)$")
 ORIGINAL_VQ = re.compile(r"^vq_ds\d+.*\.(pt|pth|safetensors)$")
 CONFIG_NAMES = ("llamagen.json", "config.json")
+CACHE_TOKENS = 120 + 1024  # a caption and the largest grid, 32 x 32 (memory estimates)
 
 
 def _read_config(folder: Path) -> Optional[dict[str, Any]]:
@@ -603,7 +605,9 @@ def _settings(folder: Path) -> dict[str, Any]:
     return settings
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaGenModel:
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LlamaGenModel:
+    """Load a LlamaGen folder onto `device`, computing in `dtype`, the transformer blocks' linear layers at
+    `quantize` precision (quantize.PRECISIONS); the class/caption embedders, the head and the VQ stay float."""
     folder = Path(folder)
     settings = _settings(folder)
     image_size = positive_int(settings["image_size"], "image_size", folder)
@@ -628,6 +632,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaGenMode
                              f"{settings['vq_checkpoint'].name} has {vq.config.codebook_size}; they do not belong together")
     gpt = gpt_from_state_dict(state, cfg, str(gpt_path))
     del state
+    # before the cast: each layer is read from the (memory-mapped) checkpoint and quantised on its own
+    quantize_linears(gpt.layers, quantize, dtype)
     captioner = None
     if cfg.task == "t2i":
         t5_folder = settings.get("t5_folder")
@@ -640,5 +646,5 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LlamaGenMode
     model = LlamaGenModel(gpt.to(dtype), vq, image_size, family=settings.get("family", "llamagen"),
                           captioner=captioner, cfg_scale=settings.get("cfg_scale"), top_k=settings.get("top_k"),
                           class_names=settings.get("class_names"))
-    model.module.to(device)
+    quantize_then_move(model.module, gpt.layers, "none", dtype, device)
     return model

@@ -1,7 +1,7 @@
 """`load_model`: a model folder on disk (or "demo") to a ready TokenModel.
 
 Each family module offers `detect(folder) -> bool` and
-`load(folder, device, dtype)`; the first family that recognises the folder loads it.
+`load(folder, device, dtype, quantize)`; the first family that recognises the folder loads it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any, Optional, Union
 import torch
 
 from .checkpoints import ModelLoadError
+from .memory import MemoryEstimate, folder_estimate
+from .quantize import check_precision, normalize_precision
 
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
 FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.models.emu3",
@@ -94,15 +96,38 @@ def unrecognised_message(folder: Path) -> str:
 
 
 def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = None,
-               dtype: Union[str, torch.dtype, None] = None) -> Any:
-    """Load the model in `path` ("demo" for the embedded demo model)."""
+               dtype: Union[str, torch.dtype, None] = None, quantize: Optional[str] = None) -> Any:
+    """Load the model in `path` ("demo" for the embedded demo model).
+
+    `dtype` is the compute dtype; `quantize` ("int8" or "nf4"; None or "none" for full precision) stores the
+    backbone's linear layers in fewer bits (heads, embeddings and image decoders stay at `dtype`).
+    """
+    folder = _model_folder(path)
+    device = pick_device(device)
+    dtype = pick_dtype(dtype, device)
+    precision = normalize_precision(quantize)
+    check_precision(precision, device, dtype)  # before anything is read
+    return _family(folder).load(folder, device, dtype, quantize=precision)
+
+
+def estimate_memory(path: Union[str, Path]) -> MemoryEstimate:
+    """What `load_model(path)` will hold, from the weight files' headers: see `memory.MemoryEstimate`."""
+    folder = _model_folder(path)
+    family = _family(folder)
+    return folder_estimate(folder, getattr(family, "UNUSED_WEIGHTS", ()), getattr(family, "CACHE_TOKENS", 4096))
+
+
+def _model_folder(path: Union[str, Path]) -> Path:
     folder = DEMO_DIR if str(path) == "demo" else Path(path).expanduser()
     if not folder.is_dir():
         hint = download_hint(folder.name)
         raise ModelLoadError(f"model folder {folder} not found" + (f"; download {hint} into it" if hint else ""))
-    device = pick_device(device)
-    dtype = pick_dtype(dtype, device)
+    return folder
+
+
+def _family(folder: Path) -> ModuleType:
+    """The family module that recognises `folder`; refused with what it holds otherwise."""
     family = detect_family(folder)
     if family is None:
         raise ModelLoadError(unrecognised_message(folder))
-    return family.load(folder, device, dtype)
+    return family

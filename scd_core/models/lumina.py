@@ -43,18 +43,19 @@ UNUSED_PREFIXES.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 
 from .cfg_session import CFGSession, cfg_prefix
-from .checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_safetensors
+from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from .generation_only import code_rows_head
 from .hf_folders import raise_load_failure
+from .quantize import QuantizationError, assign_quantizing, quantize_then_move
+from .streaming import parameters_on_meta
 from .tokenizer_files import TextTokenizer, positive_int, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
 from .janus import RowBackbone
@@ -71,6 +72,8 @@ MOVQ_CODE_OFFSET = 155000
 # images) and rotary tables (recomputed from config.json).
 UNUSED_PREFIXES = ("model.vqmodel.",)
 UNUSED_SUFFIXES = ("rotary_emb.inv_freq",)
+UNUSED_WEIGHTS = UNUSED_PREFIXES  # what the memory estimate leaves out
+CACHE_TOKENS = 80 + 2357  # a prompt and a 768 px image (memory estimates)
 HINT = ("a Lumina-mGPT folder is the Hugging Face repository (Alpha-VLLM/Lumina-mGPT-7B-768 or -512/-1024, "
         "or Alpha-VLLM/Lumina-mGPT-2.0) plus its image tokenizer (Chameleon's vqgan.ckpt, or movqgan_270M.ckpt "
         "for 2.0); see the README's 'Model folders' table")
@@ -134,6 +137,8 @@ class LuminaModel:
 
     def __init__(self, net: torch.nn.Module, vq: VQDecoder, tokenizer: TextTokenizer, code_ids: torch.Tensor,
                  variant: Variant, resolution: int, bos: int) -> None:
+        # generation samples only the image-code rows of lm_head (8192 or 16384 of 65536+): the others are freed
+        net.lm_head = code_rows_head(net.lm_head, code_ids)
         self.module = torch.nn.ModuleDict({"lm": net, "vq": vq}).eval()
         self.family = variant.family
         self.default_cfg_scale = variant.cfg_scale
@@ -141,9 +146,6 @@ class LuminaModel:
         self._tokenizer = tokenizer
         self.code_ids = code_ids
         self.vocab_size = code_ids.numel()
-        first = int(code_ids[0])
-        contiguous = torch.equal(code_ids, torch.arange(first, first + self.vocab_size))
-        self._code_rows: Union[slice, torch.Tensor] = slice(first, first + self.vocab_size) if contiguous else code_ids
         self._code_of = torch.full((net.config.vocab_size,), -1, dtype=torch.long)
         self._code_of[code_ids] = torch.arange(self.vocab_size)  # token id -> code index, -1 for other ids
         self._bos = bos
@@ -188,10 +190,6 @@ class LuminaModel:
     def device(self) -> torch.device:
         return self.module["lm"].lm_head.weight.device
 
-    def code_head(self) -> torch.Tensor:
-        """The lm_head rows of the image codes, in code_ids order (a view when the ids are contiguous)."""
-        return self.module["lm"].lm_head.weight[self._code_rows]
-
     def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> LuminaPrompt:
         """Prefix ids; without a negative prompt the uncond context is the bare image header, as the authors run it."""
         if not isinstance(prompt, str):
@@ -229,7 +227,7 @@ class LuminaModel:
                           backbone=lambda cache: RowBackbone(lm.model, cache),
                           embed_prefix=lm.model.embed_tokens, embed_image=lm.model.embed_tokens,
                           # the code rows only: transformers' own head would mask the image rows
-                          head=lambda hidden: F.linear(hidden, self.code_head()))
+                          head=lm.lm_head)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -347,28 +345,6 @@ def _vocab_size(config: dict[str, Any], folder: Path) -> int:
     return positive_int(vocab_size, "vocab_size", folder / "config.json")
 
 
-@contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    """Build modules with parameters on the meta device (no memory, no random init) but real buffers.
-
-    Buffers such as rotary tables are computed in the constructors and never stored
-    in checkpoints, so they must be real; every parameter is replaced by a
-    checkpoint tensor afterwards.
-    """
-    register = torch.nn.Module.register_parameter
-
-    def register_on_meta(module: torch.nn.Module, name: str, param: Optional[torch.nn.Parameter]) -> None:
-        register(module, name, param)
-        if param is not None:
-            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-
-    torch.nn.Module.register_parameter = register_on_meta
-    try:
-        yield
-    finally:
-        torch.nn.Module.register_parameter = register
-
-
 def _shard_files(folder: Path) -> list[Path]:
     """The weight shards the index names (all *.safetensors without an index); pickles are never opened."""
     index = folder / "model.safetensors.index.json"
@@ -428,15 +404,16 @@ def _checkpoint_plan(folder: Path, expected: dict[str, torch.Size], heads: dict[
     return plan
 
 
-def _read_network(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """ChameleonForConditionalGeneration with every weight from the shards, q/k norms expanded to one row per head."""
+def _read_network(folder: Path, dtype: torch.dtype, precision: str) -> torch.nn.Module:
+    """ChameleonForConditionalGeneration with every weight from the shards, q/k norms expanded to one row per head,
+    read tensor by tensor and the backbone's linear layers quantised to `precision` as they arrive."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     config = ChameleonConfig.from_pretrained(str(folder))
     if config.vocabulary_map is None:  # only used to encode input images, which generation never does
         config.vocabulary_map = {}
     config._attn_implementation = "sdpa"
-    with _parameters_on_meta():
+    with parameters_on_meta():
         net = ChameleonForConditionalGeneration(config)
     del net.model.vqmodel  # the image encoder: no published weights, never called here (see UNUSED_PREFIXES)
     expected = {key: value.shape for key, value in net.state_dict().items()}
@@ -446,19 +423,22 @@ def _read_network(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
             heads[key] = config.num_attention_heads
         elif ".self_attn.k_norm." in key:
             heads[key] = config.num_key_value_heads
-    plan = _checkpoint_plan(folder, expected, heads)
-    state: dict[str, torch.Tensor] = {}
+    plan = _checkpoint_plan(folder, expected, heads)  # every expected tensor is there, in the expected shape
+    from safetensors import safe_open
+
     for path in sorted({path for path, _ in plan.values()}):
-        for key, tensor in read_safetensors(path).items():
-            if key in plan:
-                repeat = plan[key][1]
-                state[key] = (tensor if repeat == 1 else tensor.repeat_interleave(repeat, dim=0)).to(dtype)
-    net.load_state_dict(state, strict=True, assign=True)
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                if key in plan:
+                    tensor, repeat = handle.get_tensor(key), plan[key][1]
+                    tensor = tensor if repeat == 1 else tensor.repeat_interleave(repeat, dim=0)
+                    assign_quantizing(net, key, tensor, "model", precision, dtype)
     return net.eval().requires_grad_(False)
 
 
-def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LuminaModel:
-    """Load a Lumina-mGPT 1 or 2.0 folder onto `device` in `dtype`."""
+def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LuminaModel:
+    """Load a Lumina-mGPT 1 or 2.0 folder onto `device`, computing in `dtype`, the backbone's linear layers at
+    `quantize` precision (quantize.PRECISIONS)."""
     folder = Path(folder)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
@@ -473,10 +453,10 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype) -> LuminaModel:
     bos = _bos(tokenizer, variant)
     failure: Optional[str] = None
     try:
-        model = LuminaModel(_read_network(folder, dtype), vq.to(variant.vq_dtype or dtype), tokenizer, code_ids,
-                            variant, resolution, bos)
-        model.module.to(device)
-    except ModelLoadError as err:
+        net = _read_network(folder, dtype, quantize)  # quantised while reading: never whole in `dtype`
+        model = LuminaModel(net, vq.to(variant.vq_dtype or dtype), tokenizer, code_ids, variant, resolution, bos)
+        quantize_then_move(model.module, net.model, "none", dtype, device)
+    except (ModelLoadError, QuantizationError) as err:
         failure = str(err)
     except Exception as err:  # transformers raises many types for bad configs
         failure = f"{folder} could not be loaded as Lumina-mGPT ({type(err).__name__}: {err}); {HINT}"

@@ -1,0 +1,107 @@
+"""Memory a model folder needs at each precision, from its weight files' headers (no weight is read).
+
+Weights of the backbone's linear layers (2-D `*.weight` tensors inside a `layers.N.` block) take the
+chosen precision; every other loaded tensor stays at the compute dtype.  The KV cache holds, per token
+and per row, the output channels of each block's key and value projections.  Heads that loading slices
+to the image codes are counted whole, so the estimate errs on the large side.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from .checkpoints import PICKLE_SUFFIXES
+from .quantize import bytes_per_weight
+
+BLOCK_WEIGHT = re.compile(r"(?:^|\.)layers\.\d+\..*\.weight$")
+KEY_VALUE = re.compile(r"(?:^|\.)layers\.\d+\.(?:self_attn\.[kv]_proj|attention\.w[kv])\.weight$")
+FUSED_QKV = re.compile(r"(?:^|\.)layers\.\d+\.attention\.wqkv\.weight$")  # LlamaGen: q rows = in_features
+WEIGHT_SUFFIXES = (".safetensors",) + PICKLE_SUFFIXES
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Parameter counts of what generation loads, and the KV channels one cached token takes per row."""
+
+    block_weights: int  # quantisable: the backbone's linear layers
+    other_weights: int  # embeddings, heads, norms, image decoder: kept at the compute dtype
+    kv_channels: int    # keys + values, summed over layers
+    tokens: int = 4096  # cached positions of one row at the family's default image size (prompt included)
+
+    def weight_bytes(self, precision: str, dtype: torch.dtype) -> int:
+        float_bytes = bytes_per_weight("none", dtype)
+        return int(self.block_weights * bytes_per_weight(precision, dtype) + self.other_weights * float_bytes)
+
+    def cache_bytes(self, tokens: int, rows: int, dtype: torch.dtype) -> int:
+        return int(self.kv_channels * tokens * rows * bytes_per_weight("none", dtype))
+
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+
+
+def _pickle_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Shapes from a tensor-only torch checkpoint, memory-mapped so that nothing is read but the index."""
+    data = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    for key in ("model", "module", "state_dict"):
+        if isinstance(data, dict) and isinstance(data.get(key), dict):
+            data = data[key]
+            break
+    return {key: tuple(value.shape) for key, value in data.items() if isinstance(value, torch.Tensor)}
+
+
+def checkpoint_shapes(paths: Iterable[Path]) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape over the given weight files; a file that cannot be indexed is skipped."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in paths:
+        try:
+            shapes.update(_safetensors_shapes(path) if path.suffix == ".safetensors" else _pickle_shapes(path))
+        except Exception:  # legacy pickles cannot be memory-mapped, corrupt files are reported by the loader
+            continue
+    return shapes
+
+
+def estimate_from_shapes(shapes: dict[str, tuple[int, ...]], unused: tuple[str, ...] = (), tokens: int = 4096
+                         ) -> MemoryEstimate:
+    """Count what loading keeps: tensors whose name starts with one of `unused` are dropped at load time."""
+    block = other = kv = 0
+    for name, shape in shapes.items():
+        if name.startswith(unused):
+            continue
+        count = 1
+        for side in shape:
+            count *= side
+        if len(shape) == 2 and BLOCK_WEIGHT.search(name):
+            block += count
+        else:
+            other += count
+        if KEY_VALUE.search(name):
+            kv += shape[0]
+        elif FUSED_QKV.search(name):
+            kv += shape[0] - shape[1]
+    return MemoryEstimate(block, other, kv, tokens)
+
+
+def folder_estimate(folder: Path, unused: tuple[str, ...] = (), tokens: int = 4096) -> MemoryEstimate:
+    """The estimate for the weight files at the top of `folder`."""
+    paths = sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    return estimate_from_shapes(checkpoint_shapes(paths), unused, tokens)
+
+
+def auto_precision(estimate: MemoryEstimate, dtype: torch.dtype, free_bytes: int, rows: int,
+                   offered: tuple[str, ...], margin: float = 0.2) -> str:
+    """The most precise of `offered` (best first) whose weights plus KV cache for `rows` rows, `margin` more for
+    activations, fit in `free_bytes`; the least precise one when none fits."""
+    cache = estimate.cache_bytes(estimate.tokens, rows, dtype)
+    for precision in offered:
+        if (estimate.weight_bytes(precision, dtype) + cache) * (1 + margin) <= free_bytes:
+            return precision
+    return offered[-1]

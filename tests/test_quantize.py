@@ -1,0 +1,322 @@
+"""Quantised weights keep the sampler exact: every position's logits depend on its own prefix only.
+
+Checked for every precision offered (int8, nf4) on single layers and on the tiny Janus checkpoint:
+a position's logits do not change when the drafts after it change, when another sample's drafts change,
+or when the CFG partner row changes.  bitsandbytes' LLM.int8 at its default outlier threshold (6.0) is the
+negative control the same checks must catch.  Then the sampler on quantised models: faithful at window 8
+gives the window-1 tokens, and the output law of a quantised LlamaGen GPT equals its AR law (chi-square).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from cosmos_fixture import context_frames, write_cosmos
+from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
+from llamagen_fixture import write_original_c2i
+from lumina_fixture import tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
+from scd_core import SamplerConfig, generate, load_model
+from scd_core.models import quantize
+from scd_core.models.loading import estimate_memory
+from scd_core.models.llamagen import GPT, ClassLabel, GPTConfig, LlamaGenSession
+from scd_core.sampling import to_probs
+from test_lossless import chi_square_pvalue
+
+# bitsandbytes is optional for the library and installed by tests/requirements.txt; without it only the int8
+# checks run (the library's own layer needs nothing)
+needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
+                               reason="bitsandbytes (tests/requirements.txt) is not installed")
+PRECISIONS = ["int8", pytest.param("nf4", marks=needs_bnb)]
+PROMPT, SAME_LENGTH_NEGATIVE = "a red cat", "a big dog"
+
+
+def small_init_linear(in_features: int, out_features: int, seed: int, bias: bool = True) -> nn.Linear:
+    """Weights of std 0.02, as real checkpoints are initialised (sharpened fixtures exaggerate the error)."""
+    torch.manual_seed(seed)
+    layer = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        layer.weight.normal_(0.0, 0.02)
+        if bias:
+            layer.bias.normal_(0.0, 0.02)
+    return layer.eval().requires_grad_(False)
+
+
+def quantized(layer: nn.Linear, precision: str, dtype: torch.dtype = torch.float32) -> nn.Module:
+    holder = nn.Sequential(layer)
+    quantize.quantize_linears(holder, precision, dtype)
+    return holder[0]
+
+
+def llm_int8(layer: nn.Linear, threshold: float = 6.0) -> nn.Module:
+    """bitsandbytes' LLM.int8 layer at its default outlier threshold: the negative control."""
+    import bitsandbytes as bnb
+
+    q = bnb.nn.Linear8bitLt(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                            has_fp16_weights=False, threshold=threshold)
+    q.load_state_dict(layer.state_dict())
+    return q.to("cpu").eval()  # eval: in training mode bitsandbytes' CPU path dequantises instead
+
+
+def other_rows_changed(layer: nn.Module, dtype: torch.dtype = torch.float32, rows: int = 6, seed: int = 0) -> float:
+    """Largest change of row 0's output when rows 1.. change (to activations with a few outliers)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, layer.in_features, generator=gen)
+    changed = x.clone()
+    changed[1:] = torch.randn(rows - 1, layer.in_features, generator=gen)
+    changed[1:, :3] *= 12  # real LLM activations have outlier channels
+    with torch.no_grad():
+        return float((layer(changed.to(dtype))[0] - layer(x.to(dtype))[0]).abs().max())
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantized_layer_rows_are_independent(precision: str, dtype: torch.dtype) -> None:
+    assert other_rows_changed(quantized(small_init_linear(128, 96, seed=1), precision, dtype), dtype) == 0.0
+
+
+@needs_bnb
+def test_llm_int8_at_its_default_threshold_mixes_rows() -> None:
+    """The check above catches a kernel that chooses outlier columns over all rows of a call."""
+    assert other_rows_changed(llm_int8(small_init_linear(128, 96, seed=1))) > 1e-4
+    assert other_rows_changed(llm_int8(small_init_linear(128, 96, seed=1), threshold=0.0)) == 0.0
+
+
+@pytest.mark.parametrize("precision,bound", [("int8", 0.01), pytest.param("nf4", 0.15, marks=needs_bnb)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantization_error_on_small_init_weights(precision: str, bound: float, dtype: torch.dtype) -> None:
+    """Relative output error of one layer against float32: int8 under 1 %, NF4 under 15 % (4 bits)."""
+    layer = small_init_linear(512, 256, seed=2)
+    x = torch.randn(32, 512, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        exact = layer(x)
+        approx = quantized(copy.deepcopy(layer).to(dtype), precision, dtype)(x.to(dtype)).float()
+    error = float((approx - exact).norm() / exact.norm())
+    assert 0 < error < bound
+
+
+def test_int8_layer_stores_int8_rows_and_one_scale_per_row() -> None:
+    layer = small_init_linear(64, 32, seed=4)
+    q = quantized(layer, "int8", torch.bfloat16)
+    assert q.qweight.dtype == torch.int8 and q.qweight.shape == (32, 64) and q.scale.shape == (32,)
+    assert int(q.qweight.abs().amax(dim=1).min()) == 127  # each row's largest weight uses the full range
+    assert quantize.module_bytes(q) == 32 * 64 + 2 * 32 + 2 * 32  # int8 weights, bf16 scales and bias
+
+
+# ---- the tiny Janus checkpoint: logits at a position depend on its own prefix only ----
+
+def janus_at(folder: Path, precision: str) -> object:
+    """The tiny Janus in float32 with its backbone at `precision` ("llm.int8": bitsandbytes' outlier kernel)."""
+    if precision != "llm.int8":
+        return load_model(folder, device="cpu", dtype="float32", quantize=precision)
+    model = load_model(folder, device="cpu", dtype="float32")
+    backbone = model.module.model.language_model
+    for parent in list(backbone.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, llm_int8(child))
+    return model
+
+
+def window_logits(model, drafts: torch.Tensor, negative=None) -> tuple[torch.Tensor, torch.Tensor]:
+    session = model.start(model.encode(PROMPT, negative), batch_size=drafts.shape[0])
+    session.prefill()
+    return session.forward(drafts)
+
+
+def largest_leaks(model) -> dict[str, float]:
+    """How much the logits of the first 3 positions of sample 0 move when something they must not see changes."""
+    gen = torch.Generator().manual_seed(0)
+    drafts = torch.randint(0, model.vocab_size, (2, 8), generator=gen)
+    cond, uncond = window_logits(model, drafts)
+    later = drafts.clone()
+    later[:, 3:] = torch.randint(0, model.vocab_size, (2, 5), generator=gen)
+    other_sample = drafts.clone()
+    other_sample[1] = torch.randint(0, model.vocab_size, (8,), generator=gen)
+    leaks = {}
+    for name, (c, u) in (("later drafts", window_logits(model, later)),
+                         ("other sample", window_logits(model, other_sample))):
+        leaks[name] = max(float((c[0, :3] - cond[0, :3]).abs().max()), float((u[0, :3] - uncond[0, :3]).abs().max()))
+    c, _ = window_logits(model, drafts, negative=SAME_LENGTH_NEGATIVE)
+    leaks["CFG partner"] = float((c - cond).abs().max())
+    return leaks
+
+
+@pytest.mark.parametrize("precision", ["none"] + PRECISIONS)
+def test_janus_logits_depend_on_their_own_prefix_only(tiny_janus_dir: Path, precision: str) -> None:
+    model = janus_at(tiny_janus_dir, precision)
+    assert len(model.encode(PROMPT, SAME_LENGTH_NEGATIVE).uncond) == len(model.encode(PROMPT).cond)
+    assert largest_leaks(model) == {"later drafts": 0.0, "other sample": 0.0, "CFG partner": 0.0}
+
+
+@needs_bnb
+def test_llm_int8_leaks_into_the_janus_logits(tiny_janus_dir: Path) -> None:
+    """The negative control on the same model: at least the batch-wide outlier columns show."""
+    leaks = largest_leaks(janus_at(tiny_janus_dir, "llm.int8"))
+    assert max(leaks.values()) > 1e-4, leaks
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_faithful_window_8_gives_the_window_1_tokens(tiny_janus_dir: Path, precision: str) -> None:
+    model = janus_at(tiny_janus_dir, precision)
+    cond = model.encode(PROMPT)
+    tokens = [generate(model, cond, SamplerConfig(coupler="faithful", window=w, seed=3), batch_size=2).tokens
+              for w in (1, 8)]
+    assert torch.equal(tokens[0], tokens[1])
+
+
+# ---- the output law of a quantised network equals its AR law ----
+
+class QuantizedGPT:
+    """A LlamaGen GPT of 3 codes on a 2 x 2 grid (81 images), its blocks quantised: small enough to enumerate."""
+
+    def __init__(self, precision: str, seed: int = 1, std: float = 0.2) -> None:
+        cfg = GPTConfig(dim=16, n_layer=1, n_head=2, n_kv_head=2, ffn_hidden=32, vocab_size=3, grid_size=2,
+                        num_classes=2)
+        torch.manual_seed(seed)
+        self.gpt = GPT(cfg).eval().requires_grad_(False)
+        with torch.no_grad():  # peaked distributions, so that a biased sampler shows
+            for name, p in self.gpt.named_parameters():
+                p.normal_(1.0 if name.endswith("norm.weight") else 0.0, 1.0 if p.dim() == 1 else std)
+        assert quantize.quantize_linears(self.gpt.layers, precision, torch.float32) == 5
+        self.vocab_size, self.num_tokens, self.grid = cfg.vocab_size, cfg.num_tokens, (2, 2)
+
+    def start(self, cond, batch_size: int) -> LlamaGenSession:
+        return LlamaGenSession(self.gpt, ClassLabel(1), batch_size)
+
+    def exact_law(self, cfg_scale: float) -> dict[tuple[int, ...], float]:
+        seqs = torch.tensor(list(itertools.product(range(self.vocab_size), repeat=self.num_tokens)))
+        session = self.start(None, len(seqs))
+        first = session.prefill()
+        rest = session.forward(seqs[:, :-1])
+        cond, uncond = (torch.cat(pair, dim=1) for pair in zip(first, rest))
+        probs = to_probs(cond, uncond, cfg_scale, 1.0, None, 1.0).double()
+        per_sequence = probs.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(-1)
+        return {tuple(s): float(p) for s, p in zip(seqs.tolist(), per_sequence)}
+
+
+@pytest.mark.parametrize("precision,coupler", [("int8", "maximal"), pytest.param("nf4", "gumbel", marks=needs_bnb)])
+def test_output_law_of_a_quantized_network_equals_its_ar_law(precision: str, coupler: str) -> None:
+    model = QuantizedGPT(precision)
+    law = model.exact_law(cfg_scale=2.0)
+    result = generate(model, None, SamplerConfig(coupler=coupler, window=3, cfg_scale=2.0, seed=11),
+                      batch_size=60_000)
+    assert 3 in result.windows  # speculative calls ran
+    assert chi_square_pvalue(result.tokens, law) > 1e-4
+
+
+# ---- bad input ----
+
+def test_unknown_precision_is_refused_before_loading(tiny_janus_dir: Path) -> None:
+    with pytest.raises(ValueError, match="quantize must be one of none, int8, nf4"):
+        load_model(tiny_janus_dir, device="cpu", quantize="int4")
+
+
+@needs_bnb
+def test_nf4_refuses_what_bitsandbytes_cannot_run(tiny_janus_dir: Path) -> None:
+    with pytest.raises(ValueError, match="computes in float32, bfloat16 or float16"):
+        load_model(tiny_janus_dir, device="cpu", dtype=torch.float64, quantize="nf4")
+    with pytest.raises(ValueError, match="does not run on mps; use 'int8' there"):
+        quantize.check_precision("nf4", torch.device("mps"), torch.float16)
+    quantize.check_precision("int8", torch.device("mps"), torch.float16)  # our own layer runs anywhere
+
+
+def test_nf4_without_bitsandbytes_names_the_package(tiny_janus_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import fails as if it were not installed
+    with pytest.raises(ValueError, match="pip install bitsandbytes"):
+        load_model(tiny_janus_dir, device="cpu", quantize="nf4")
+    assert isinstance(load_model(tiny_janus_dir, device="cpu", quantize="int8").module, nn.Module)
+
+
+def test_a_failed_quantisation_leaves_nothing_loaded(tiny_janus_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_janus import live_janus_modules
+
+    def out_of_memory(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    before = live_janus_modules()
+    monkeypatch.setattr(quantize.Int8Linear, "from_linear", out_of_memory)
+    with pytest.raises(ValueError, match=r"could not quantise model\.language_model\.layers\.0\.\S+ to int8 "
+                                         r"\(RuntimeError: CUDA out of memory"):
+        load_model(tiny_janus_dir, device="cpu", quantize="int8")
+    assert live_janus_modules() == before
+
+
+def test_janus_read_tensor_by_tensor_holds_what_from_pretrained_loads(tiny_janus_dir: Path) -> None:
+    """Every parameter and buffer the streamed loader keeps equals transformers' own from_pretrained load."""
+    from transformers import JanusForConditionalGeneration
+
+    from scd_core.models.hf_folders import dtype_keyword
+
+    ours = load_model(tiny_janus_dir, device="cpu", dtype="float32").module
+    reference = JanusForConditionalGeneration.from_pretrained(str(tiny_janus_dir),
+                                                              **{dtype_keyword(): torch.float32}).eval()
+    theirs = dict(reference.named_parameters()) | dict(reference.named_buffers())
+    kept = dict(ours.named_parameters()) | dict(ours.named_buffers())
+    assert len(kept) > 100 and set(kept) <= set(theirs)
+    assert all(torch.equal(tensor, theirs[name]) for name, tensor in kept.items())
+
+
+def test_generation_only_janus_drops_what_understanding_uses(tiny_janus_dir: Path) -> None:
+    net = load_model(tiny_janus_dir, device="cpu", dtype="float32").module
+    for name in ("vision_model", "aligner"):
+        assert not hasattr(net.model, name)
+    assert not hasattr(net, "lm_head")
+    assert not hasattr(net.model.vqmodel, "encoder") and not hasattr(net.model.vqmodel, "quant_conv")
+
+
+# ---- every family's tiny real-format checkpoint at every precision ----
+
+BACKBONES = {  # where each family's quantised linear layers live
+    "janus": lambda m: m.module.model.language_model, "emu3": lambda m: m.module.model.text_model,
+    "lumina-mgpt": lambda m: m.module["lm"].model, "lumina-mgpt-2": lambda m: m.module["lm"].model,
+    "llamagen": lambda m: m.module["gpt"].layers, "cosmos": lambda m: m.module["transformer"].layers,
+}
+
+
+@pytest.fixture(scope="module")
+def family_folders(tmp_path_factory: pytest.TempPathFactory, tiny_janus_dir: Path, tiny_emu3_dir: Path,
+                   tiny_lumina_dir: Path, tiny_lumina2_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("quantized_families")
+    return {"janus": tiny_janus_dir, "emu3": tiny_emu3_dir, "lumina-mgpt": tiny_lumina_dir,
+            "lumina-mgpt-2": tiny_lumina2_dir, "llamagen": write_original_c2i(root / "llamagen"),
+            "cosmos": write_cosmos(root, "4B")}
+
+
+def family_cond(model):
+    if model.family == "cosmos":
+        return model.encode_video(context_frames(9))
+    if model.family == "emu3":
+        model.set_resolution("4:3", 768)  # 3 x 4 codes: keeps the run short
+    return model.encode("3" if model.family == "llamagen" else PROMPT)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("family", list(BACKBONES))
+def test_every_family_loads_generates_and_decodes_at_each_precision(family_folders: dict[str, Path], family: str,
+                                                                    precision: str) -> None:
+    full = load_model(family_folders[family], device="cpu", dtype="float32")
+    model = load_model(family_folders[family], device="cpu", dtype="float32", quantize=precision)
+    assert model.family == full.family == family
+    linears = [m for m in BACKBONES[family](full).modules() if type(m) is nn.Linear]
+    layers = [type(m).__name__ for m in BACKBONES[family](model).modules()]
+    assert "Linear" not in layers and layers.count("Int8Linear" if precision == "int8" else "Linear4bit") == len(linears)
+    real = quantize.module_bytes(model.module)
+    assert real < quantize.module_bytes(full.module)
+    # the loader node's estimate, from the weight files' headers: close where the folder holds only what is
+    # loaded (heads are counted whole), larger where it holds more (Lumina-mGPT 2's MoVQGAN carries its encoder)
+    estimate = estimate_memory(family_folders[family]).weight_bytes(precision, torch.float32) / real
+    assert 0.97 < estimate < 1.1 if family in ("janus", "emu3", "lumina-mgpt") else 0.7 < estimate < 2.0
+    cond = family_cond(model)
+    result = generate(model, cond, SamplerConfig(coupler="maximal", window=4, seed=2))
+    assert result.tokens.shape == (1, model.num_tokens)
+    pixels = model.decode(result.tokens)
+    assert pixels.dtype == torch.float32 and torch.isfinite(pixels).all() and 0 <= pixels.min() <= pixels.max() <= 1
