@@ -29,7 +29,8 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _absorb(h: torch.Tensor, value: torch.Tensor | int) -> torch.Tensor:
-    return _mix32(h ^ (value & M32 if isinstance(value, torch.Tensor) else torch.tensor(value & M32, device=h.device)))
+    # a Python int stays a scalar operand: no tensor is made from it (none may be while a CUDA graph is captured)
+    return _mix32(h ^ (value & M32))
 
 
 def _to_uniform(h: torch.Tensor) -> torch.Tensor:
@@ -45,14 +46,17 @@ class KeyedRandom:
         seed_hash = _mix32(torch.tensor(seed & M32, dtype=torch.int64, device=device))
         self._seed_hash = _absorb(seed_hash, (seed >> 32) & M32)
 
-    def _key(self, purpose: int, rows: torch.Tensor, positions: torch.Tensor, counter: int) -> torch.Tensor:
+    def _key(self, purpose: int, rows: torch.Tensor, positions: torch.Tensor, counter: int | torch.Tensor
+             ) -> torch.Tensor:
         h = _absorb(self._seed_hash, purpose)
         h = _absorb(h, counter)
         h = _absorb(h, rows.to(torch.int64))
         return _absorb(h, positions.to(torch.int64))
 
-    def uniform(self, purpose: int, rows: torch.Tensor, positions: torch.Tensor, counter: int) -> torch.Tensor:
-        """One uniform per (row, position); `rows` and `positions` broadcast together."""
+    def uniform(self, purpose: int, rows: torch.Tensor, positions: torch.Tensor, counter: int | torch.Tensor
+                ) -> torch.Tensor:
+        """One uniform per (row, position); `rows` and `positions` broadcast together.  `counter` may be a
+        0-d device tensor (a compiled step's iteration), with the same draws as the int."""
         return _to_uniform(self._key(purpose, rows, positions, counter))
 
     def gumbel(self, rows: torch.Tensor, positions: torch.Tensor, vocab_size: int, purpose: int = GUMBEL,

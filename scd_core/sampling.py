@@ -108,7 +108,7 @@ def recursive_rejection(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tens
 
 
 def block_verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, free: torch.Tensor, eta: torch.Tensor,
-                 u_residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 u_residual: torch.Tensor, limit: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification (Sun et al., ICLR 2025): accept a prefix of the drafts by a joint rule.
 
     p: (B, m+1, V) target laws of the m draft slots and the bonus slot; q: (B, m, V) proposals;
@@ -118,6 +118,8 @@ def block_verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, free: to
     after i drafts emits a token from norm(max(0, w_i p_{i+1} - q_{i+1})) (p itself after all m); the stop is
     the largest i whose eta_i <= h_i, h_i = S_i / (S_i + 1 - w_i) with S_i that residual's mass, h_m = w_m.
     Never accepts fewer drafts in expectation than token-wise verification, and the output law is exact.
+    With `limit` (a 0-d tensor l <= m) only the first l drafts count, slot l being the bonus: the decisions
+    and draws of a window cut after slot l, at this shape (a static-shape call padded past its true width).
     Returns (tau (B,) drafts accepted, replacement (B,) the token emitted at slot tau).
     """
     m = draft.shape[1]
@@ -133,11 +135,16 @@ def block_verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, free: to
     h = torch.where(free[:, :m] & (denominator > 0), mass / denominator.clamp_min(1e-30), torch.zeros_like(mass))
     h = torch.cat([h, w[:, m:]], dim=1)
     h[:, 0] = 0.0  # stopping before the first draft is what happens when no later index passes
-    passes = eta <= h
     index = torch.arange(m + 1, device=p.device)
+    last = m if limit is None else limit
+    if limit is not None:
+        h = torch.where(index == limit, w, torch.where(index < limit, h, torch.zeros_like(h)))
+        h[:, 0] = 0.0
+    passes = eta <= h
     tau = torch.where(passes, index, torch.zeros_like(index)).amax(1)
     rows = torch.arange(p.shape[0], device=p.device)
-    at_stop = torch.cat([residual, p[:, m:]], dim=1)[rows, tau]  # (B, V)
+    at_stop = torch.where((tau == last).unsqueeze(-1), p[rows, tau],
+                          torch.cat([residual, p[:, m:]], dim=1)[rows, tau])  # (B, V): p itself at the bonus
     empty = at_stop.sum(-1, keepdim=True) <= 0                 # p == q where the rule stopped: cannot happen
     at_stop = torch.where(empty, p[rows, tau], at_stop)
     return tau, sample(at_stop, u_residual[rows, tau])

@@ -20,6 +20,11 @@ FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.model
 DEMO_DIR = Path(__file__).parents[1] / "demo"
 
 
+def static_families() -> list[str]:
+    """The families whose models load with compile=True."""
+    return [name.rsplit(".", 1)[-1] for name in FAMILIES if hasattr(importlib.import_module(name), "STATIC_SHAPES")]
+
+
 def pick_device(device: Union[str, torch.device, None]) -> torch.device:
     """The requested device, refused with a clear error when this machine lacks it; None picks the best one."""
     if device is not None:
@@ -53,8 +58,15 @@ def pick_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) -> to
 
 
 def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = None,
-               dtype: Union[str, torch.dtype, None] = None) -> Any:
-    """Load the model in `path` ("demo" for the embedded demo model)."""
+               dtype: Union[str, torch.dtype, None] = None, compile: bool = False) -> Any:
+    """Load the model in `path` ("demo" for the embedded demo model).
+
+    `compile=True` runs the window calls at static shapes through torch.compile (and on CUDA as CUDA graphs,
+    one per window width; see scd_core.static_step); the first call of each width compiles.  Families without
+    static-shape calls refuse it.
+    """
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
     folder = DEMO_DIR if str(path) == "demo" else Path(path).expanduser()
     if not folder.is_dir():
         raise ModelLoadError(f"model folder {folder} not found")
@@ -63,7 +75,14 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
     for name in FAMILIES:
         family = importlib.import_module(name)
         if family.detect(folder):
-            return family.load(folder, device, dtype)
+            if compile and not hasattr(family, "STATIC_SHAPES"):
+                raise ModelLoadError(f"compile=True is not available for {folder} ({name.rsplit('.', 1)[-1]} "
+                                     f"family) yet: only {', '.join(static_families())} have static-shape "
+                                     "calls; load it with compile=False")
+            model = family.load(folder, device, dtype)
+            if compile:
+                model.enable_compile()
+            return model
     found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
     raise ModelLoadError(
         f"{folder} is not a model folder this pack can load (found: {found}). Expected a Janus-Pro folder in "
