@@ -60,6 +60,10 @@ class SCDModelLoader(io.ComfyNode):
                              tooltip="auto: ComfyUI's device (respects --cpu)."),
                 CheckedCombo("dtype", options=list(DTYPES), default="auto",
                              tooltip="auto: bfloat16 where the GPU supports it, else float32."),
+                io.Boolean.Input("compile", default=False,
+                                 tooltip="Static-shape window calls through torch.compile (CUDA graphs on "
+                                         "CUDA); the first call of each window width compiles (minutes on "
+                                         "CPU). demo/LlamaGen only; candidates must be 1."),
             ],
             outputs=[SCDModel.Output(display_name="model")],
         )
@@ -73,7 +77,7 @@ class SCDModelLoader(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, model: str, device: str, dtype: str) -> io.NodeOutput:
+    def execute(cls, model: str, device: str, dtype: str, compile: bool = False) -> io.NodeOutput:
         choices = model_choices()
         if model not in choices:  # e.g. the folder was removed after validation
             raise ModelLoadError(unknown_model_message(model, choices))
@@ -85,7 +89,7 @@ class SCDModelLoader(io.ComfyNode):
         offload_device = load_device if load_device.type == "cpu" else mm.unet_offload_device()
         # Loaded on the offload device; ModelPatcher moves it to load_device when a node needs it.
         loaded = load_model(DEMO if folder is None else folder, device=offload_device,
-                            dtype=weight_dtype(dtype, load_device))
+                            dtype=weight_dtype(dtype, load_device), compile=compile)
         patcher = comfy.model_patcher.ModelPatcher(_ModuleHolder(loaded.module), load_device=load_device,
                                                    offload_device=offload_device)
         return io.NodeOutput(LoadedModel(name=model, model=loaded, patcher=patcher))

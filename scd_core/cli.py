@@ -79,6 +79,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--negative-prompt", help="negative prompt for the unconditional CFG branch")
     model.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
     model.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
+    model.add_argument("--compile", action="store_true",
+                       help="static-shape window calls through torch.compile (CUDA graphs on CUDA); the first "
+                            "call of each window width compiles (demo/LlamaGen; candidates 1)")
     model.add_argument("--width", type=_pixels, default=0,
                        help="image width in pixels (Emu3, Lumina-mGPT); default 0: the model's size")
     model.add_argument("--height", type=_pixels, default=0,
@@ -277,7 +280,7 @@ def run_generate(args: argparse.Namespace) -> int:
     check_output(args.output)
     if (args.width == 0) != (args.height == 0):
         raise ValueError(f"give both --width and --height, or neither (got {args.width} x {args.height})")
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, compile=args.compile)
     set_image_size(model, args.width, args.height)
     cond = model.encode(args.prompt, args.negative_prompt)
     if args.compare:

@@ -144,7 +144,8 @@ def inputs_of(node: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 
 def test_loader_schema(node_classes: dict[str, Any]) -> None:
     inputs = inputs_of(node_classes["SCDModelLoader"])
-    assert list(inputs) == ["model", "device", "dtype"]
+    assert list(inputs) == ["model", "device", "dtype", "compile"]
+    assert inputs["compile"][0] == "BOOLEAN" and inputs["compile"][1]["default"] is False
     assert inputs["model"][0] == "COMBO" and inputs["model"][1]["options"][0] == "demo"
     # typed by their options, ComfyUI checks device and dtype itself and reports each against its input
     assert inputs["device"][0] == inputs["device"][1]["options"] == ["auto", "cpu", "cuda", "mps"]
