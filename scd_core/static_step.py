@@ -189,6 +189,21 @@ class StaticCalls:
         return SAMPLING_STEP(self.decoder, *logits, width, self.iteration, self.histogram, self.limit)
 
 
+class Compilable:
+    """A TokenModel that `load_model(..., compile=True)` switches to static-shape calls: its family names the
+    one-layer function its sessions run each decoder layer through (`layer_step`), compiled once for all
+    layers, and hands `compiled_layer` to its sessions."""
+
+    compiled = False
+    compiled_layer: Optional[CompiledRegion] = None
+    layer_step: Callable[..., torch.Tensor]
+
+    def enable_compile(self) -> None:
+        self.compiled = True
+        self.compiled_layer = compile_region(type(self).layer_step,
+                                             f"the {getattr(self, 'family', 'model')} decoder layer")
+
+
 def graphs_available(device: torch.device) -> bool:
     """Whether the window call is captured as CUDA graphs on `device`."""
     return device.type == "cuda" and torch.cuda.is_available()

@@ -16,7 +16,9 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
+from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
+from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model, static_step
 from scd_core.auto_window import candidate_widths
 
@@ -63,6 +65,20 @@ def test_tokens_match_eager_every_coupler(folders, traced, settings: dict, windo
     cond = eager.encode("3")
     # two images at their own pace: the faster one runs past the end while the slower one finishes
     assert_same_run(eager, compiled, cond, SamplerConfig(window=window, seed=5, **settings), batch_size=2)
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3"])
+def test_transformers_families_match_eager(request: pytest.FixtureRequest, traced, family: str) -> None:
+    """Janus-Pro and Emu3 run their layers through the row attention (one compiled graph for all layers);
+    left-padded CFG prefixes of two lengths, forced row-end tokens (Emu3)."""
+    eager, compiled = pair(request.getfixturevalue(f"tiny_{family}_dir"))
+    if family == "emu3":
+        eager.set_image_size(32, 24)  # 4 x 3 codes of 8 px, a row-end token after each row
+    cond = eager.encode("a red cat", "blue")
+    for window in (1, 8):
+        for settings in (dict(coupler="maximal"), dict(coupler="gumbel"),
+                         dict(coupler="independent", verification="block")):
+            assert_same_run(eager, compiled, cond, SamplerConfig(window=window, seed=3, **settings), batch_size=2)
 
 
 def test_text_conditional_padding(folders, traced) -> None:
@@ -144,12 +160,12 @@ def test_failed_compilation_runs_eagerly_with_one_warning(folders, monkeypatch: 
     assert compiled._compiled_layer.failed and static_step.SAMPLING_STEP.failed
 
 
-def test_refusals(folders, tiny_janus_dir: Path) -> None:
+def test_refusals(folders, tiny_lumina_dir: Path) -> None:
     compiled = load_model(folders["c2i"], device="cpu", compile=True)
     with pytest.raises(ValueError, match="candidates=2 is not available with a compiled model"):
         generate(compiled, compiled.encode("1"), SamplerConfig(window=8, candidates=2))
-    with pytest.raises(ModelLoadError, match="compile=True is not available .*janus family"):
-        load_model(tiny_janus_dir, device="cpu", compile=True)
+    with pytest.raises(ModelLoadError, match="compile=True is not available .*lumina family"):
+        load_model(tiny_lumina_dir, device="cpu", compile=True)
     with pytest.raises(ValueError, match="compile must be True or False"):
         load_model(folders["c2i"], device="cpu", compile="yes")
 

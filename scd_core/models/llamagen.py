@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
 from .row_cache import LayerSlots, RowCache
-from ..static_step import compile_region
+from ..static_step import Compilable
 from .vq16 import VQModel, vq_from_state_dict
 
 # Attention heads of the published sizes, keyed by model width (all use 64-wide heads except 3B/7B).
@@ -422,8 +422,10 @@ class LlamaGenSession:
         self.cache.keep_branch(branch.to(self.device).repeat(2), width, branches)
 
 
-class LlamaGenModel:
+class LlamaGenModel(Compilable):
     """A loaded LlamaGen GPT + VQ decoder (+ T5 captioner for text-conditional models)."""
+
+    layer_step = staticmethod(call_layer)
 
     def __init__(self, gpt: GPT, vq: VQModel, image_size: int, family: str = "llamagen",
                  captioner: Optional[T5Captioner] = None, cfg_scale: Optional[float] = None,
@@ -445,13 +447,6 @@ class LlamaGenModel:
         if captioner is not None:
             parts["t5"] = captioner
         self.module = nn.ModuleDict(parts)
-        self.compiled = False
-        self._compiled_layer: Optional[Callable[..., torch.Tensor]] = None
-
-    def enable_compile(self) -> None:
-        """Static-shape window calls through a compiled decoder block (`load_model(..., compile=True)`)."""
-        self.compiled = True
-        self._compiled_layer = compile_region(call_layer, "the LlamaGen decoder block")
 
     @property
     def device(self) -> torch.device:
@@ -479,7 +474,7 @@ class LlamaGenModel:
         return index
 
     def start(self, cond: ClassLabel | Caption, batch_size: int) -> LlamaGenSession:
-        return LlamaGenSession(self.module["gpt"], cond, batch_size, self._compiled_layer)
+        return LlamaGenSession(self.module["gpt"], cond, batch_size, self.compiled_layer)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
