@@ -9,6 +9,7 @@
     python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 --shape 1B   # shared vs per-row pace
     python -m scd_core.bench --candidates --seeds 30   # candidates against SCD-MC, seed for seed
     python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
+    python -m scd_core.bench --compile       # eager vs compile=True: demo and Janus-Pro-1B shape, compile time apart
     ... --readme scd_core/bench/README.md                   # also write the tables between the README's bench markers
 
 Wall times are only comparable within one run on one machine; on a CPU quote the ratios.
@@ -46,6 +47,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="time per image, automatic window against fixed ones: demo and Janus-Pro-1B-shaped")
     parser.add_argument("--candidates", action="store_true",
                         help="candidates=2..4 against SCD-MC at window 32, seed for seed (demo and the grids)")
+    parser.add_argument("--compile", action="store_true",
+                        help="eager vs compiled (load_model(..., compile=True)) per call and per image, compile "
+                             "time apart, and where a demo call's time goes (scd_core.bench.compiled)")
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--device")
@@ -74,6 +78,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         from .auto import auto_tables
 
         section, text = "auto", auto_tables(seeds)
+    elif args.compile:
+        from .compiled import compile_tables
+
+        section, text = "compile", compile_tables(seeds, args.device, args.dtype, args.layers or 4)
     elif args.device_check:
         from .device_check import run
 
