@@ -403,7 +403,8 @@ class _Decoder:
             copied = known.gather(1, (source + offset).clamp(0, known.shape[1] - 1))
             left = self.seq.gather(1, first_new - 1).expand_as(positions)
             codes = self.to_index(torch.where(source + offset >= 0, copied, left))
-        proposal = torch.nn.functional.one_hot(codes, self.vocab).to(self.proposals.dtype)
+        # one-hot by comparison: F.one_hot may check its input's range on the host, which a graph cannot
+        proposal = (codes.unsqueeze(-1) == torch.arange(self.vocab, device=self.device)).to(self.proposals.dtype)
         tokens = torch.where(self.forced[positions], self.forced_ids[positions], self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
         if self.config.coupler != "faithful":

@@ -170,7 +170,9 @@ class StaticCalls:
                 ) -> tuple[Optional[tuple[torch.Tensor, Optional[torch.Tensor]]], Optional[tuple[Any, ...]]]:
         """Feed a bucket's inputs (B, W) whose first `width` slots are verified; returns (logits, None), or
         (None, decisions) when the call ran as a graph with its sampling step."""
-        buffer = self.inputs.setdefault(inputs.shape[1], torch.empty_like(inputs))
+        if inputs.shape[1] not in self.inputs:
+            self.inputs[inputs.shape[1]] = torch.empty_like(inputs)
+        buffer = self.inputs[inputs.shape[1]]
         buffer.copy_(inputs)
         self.iteration.fill_(iteration)
         self.limit.fill_(width)

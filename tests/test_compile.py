@@ -100,7 +100,7 @@ def test_every_bucket_traces_as_one_graph(folders, traced) -> None:
         assert_same_run(eager, compiled, cond, SamplerConfig(window=window, seed=1))
     # one block graph and one sampling-step graph per width (the prefill runs eagerly), nothing more
     assert counters["stats"]["unique_graphs"] - before == 2 * len(widths)
-    assert not compiled._compiled_layer.failed and not static_step.SAMPLING_STEP.failed
+    assert not compiled.compiled_layer.failed and not static_step.SAMPLING_STEP.failed
 
 
 def test_no_recompilation_after_warm_up(folders, traced) -> None:
@@ -157,7 +157,7 @@ def test_failed_compilation_runs_eagerly_with_one_warning(folders, monkeypatch: 
         assert_same_run(eager, compiled, cond, SamplerConfig(window=8, seed=7))
     messages = [str(w.message) for w in caught if "torch.compile" in str(w.message)]
     assert len(messages) == 2  # one per region (the block, the sampling step), not one per call
-    assert compiled._compiled_layer.failed and static_step.SAMPLING_STEP.failed
+    assert compiled.compiled_layer.failed and static_step.SAMPLING_STEP.failed
 
 
 def test_refusals(folders, tiny_lumina_dir: Path) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -67,7 +67,7 @@ def demo_rows(seeds: list[int], device: torch.device, dtype: torch.dtype) -> lis
     return rows
 
 
-def _janus_call_costs(layers: int, device: torch.device, dtype: torch.dtype, repeats: int = 3
+def _janus_call_costs(layers: int, device: torch.device, dtype: torch.dtype, repeats: int = 5
                       ) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
     """Seconds per call by width: eager, compiled (warm), and the first compiled call (compilation)."""
     from .shapes import JANUS_SHAPES, _build_backbone
@@ -79,26 +79,29 @@ def _janus_call_costs(layers: int, device: torch.device, dtype: torch.dtype, rep
               ).to(device, dtype)
     region = static_step.compile_region(attention_layer, "the Janus-Pro-1B-shaped layer")
 
-    def costs(static: bool) -> tuple[dict[int, float], dict[int, float]]:
+    def backbone_over(static: bool) -> RowAttentionBackbone:
         cache = RowCache(2, JANUS_CONTEXT + JANUS_TOKENS, JANUS_CONTEXT, device)
         cache.static = static
         run = RowAttentionBackbone(backbone, cache, region if static else None)
         run(embeds[:, :JANUS_CONTEXT])
-        warm, first = {}, {}
-        for width in JANUS_WIDTHS:
-            samples = []
-            for _ in range(repeats + 1):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                started = time.perf_counter()
-                head(run(embeds[:, JANUS_CONTEXT:JANUS_CONTEXT + width])).flatten()[:1].tolist()
-                samples.append(time.perf_counter() - started)
-                cache.rewind(width)
-            first[width], warm[width] = samples[0], min(samples[1:])
-        return warm, first
+        return run
 
-    eager, _ = costs(static=False)
-    compiled, first = costs(static=True)
+    def seconds(run: RowAttentionBackbone, width: int) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        head(run(embeds[:, JANUS_CONTEXT:JANUS_CONTEXT + width])).flatten()[:1].tolist()
+        run.rows.rewind(width)
+        return time.perf_counter() - started
+
+    runs = {"eager": backbone_over(static=False), "compiled": backbone_over(static=True)}
+    eager, compiled, first = {}, {}, {}
+    for width in JANUS_WIDTHS:
+        seconds(runs["eager"], width)
+        first[width] = seconds(runs["compiled"], width)
+        # interleaved, so that load elsewhere on the machine hits both alike; the fastest counts
+        samples = [(seconds(runs["eager"], width), seconds(runs["compiled"], width)) for _ in range(repeats)]
+        eager[width], compiled[width] = (min(column) for column in zip(*samples))
     return eager, compiled, first
 
 
@@ -139,11 +142,12 @@ def _timed(owner: Any, name: str, totals: dict[str, float], label: str) -> Itera
 def split_rows(device: torch.device, dtype: torch.dtype, window: int = 16, seed: int = 0) -> list[dict[str, Any]]:
     """Milliseconds per call of one demo image by part, eager and compiled (warm)."""
     rows = []
-    for compile_ in (False, True):
-        model = load_model("demo", device=device, dtype=dtype, compile=compile_)
-        cond = model.encode("7")
-        config = SamplerConfig(window=window, seed=seed)
-        generate(model, cond, config)  # warm (compiles)
+    config = SamplerConfig(window=window, seed=seed)
+    models = {compile_: load_model("demo", device=device, dtype=dtype, compile=compile_) for compile_ in (False, True)}
+    cond = models[False].encode("7")
+    for model in models.values():
+        generate(model, cond, config)  # warm: compiled, caches allocated
+    for compile_, model in models.items():
         totals: dict[str, float] = {}
         session_class = type(model.start(cond, 1))
         parts: list[tuple[Any, str, str]] = [
@@ -173,6 +177,10 @@ def split_rows(device: torch.device, dtype: torch.dtype, window: int = 16, seed:
 
 def compile_tables(seeds: list[int], device: Optional[str] = None, dtype: Optional[str] = None,
                    layers: int = 4) -> str:
+    import torch._inductor.config
+
+    # compile in this process: inductor's pool of compile workers would compete with the timings that follow
+    torch._inductor.config.compile_threads = 1
     torch_device = pick_device(device)
     torch_dtype = pick_dtype(dtype, torch_device)
     rows = demo_rows(seeds, torch_device, torch_dtype) + janus_rows(layers, torch_device, torch_dtype)
