@@ -103,6 +103,34 @@ def test_every_bucket_traces_as_one_graph(folders, traced) -> None:
     assert not compiled.compiled_layer.failed and not static_step.SAMPLING_STEP.failed
 
 
+def test_whole_step_traces_as_one_graph(folders, traced, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What one CUDA graph holds -- forward, distributions, verification, coupling -- traces as one graph with
+    fullgraph=True at every width, so nothing in it reads a value back to the host; run through the engine's
+    graph path (the decisions come back with the forward), it gives the eager tokens."""
+    widths_traced: list[int] = []
+
+    def traced_graphs(self, session, decoder, weights):
+        original_init(self, session, decoder, weights)
+        whole = torch.compile(self._step, fullgraph=True, dynamic=False, backend="eager")
+
+        def replay(width: int):
+            widths_traced.append(width)
+            return whole(width)
+        self.graphs = replay
+
+    original_init = static_step.StaticCalls.__init__
+    monkeypatch.setattr(static_step.StaticCalls, "__init__", traced_graphs)
+    # the regions themselves run inside the one traced step
+    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)
+    eager, compiled = pair(folders["c2i"])
+    monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
+    cond = eager.encode("8")
+    widths = candidate_widths(eager.num_tokens)
+    for window in widths:
+        assert_same_run(eager, compiled, cond, SamplerConfig(window=window, seed=2, coupler="gumbel"))
+    assert sorted(set(widths_traced)) == widths  # every window call went through the traced step
+
+
 def test_no_recompilation_after_warm_up(folders, traced) -> None:
     eager, compiled = pair(folders["c2i"])
     cond = eager.encode("2")

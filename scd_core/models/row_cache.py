@@ -58,7 +58,7 @@ class RowCache:
     Static mode (`static = True`, for compiled and graph-captured calls): every call attends to the whole
     capacity with the mask built on the device from `lengths`, so a call's shapes depend on its width only;
     the cache never grows (trees are refused) and rewinding never reads the device.  `lengths` (updated in
-    place) is then the only truth: `shortest` / `longest` just count what was fed.
+    place) is then the only truth: `shortest` / `longest` hold the prefill's length only.
     """
 
     def __init__(self, rows: int, capacity: int, prefix: int, device: torch.device,
@@ -120,8 +120,9 @@ class RowCache:
         itself = new.unsqueeze(1) == torch.arange(width, device=device).view(1, -1, 1)
         visible = cached | (among_new & (~padding | itself) & (new >= 0).unsqueeze(1))
         self.lengths += width  # in place: a captured graph reads this tensor
-        self.shortest += width
-        self.longest += width
+        if not self.static or not self.longest:  # static: the host counts stop after the prefill, so a traced
+            self.shortest += width               # call never specialises on them
+            self.longest += width
         return self.lengths.unsqueeze(1) - width + offset, visible
 
     def _grow(self, capacity: int) -> None:
