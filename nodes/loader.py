@@ -116,6 +116,10 @@ class SCDModelLoader(io.ComfyNode):
                                      "(nf4, about a quarter; needs bitsandbytes); heads stay in dtype and "
                                      "sampling stays exact. auto: the most precise that fits the GPU's free "
                                      "memory; full precision on the CPU."),
+                io.Boolean.Input("compile", default=False, optional=True,
+                                 tooltip="Static-shape window calls through torch.compile (CUDA graphs on "
+                                         "CUDA); the first call of each window width compiles (minutes on "
+                                         "CPU). demo/LlamaGen, Janus-Pro and Emu3; candidates must be 1."),
             ],
             outputs=[SCDModel.Output(display_name="model")],
             hidden=[io.Hidden.unique_id],
@@ -130,7 +134,8 @@ class SCDModelLoader(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, model: str, device: str, dtype: str, quantize: str = "auto") -> io.NodeOutput:
+    def execute(cls, model: str, device: str, dtype: str, quantize: str = "auto",
+                compile: bool = False) -> io.NodeOutput:
         choices = model_choices()
         if model not in choices:  # e.g. the folder was removed after validation
             raise ModelLoadError(unknown_model_message(model, choices))
@@ -145,7 +150,7 @@ class SCDModelLoader(io.ComfyNode):
         precision = chosen_precision(quantize, path, load_device, compute_dtype)
         check_precision(precision, load_device, compute_dtype)  # e.g. nf4 on MPS: before anything is read
         # Loaded on the offload device; ModelPatcher moves it to load_device when a node needs it.
-        loaded = load_model(path, device=offload_device, dtype=compute_dtype, quantize=precision)
+        loaded = load_model(path, device=offload_device, dtype=compute_dtype, quantize=precision, compile=compile)
         weights = module_bytes(loaded.module)  # real bytes: int8 and packed 4-bit weights as stored
         cache = (estimate_memory(path).cache_bytes(PROMPT_ALLOWANCE + loaded.num_tokens, 2, compute_dtype)
                  + DISTRIBUTION_BYTES * loaded.vocab_size)

@@ -183,7 +183,8 @@ def run_settings(args: argparse.Namespace, config: SamplerConfig) -> dict:
     """What makes an image what it is, as run.json records it (the seed is each image's own)."""
     model = "demo" if args.model == "demo" else str(Path(args.model).expanduser().resolve())
     sampler = {name: value for name, value in asdict(config).items() if name != "seed"}
-    return {"model": model, "dtype": args.dtype, "quantize": args.quantize, "width": args.width, "height": args.height, "sampler": sampler}
+    return {"model": model, "dtype": args.dtype, "quantize": args.quantize, "compile": args.compile,
+            "width": args.width, "height": args.height, "sampler": sampler}
 
 
 def flat(settings: dict) -> dict:
@@ -321,7 +322,7 @@ class Renderer:
     def load(cls, settings: dict, device: Optional[str], slots: int) -> "Renderer":
         """The renderer of run.json's settings, its model loaded once."""
         model = open_model(settings["model"], device, settings["dtype"], settings["quantize"], settings["width"],
-                           settings["height"])
+                           settings["height"], settings["compile"])
         return cls(model, SamplerConfig(**settings["sampler"]), slots)
 
     def render(self, jobs: Iterable[Job]) -> Iterator[Rendered]:

@@ -82,7 +82,8 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
     costs no call, and waiting leaves slots idle) or none is busy.  Each result's `nfe` counts the calls its job
     took part in, its prefill included; a refill's prefill is shared by the whole group.  A model whose session
     has no `admit` runs `generate` per group of consecutive jobs with the same conditioning object and consecutive
-    seeds (rows at their own pace) or per job; its results then carry their group's statistics.
+    seeds (rows at their own pace) or per job; its results then carry their group's statistics.  So does a
+    model loaded with compile=True (static shapes: no row joins a running batch).
     """
     if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
         raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
@@ -98,7 +99,9 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
         return
     first.session = model.start(first.cond, 1)
     independent = getattr(first.session, "rows_per_cache", None) == 1
-    if independent and all(callable(getattr(first.session, name, None)) for name in ("admit", "keep_rows")):
+    # a compiled model's calls have static shapes: rows joining or leaving a running batch would change them
+    streams = not getattr(first.session, "static_shapes", False)
+    if streams and independent and all(callable(getattr(first.session, name, None)) for name in ("admit", "keep_rows")):
         yield from _Stream(model, first.session, config, slots, refill_at).run(queue)
     else:
         yield from _by_groups(model, queue, config, slots if independent else 1)

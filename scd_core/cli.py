@@ -308,7 +308,8 @@ def run_generate(args: argparse.Namespace) -> int:
     check_device(args.device)
     check_output(args.output)
     check_image_size(args.width, args.height)
-    model = open_model(args.model, args.device, args.dtype, args.quantize, args.width, args.height)
+    model = open_model(args.model, args.device, args.dtype, args.quantize, args.width, args.height,
+                       args.compile)
     cond = model.encode(args.prompt, args.negative_prompt)
     for warning in unusual_settings(model, config.cfg_scale, config.temperature):
         print(f"warning: {warning}", file=sys.stderr)

@@ -47,6 +47,9 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
     group.add_argument("--quantize", choices=PRECISIONS, default="none",
                        help="store the backbone's weights in 8 or 4 bits (nf4 needs bitsandbytes); exact either way")
+    group.add_argument("--compile", action="store_true",
+                       help="static-shape window calls through torch.compile (CUDA graphs on CUDA); the first "
+                            "call of each window width compiles (demo/LlamaGen, Janus-Pro, Emu3; candidates 1)")
     group.add_argument("--width", type=_pixels, default=0,
                        help="image width in pixels (Emu3, Lumina-mGPT); 0: the model's size")
     group.add_argument("--height", type=_pixels, default=0,
@@ -101,10 +104,11 @@ def check_image_size(width: int, height: int) -> None:
         raise ValueError(f"give both --width and --height, or neither (got {width} x {height})")
 
 
-def open_model(path: str, device: Optional[str], dtype: Optional[str], quantize: str, width: int, height: int
-               ) -> Any:
-    """The model in `path` at `quantize` precision, asked for width x height images (0 x 0: its own size)."""
-    model = load_model(path, device=device, dtype=dtype, quantize=quantize)
+def open_model(path: str, device: Optional[str], dtype: Optional[str], quantize: str, width: int, height: int,
+               compile: bool = False) -> Any:
+    """The model in `path` at `quantize` precision (compiled with `compile`), asked for width x height images
+    (0 x 0: its own size)."""
+    model = load_model(path, device=device, dtype=dtype, quantize=quantize, compile=compile)
     set_image_size(model, width, height)
     return model
 

@@ -25,6 +25,7 @@ import torch
 
 from . import rng
 from . import auto_window
+from . import static_step
 from .config import AUTO_WINDOW, MAX_CANDIDATES, SamplerConfig
 from .model import Logits, Session, TokenModel, model_default
 from .sampling import (block_verify, gumbel_argmax, modified_rejection, recursive_rejection, sample, to_probs,
@@ -108,7 +109,9 @@ def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window
     Returns (accepted (B, T-1), verified (B, T), coupled (B, T)): `verified` holds
     what each slot commits if no earlier slot was rejected; `coupled` is the next
     draft for slots after a row's first rejection.  Both are distributed as
-    `window.probs`, which becomes the proposal of every carried draft.
+    `window.probs`, which becomes the proposal of every carried draft.  Block verification ends each row's
+    block at `window.drafts_left`, which also cuts a static call padded past its true width (token
+    verification is slot by slot, and commits never pass the last position anyway).
     """
     p, pos, x, keys, calls = window.probs, window.positions, window.drafts, window.keys, window.calls
     n_drafts = x.shape[1]
@@ -198,8 +201,9 @@ class _Decoder:
 
     def __init__(self, model: TokenModel, config: SamplerConfig, window: int, seeds: Sequence[int],
                  device: torch.device, rows_per_cache: int, prefix: Optional[torch.Tensor],
-                 copy_back: Optional[int]) -> None:
+                 copy_back: Optional[int], static: bool = False) -> None:
         self.config = config
+        self.static = static  # static shapes: state updated in place, nothing sized by host values
         batch = len(seeds)
         self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
         self.window = min(window, self.n)  # the widest call; buffers are sized for it
@@ -272,6 +276,8 @@ class _Decoder:
         """
         if self.config.coupler not in ("gumbel", "faithful"):
             return None
+        if self.static:  # the same noise hashed afresh: how much is new is a host value
+            return self.noise.gumbel(self.keys, positions, self.vocab)
         width, cached = positions.shape[1], self.noise_window.shape[1]
         fresh = min(width, max(0, width - cached + max_shift))
         source = (self.slots[:width - fresh] + positions[:, :1] - self.noise_start).unsqueeze(-1)
@@ -313,7 +319,8 @@ class _Decoder:
         `max_shift` is the most any row committed in the previous call (`gumbel`).  With `tree` = (p of every
         chain (B, k, width, V), alternatives (B, k - 1), valid): the first position is settled over all
         candidates, and the row then goes on with the chain of the one it kept (the draft's own when none), whose
-        p is what the later drafts are verified against and coupled to.
+        p is what the later drafts are verified against and coupled to.  A static decoder's call may be padded
+        past its true width (the slowest row's last position): draft changes are counted within that width.
         """
         width = p.shape[1]
         positions = self.committed.unsqueeze(1) + self.slots[:width]
@@ -349,6 +356,8 @@ class _Decoder:
         slot = self.slots[:width].unsqueeze(0)
         nxt = torch.where(slot < per_row.unsqueeze(1), verified, coupled)
         redrafted = slot[:, :width - 1] >= shared.unsqueeze(1)  # drafted before and still a draft
+        if self.static:  # the width an eager call would have had
+            redrafted = redrafted & (slot[:, :width - 1] < (self.n - self.committed.min()).clamp(max=width - 1))
         changes = torch.stack([((nxt[:, :width - 1] != drafts) & redrafted).sum(), redrafted.sum()])
         self.seq.scatter_(1, positions, nxt)
         self.committed += shared
@@ -356,6 +365,24 @@ class _Decoder:
         self._init_new_drafts(width - shared)
         self.calls += 1
         return shared, accepted, changes, chain
+
+    def decide(self, cond: torch.Tensor, uncond: Optional[torch.Tensor], width: int, max_shift: int,
+               tree: Optional[tuple[torch.Tensor, torch.Tensor]], histogram: bool
+               ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """A call's logits to its decisions, all on the device (the part of a step a compiled or captured call
+        holds): returns (summary, commit counts (B,), tree chain kept or None).  The summary (float32, exact for
+        these integers) holds the slowest row's commits, the largest count, a NaN flag, the live rows, the
+        draft changes and their number, with `histogram` the commit histogram (one count per cache group,
+        width + 1 entries), then the share of drafts accepted per slot."""
+        branches = 1 if tree is None else tree[0].shape[1] + 1
+        probs = self.probs((cond, uncond), cond.shape[1], branches)
+        chains = None if tree is None else (chain_probs(probs, width, branches),) + tree
+        shared, accepted, changes, chain = self.step(probs[:, :width], max_shift, chains)
+        values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (no bincount)
+        counts = (shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0) if histogram else shared[:0]
+        summary = torch.cat([torch.stack([self.committed.min(), shared.max(), torch.isnan(probs).any().long(),
+                                          (self.committed < self.n).sum()]), changes, counts]).float()
+        return torch.cat([summary, accepted.float().mean(0)]), shared, chain
 
     def tokens(self, count: int) -> torch.Tensor:
         """The first `count` tokens of every row of the caller's batch, (batch, count)."""
@@ -400,7 +427,8 @@ class _Decoder:
         if self.config.coupler == "faithful":
             return  # faithful verifies by equality: proposals are never read
         source = (shift.unsqueeze(1) + self.slots).clamp(max=p.shape[1] - 1)
-        self.proposals = p.gather(1, source.unsqueeze(-1).expand(-1, -1, self.vocab))
+        self.proposals.copy_(p.gather(1, source.unsqueeze(-1).expand(-1, -1, self.vocab)))  # in place: a
+        # captured graph reads this tensor
 
     def _init_new_drafts(self, carried: torch.Tensor) -> None:
         """Initial drafts for window slots >= `carried` (per row); proposal one-hot on the draft."""
@@ -420,11 +448,12 @@ class _Decoder:
             copied = known.gather(1, (source + offset).clamp(0, known.shape[1] - 1))
             left = self.seq.gather(1, first_new - 1).expand_as(positions)
             codes = self.to_index(torch.where(source + offset >= 0, copied, left))
-        proposal = torch.nn.functional.one_hot(codes, self.vocab).to(self.proposals.dtype)
+        # one-hot by comparison: F.one_hot may check its input's range on the host, which a graph cannot
+        proposal = (codes.unsqueeze(-1) == torch.arange(self.vocab, device=self.device)).to(self.proposals.dtype)
         tokens = torch.where(self.forced[positions], self.forced_ids[positions], self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
         if self.config.coupler != "faithful":
-            self.proposals = torch.where(is_new.unsqueeze(-1), proposal, self.proposals)
+            self.proposals.copy_(torch.where(is_new.unsqueeze(-1), proposal, self.proposals))
 
 
 @dataclass
@@ -437,6 +466,7 @@ class _Call:
     logits: Logits
     tree: Optional[tuple[torch.Tensor, torch.Tensor]]  # (alternatives, valid) when the call fed a tree
     forward_s: float
+    decided: Optional[tuple] = None  # a captured static step's decisions, made with its forward
 
 
 @dataclass
@@ -467,15 +497,23 @@ class _Run:
             raise ValueError(f"session.rows_per_cache={self.rows_per_cache} must divide batch_size={batch_size}")
         # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as
         # a smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
+        # a compiled model whose sessions offer static-shape calls (compile=True) runs every call at static shapes
+        # (scd_core.static_step); one that compiled its forward by other means runs as any other
+        self.compiled = bool(getattr(model, "compiled", False)) and bool(getattr(session, "static_shapes", False))
         self.regroup = (self.rows_per_cache == 1 and callable(getattr(self.session, "keep_rows", None))
-                        and not config.fixed_shapes)
+                        and not config.fixed_shapes and not self.compiled)
         self.branches = config.candidates
         if self.branches > 1 and not callable(getattr(self.session, "keep_branch", None)):
             raise ValueError(f"candidates={self.branches} needs a model whose session scores a tree of drafts "
                              f"(keep_branch); this one takes candidates=1")
+        if self.compiled and self.branches > 1:
+            raise ValueError(f"candidates={self.branches} is not available with a compiled model: a tree of "
+                             "candidates would grow the static KV cache; use candidates=1, or load the model "
+                             "with compile=False")
         self.n = model.num_tokens
         self.result = GenerationResult(tokens=torch.empty(0), nfe=0)
         self.decoder: Optional[_Decoder] = None
+        self.static: Optional[static_step.StaticCalls] = None
         self.chooser: Optional[auto_window.WindowChooser] = None
         self.done, self.iteration, self.max_shift = 0, 0, 0
 
@@ -485,13 +523,15 @@ class _Run:
         logits = self.session.prefill()
         seeds = [self.config.seed + row for row in range(self.batch_size)]  # row i: seed s + i (mod 2**64)
         self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None))
+        if self.compiled:
+            self.static = static_step.StaticCalls(self.session, self.decoder, _weights(self.model))
         return _Call(1, 1, 0, logits, None, self._elapsed(t0))
 
     def new_decoder(self, seeds: Sequence[int], device: torch.device, prefix: Optional[torch.Tensor]) -> _Decoder:
         """The decoding state of rows with these seeds, right after their prefill."""
         window = min(auto_window.CANDIDATES[-1] if self.config.window == AUTO_WINDOW else self.config.window, self.n)
         decoder = _Decoder(self.model, self.config, window, seeds, device, self.rows_per_cache, prefix,
-                           self.copy_back)
+                           self.copy_back, static=self.compiled)
         # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
         top_k = decoder.sampling[2]
         if top_k:
@@ -514,6 +554,10 @@ class _Run:
         # verified like every other draft whether or not other rows of the batch are behind: a row's tokens do
         # not depend on its batch
         width = min(window, self.n - self.done + 1)
+        if self.static is not None:  # the bucket's width: drafts past the end fill it, each row's verification
+            # ends at its last position (`_Window.drafts_left`)
+            logits, decided = self.static.forward(self.decoder.window_inputs(window), self.chooser is not None)
+            return _Call(width, window, 0, logits, None, self._elapsed(t0), decided)
         # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
         pad = min(window - width, self.done - 1) if self.config.fixed_shapes else 0
         if pad:
@@ -528,29 +572,31 @@ class _Run:
         return _Call(width, fed - pad, pad, logits, tree, self._elapsed(t0))
 
     def verify(self, call: _Call) -> _Outcome:
-        """Verify, commit and re-draft on the device, then the iteration's one host synchronisation: counts,
-        flags, the chooser's commit histogram (one count per cache group) and the per-slot acceptance, as float32
-        (exact for these integers)."""
-        decoder = self.decoder
-        probs = decoder.probs(call.logits, call.fed, 1 if call.tree is None else self.branches)
-        tree = None if call.tree is None else (chain_probs(probs, call.width, self.branches),) + call.tree
-        shared, accepted, changes, chain = decoder.step(probs[:, :call.width], self.max_shift, tree)
-        values = torch.arange(call.width + 1, device=shared.device)  # a histogram every backend has (no bincount)
-        counts = ((shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0) if self.chooser is not None
-                  else shared[:0])
-        live = decoder.committed < self.n
-        summary = torch.cat([torch.stack([decoder.committed.min(), shared.max(), torch.isnan(probs).any().long(),
-                                          live.sum()]), changes, counts]).float()
-        summary = torch.cat([summary, accepted.float().mean(0)]).tolist()
+        """Verify, commit and re-draft on the device (`_Decoder.decide`), then the iteration's one host
+        synchronisation: counts, flags, the chooser's commit histogram and the per-slot acceptance."""
+        histogram = self.chooser is not None
+        if self.static is not None and call.decided is not None:  # a static call decided with its forward
+            decided = call.decided
+        elif self.static is not None and self.iteration > 0:
+            decided = self.static.decide(call.logits, histogram)
+        else:
+            decided = self.decoder.decide(*call.logits, call.width, self.max_shift, call.tree, histogram)
+        summary_tensor, shared, chain = decided
+        live = self.decoder.committed < self.n
+        summary = summary_tensor.tolist()
         slowest, self.max_shift, has_nan, live_count, changed, carried = map(int, summary[:6])
+        # a static call decided at its bucket width: its histogram and acceptance are cut to the true width
+        decided_width = call.width if self.static is None or self.iteration == 0 else call.fed
+        counts = summary[6:6 + decided_width + 1] if histogram else []
+        acceptance = summary[6 + len(counts):][:call.width - 1]
         if self.chooser is not None:
-            self.chooser.observe(call.width, summary[6:6 + counts.numel()])
+            self.chooser.observe(call.width, counts[:call.width + 1])
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {self.iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
         committed, self.done = slowest - self.done, slowest
-        return _Outcome(shared, chain, committed, summary[6 + counts.numel():], changed, carried, live, live_count)
+        return _Outcome(shared, chain, committed, acceptance, changed, carried, live, live_count)
 
     def settle_cache(self, call: _Call, outcome: _Outcome) -> None:
         """Keep the tree chain each row chose, rewind what was not committed, drop finished rows."""
@@ -581,7 +627,9 @@ class _Run:
             result.forward_s += call.forward_s
         result.sample_s += sample_s
         if self.chooser is not None:  # the automatic window learns each width's cost from the run's calls
-            self.chooser.observe_cost(call.width + call.pad, call.forward_s + sample_s, self.decoder.batch)
+            # (a static call costs its bucket's width, however few of its slots were verified)
+            cost_width = call.fed if self.static is not None else call.width + call.pad
+            self.chooser.observe_cost(cost_width, call.forward_s + sample_s, self.decoder.batch)
         if callback is not None:
             callback(IterationStats(self.iteration, outcome.committed, self.done, self.n, result.nfe, acceptance,
                                     self.decoder.tokens(self.done), call.forward_s, sample_s))
@@ -611,6 +659,14 @@ class _Run:
         if self.sync_timing and self.decoder.device.type == "cuda":
             torch.cuda.synchronize(self.decoder.device)
         return time.perf_counter() - t0
+
+
+def _weights(model: TokenModel) -> Optional[torch.Tensor]:
+    """One parameter of the model's network (its address tells whether the weights moved), if it has one."""
+    module = getattr(model, "module", None)
+    if not isinstance(module, torch.nn.Module):
+        return None
+    return next(module.parameters(), None)
 
 
 def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size: int = 1,

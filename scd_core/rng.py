@@ -34,7 +34,8 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _absorb(h: torch.Tensor, value: torch.Tensor | int) -> torch.Tensor:
-    return _mix32(h ^ (value & M32 if isinstance(value, torch.Tensor) else torch.tensor(value & M32, device=h.device)))
+    # a Python int stays a scalar operand: no tensor is made from it (none may be while a CUDA graph is captured)
+    return _mix32(h ^ (value & M32))
 
 
 def _to_uniform(h: torch.Tensor) -> torch.Tensor:
@@ -69,7 +70,8 @@ class KeyedRandom:
 
     def uniform(self, purpose: int, keys: torch.Tensor, positions: torch.Tensor,
                 counter: torch.Tensor | int) -> torch.Tensor:
-        """One uniform per (row, position)."""
+        """One uniform per (row, position); `counter` may be a device tensor (a compiled step's calls), with
+        the same draws as the int."""
         return _to_uniform(self._key(purpose, keys, positions, counter))
 
     def gumbel(self, keys: torch.Tensor, positions: torch.Tensor, vocab_size: int, purpose: int = GUMBEL,

@@ -257,3 +257,11 @@ def test_module_entry_point_runs_main():
     done = subprocess.run([sys.executable, "-m", "scd_core", "--help"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "generate" in done.stdout
+
+
+def test_compile_flag_loads_the_model_compiled(tmp_path, capsys):
+    """--compile reaches load_model: the compiled demo then refuses a tree of candidates, before any call."""
+    code, out, err = run_cli(capsys, "generate", "--model", "demo", "--prompt", "3", "--compile", "--candidates", 2,
+                             "-o", tmp_path / "compiled.png")
+    assert code == 2 and "not available with a compiled model" in err and "Traceback" not in err
+    assert not (tmp_path / "compiled.png").exists()

@@ -6,6 +6,7 @@ import json
 
 from scd_core.bench import cli as bench
 from scd_core.bench.device_check import SHAPES, TINY_SHAPES, WIDTHS
+from scd_core.bench.device_compiled import TINY_WIDTHS
 
 
 def test_device_check_writes_a_table_and_json(tmp_path, capsys):
@@ -21,7 +22,16 @@ def test_device_check_writes_a_table_and_json(tmp_path, capsys):
         assert runs["AR"]["nfe"] == result["tokens"]
         assert all(runs[f"SCD {w}"]["nfe"] < result["tokens"] for w in (16, 32, 64, "auto"))
         assert all(run["predicted_s"] > 0 for run in runs.values())
+    compiled = data["compiled"]
+    assert compiled["bandwidth_gb_s"] > 0
+    (result,) = compiled["results"]  # the Llama-family (Janus-Pro) shape
+    assert [r["width"] for r in result["rows"]] == list(TINY_WIDTHS) and not result["compile_failed"]
+    for row in result["rows"]:
+        assert row["graphs_ms"] == "not available on cpu" and row["eager_ms"] > 0 and row["compile_ms"] > 0
+        assert row["compile_vs_eager"]["same_tokens"] and row["compile_vs_eager"]["max_logit_diff"] < 1e-4
+    assert result["tree_ms"] > 0
     table = (tmp_path / "device_check.md").read_text()
+    assert "| model | width | floor_ms | eager_ms | graphs_ms | compiled_ms |" in table
     assert table.startswith(data["header"]) and "cpu" in data["header"]
     assert "| model | params_b | context | ms_at_1 | x2 |" in table and "| ar_s | scd16_s |" in table
     assert table.strip() in capsys.readouterr().out

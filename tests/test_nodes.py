@@ -147,10 +147,12 @@ def inputs_of(node: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 
 def test_loader_schema(node_classes: dict[str, Any]) -> None:
     inputs = inputs_of(node_classes["SCDModelLoader"])
-    assert list(inputs) == ["model", "device", "dtype", "quantize"]
+    assert list(inputs) == ["model", "device", "dtype", "quantize", "compile"]
     assert inputs["quantize"][0] == inputs["quantize"][1]["options"] == ["auto", "none", "int8", "nf4"]
     assert inputs["quantize"][1]["default"] == "auto"
     assert "quantize" in node_classes["SCDModelLoader"].GET_NODE_INFO_V1()["input"]["optional"]  # old workflows
+    assert inputs["compile"][0] == "BOOLEAN" and inputs["compile"][1]["default"] is False
+    assert "compile" in node_classes["SCDModelLoader"].GET_NODE_INFO_V1()["input"]["optional"]
     assert inputs["model"][0] == "COMBO" and inputs["model"][1]["options"][0] == "demo"
     # typed by their options, ComfyUI checks device and dtype itself and reports each against its input
     assert inputs["device"][0] == inputs["device"][1]["options"] == ["auto", "cpu", "cuda", "mps"]

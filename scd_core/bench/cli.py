@@ -12,6 +12,7 @@
     python -m scd_core.bench --memory        # weights and KV cache per precision at the published shapes
     python -m scd_core.bench --shape 1B --layers 2 --quantize none int8 nf4   # window cost per precision
     python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
+    python -m scd_core.bench --compile       # eager vs compile=True: demo and Janus-Pro-1B shape, compile time apart
     ... --readme scd_core/bench/README.md                   # also write the tables between the README's bench markers
 
 Wall times are only comparable within one run on one machine; on a CPU quote the ratios.
@@ -37,7 +38,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--shape", choices=("1B", "7B", "lumina-7b"),
                         help="window cost of a Janus-Pro- or Lumina-mGPT-shaped model")
     parser.add_argument("--layers", type=int, help="--shape: layers to build (default: all that fit in memory); "
-                                                   "--auto: of the Janus-Pro-1B stand-in (default 2)")
+                                                   "--auto: of the Janus-Pro-1B stand-in (default 2); "
+                                                   "--compile: of the Janus-Pro-1B shape (default 4)")
     parser.add_argument("--quantize", nargs="+", choices=("none", "int8", "nf4"),
                         help="--shape: window cost with the backbone at each of these precisions (windows 1/16/64)")
     parser.add_argument("--video", action="store_true", help="synthetic video model (AR / SJD / SCD x draft init)")
@@ -58,6 +60,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="weights (bf16 / int8 / nf4) and KV cache at each family's published shape; no weights")
     parser.add_argument("--candidates", action="store_true",
                         help="candidates=2..4 against SCD-MC at window 32, seed for seed (demo and the grids)")
+    parser.add_argument("--compile", action="store_true",
+                        help="eager vs compiled (load_model(..., compile=True)) per call and per image, compile "
+                             "time apart, and where a demo call's time goes (scd_core.bench.compiled)")
     parser.add_argument("--windows", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--device")
@@ -102,6 +107,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
         section, text = "auto", auto_tables(seeds, args.processes, args.images, args.layers or 2,
                                                 args.side)
+    elif args.compile:
+        from .compiled import compile_tables
+
+        section, text = "compile", compile_tables(seeds, args.device, args.dtype, args.layers or 4)
     elif args.device_check:
         from .device_check import run
 

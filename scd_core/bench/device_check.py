@@ -16,7 +16,10 @@ measures, with the prompt and half the image already in the KV cache and the CFG
   - the wall time per image predicted from those costs and the calls the engine measurably makes on a
     synthetic grid model of the family's token layout (medium entropy) at windows 16, 32, 64 and auto.
 
-It writes device_check.md (two tables) and device_check.json to DIR.
+Then the compiled phase (scd_core.bench.device_compiled): the weight-read floor from a large device copy, and
+eager vs CUDA graphs vs graphs of compiled layers per window width on the Janus-Pro shapes.
+
+It writes device_check.md (three tables) and device_check.json to DIR.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any, Optional
 import torch
 
 from .. import auto_window
+from .device_compiled import compiled_phase
 from .tables import markdown
 from .shapes import peak_memory_mb
 from ..config import SamplerConfig
@@ -242,15 +246,19 @@ def run(out: Path, device: Optional[str] = None, dtype: Optional[str] = None, ti
     torch_device = pick_device(device)
     torch_dtype = pick_dtype(dtype, torch_device)
     results = []
-    for shape in TINY_SHAPES if tiny else SHAPES:
+    shapes = TINY_SHAPES if tiny else SHAPES
+    for shape in shapes:
         results.append(check_shape(shape, torch_device, torch_dtype, tiny))
         print(f"{shape.name}: {results[-1]['seconds']:.0f} s", flush=True)
+    compiled = compiled_phase([s for s in shapes if s.family == "llama"], build, torch_device, torch_dtype, tiny)
+    print(f"compiled phase: {compiled['seconds']:.0f} s", flush=True)
     name = torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else platform.processor() or "cpu"
     header = (f"{time.strftime('%Y-%m-%d')}, {name} ({torch_device.type}), {str(torch_dtype).replace('torch.', '')}, "
               f"torch {torch.__version__}, transformers {transformers.__version__}, random weights"
               f"{', tiny shapes' if tiny else ''}; {time.perf_counter() - started:.0f} s in all")
-    text = tables(results, header)
+    text = tables(results, header) + "\n\n" + compiled.pop("table")
     out.mkdir(parents=True, exist_ok=True)
     (out / "device_check.md").write_text(text + "\n")
-    (out / "device_check.json").write_text(json.dumps(dict(header=header, results=results), indent=1, default=str))
+    (out / "device_check.json").write_text(json.dumps(dict(header=header, results=results, compiled=compiled),
+                                                      indent=1, default=str))
     return text

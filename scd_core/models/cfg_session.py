@@ -37,14 +37,15 @@ class CFGSession:
 
     def __init__(self, prefix: torch.Tensor, prefix_mask: torch.Tensor, num_tokens: int,
                  backbone: Callable[[RowCache], Backbone], embed_prefix: Embed, embed_image: Embed,
-                 head: Embed) -> None:
+                 head: Embed, static_shapes: bool = False) -> None:
         """`prefix` (2 x batch, width) ids, left-padded where `prefix_mask` is 0; `backbone(cache)` builds the
         callable that runs input embeddings (rows, T, hidden) over `cache` (whose `pads` is each row's left
-        padding)."""
+        padding).  `static_shapes`: the cache is static (scd_core.static_step) and the backbone compiled."""
         self._prefix, self._num_tokens = prefix, num_tokens
         self._batch = prefix.shape[0] // 2
         width = prefix.shape[1]
         self.cache = RowCache(prefix.shape[0], width + num_tokens, width, prefix.device, real=prefix_mask)
+        self.static_shapes = self.cache.static = static_shapes
         self._make_backbone = backbone
         self._backbone = backbone(self.cache)
         self._embed_prefix, self._embed_image, self._head = embed_prefix, embed_image, head

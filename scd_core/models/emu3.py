@@ -27,11 +27,13 @@ from .checkpoints import ModelLoadError
 from .generation_only import code_rows_head
 from .hf_folders import check_safetensors_weights
 from .quantize import quantize_then_move
-from .row_attention import RowAttentionBackbone
+from .row_attention import RowAttentionBackbone, attention_layer
 from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nulls
+from ..static_step import Compilable
 
 MODEL_TYPE = "emu3"
+STATIC_SHAPES = True  # load_model(..., compile=True) works: sessions offer static-shape calls
 HF_FORMAT_HINT = ("download the transformers-format repository BAAI/Emu3-Gen-hf instead (BAAI/Emu3-Gen holds "
                   "the original layout, which needs its own custom code)")
 BOS, EOS = "<|extra_203|>", "<|extra_204|>"
@@ -79,9 +81,10 @@ class Emu3Prompt:
     size: tuple[int, int]
 
 
-class Emu3Model:
+class Emu3Model(Compilable):
     """A loaded Emu3-Gen: TokenModel for the engine, plus encode/decode for prompts and pixels."""
 
+    layer_step = staticmethod(attention_layer)
     family = "emu3"
     default_cfg_scale = 3.0  # the authors' classifier_free_guidance
     default_top_k = 2048
@@ -155,9 +158,11 @@ class Emu3Model:
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._bos, batch_size, self.device)
         net = self.module
         return CFGSession(prefix, mask, self.num_tokens,
-                          backbone=lambda cache: RowAttentionBackbone(net.model.text_model, cache),
+                          backbone=lambda cache: RowAttentionBackbone(net.model.text_model, cache,
+                                                                      self.compiled_layer),
                           embed_prefix=net.get_input_embeddings(), embed_image=net.get_input_embeddings(),
-                          head=net.lm_head)  # its rows are the image codes only
+                          head=net.lm_head,  # its rows are the image codes only
+                          static_shapes=self.compiled)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -29,11 +29,14 @@ from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
 from .hf_folders import check_safetensors_weights
 from .quantize import quantize_then_move
+from .row_attention import RowAttentionBackbone, attention_layer
 from .row_cache import RowCache
 from .streaming import HFNetwork, read_hf_network
+from ..static_step import Compilable
 from .tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "janus"
+STATIC_SHAPES = True  # load_model(..., compile=True) works: sessions offer static-shape calls
 # The deepseek-ai repositories hold the original code's layout (config model_type "multi_modality").
 ORIGINAL_MODEL_TYPE = "multi_modality"
 HF_FORMAT_HINT = ("download the transformers-format checkpoint deepseek-community/Janus-Pro-1B or "
@@ -121,8 +124,10 @@ class RowBackbone:
         return out.last_hidden_state
 
 
-class JanusModel:
+class JanusModel(Compilable):
     """A loaded Janus-Pro: TokenModel for the engine, plus encode/decode for prompts and pixels."""
+
+    layer_step = staticmethod(attention_layer)
 
     family = "janus"
     default_cfg_scale = 5.0  # transformers' and DeepSeek's default
@@ -169,8 +174,12 @@ class JanusModel:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._pad, batch_size, self.device)
         net = self.module
-        return CFGSession(prefix, mask, self.num_tokens,
-                          backbone=lambda cache: RowBackbone(net.model.language_model, cache),
+        language_model = net.model.language_model
+        # compiled: our own attention over the cache, one graph for every layer (transformers' layers each
+        # carry their index, which a compiled region would specialise on)
+        backbone = ((lambda cache: RowAttentionBackbone(language_model, cache, self.compiled_layer)) if self.compiled
+                    else (lambda cache: RowBackbone(language_model, cache)))
+        return CFGSession(prefix, mask, self.num_tokens, backbone=backbone, static_shapes=self.compiled,
                           embed_prefix=net.get_input_embeddings(),
                           embed_image=net.prepare_embeddings_for_image_generation,  # image ids have their own table
                           head=net.model.generation_head)

@@ -35,7 +35,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -44,8 +44,9 @@ import torch.nn.functional as F
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
 from .quantize import quantize_linears, quantize_then_move
-from .row_cache import RowCache, joined_call, paired_order
+from .row_cache import LayerSlots, RowCache, joined_call, paired_order
 from .tokenizer_files import positive_int, without_nulls
+from ..static_step import Compilable
 from .vq16 import VQModel, vq_from_state_dict
 
 IMAGENET_CLASSES = 1000  # the original class-conditional checkpoints
@@ -55,6 +56,7 @@ PRESETS = {"GPT-B": (768, 12), "GPT-L": (1024, 16), "GPT-XL": (1280, 20), "GPT-X
            "GPT-XXXL": (2560, 40), "GPT-1B": (2048, 32), "GPT-3B": (3200, 32), "GPT-7B": (4096, 32)}
 HEADS_BY_WIDTH = {dim: heads for dim, heads in PRESETS.values()}
 T5_MAX_TOKENS = 120
+STATIC_SHAPES = True  # load_model(..., compile=True) works: sessions offer static-shape calls
 
 
 # ----------------------------------------------------------------------------- network
@@ -127,7 +129,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: Optional[torch.Tensor],
-                cache: Optional[RowCache], layer: int) -> torch.Tensor:
+                cache: Optional[LayerSlots]) -> torch.Tensor:
         cfg, (b, t, _) = self.cfg, x.shape
         kv = cfg.n_kv_head * cfg.head_dim
         q, k, v = self.wqkv(x).split([cfg.dim, kv, kv], dim=-1)
@@ -135,7 +137,7 @@ class Attention(nn.Module):
         k = apply_rope(k.view(b, t, cfg.n_kv_head, cfg.head_dim), rope).transpose(1, 2)
         v = v.view(b, t, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
         if cache is not None:
-            k, v = cache.write(layer, k, v)
+            k, v = cache.write(k, v)
         if cfg.n_kv_head != cfg.n_head:
             k = k.repeat_interleave(cfg.n_head // cfg.n_kv_head, dim=1)
             v = v.repeat_interleave(cfg.n_head // cfg.n_kv_head, dim=1)
@@ -163,8 +165,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, mask: Optional[torch.Tensor],
-                cache: Optional[RowCache], layer: int) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, mask, cache, layer)
+                cache: Optional[LayerSlots]) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask, cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -192,6 +194,11 @@ class CaptionEmbedder(nn.Module):
         self.register_buffer("uncond_embedding", torch.zeros(cfg.cls_token_num, cfg.caption_dim))
 
 
+def call_layer(block: nn.Module, *args: Any) -> torch.Tensor:
+    """A block's forward, as the compiled region sees it: the block is an argument, not a constant."""
+    return block(*args)
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -211,12 +218,14 @@ class GPT(nn.Module):
         """Caption features (B, cls_token_num, caption_dim) -> (B, cls_token_num, dim)."""
         return self.cls_embedding.cap_proj(features)
 
-    def forward(self, h: torch.Tensor, cache: Optional[RowCache] = None, branches: int = 1) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, cache: Optional[RowCache] = None, branches: int = 1,
+                run_layer: Callable[..., torch.Tensor] = call_layer) -> torch.Tensor:
         """Embeddings (B, T, dim) after each row's cached positions -> float32 logits (B, T, V).
 
         Without a cache this is plain causal training/scoring from position 0.  The
         cache gives every row its own position and hides caption padding (a padded
-        position still attends to itself, as in the original).
+        position still attends to itself, as in the original).  `run_layer(block, h, rope, mask, slots)` runs
+        each block (a compiled one in static mode: it takes tensors only, so one graph serves every layer).
         """
         t = h.shape[1]
         if cache is None:
@@ -229,7 +238,7 @@ class GPT(nn.Module):
         # positions past the last (a finished row's window) only give logits that are never used
         rope = self.rope[positions.clamp(max=self.rope.shape[0] - 1)]
         for i, layer in enumerate(self.layers):
-            h = layer(h, rope, mask, cache, i)
+            h = run_layer(layer, h, rope, mask, None if cache is None else cache.layer(i))
         return self.output(self.norm(h)).float()
 
 
@@ -348,7 +357,10 @@ class LlamaGenSession:
 
     rows_per_cache = 1
 
-    def __init__(self, gpt: GPT, cond: ClassLabel | Caption, batch_size: int):
+    def __init__(self, gpt: GPT, cond: ClassLabel | Caption, batch_size: int,
+                 compiled_layer: Optional[Callable[..., torch.Tensor]] = None):
+        """With `compiled_layer` the session has static shapes (`static_shapes`): each window call reads the
+        whole pre-sized cache through that compiled block (see scd_core.static_step)."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         cfg = gpt.config
@@ -372,17 +384,27 @@ class LlamaGenSession:
             else:
                 raise ValueError(f"conditioning {type(cond).__name__} does not fit a {cfg.task} LlamaGen model; "
                                  "use the model's encode()")
-        self.cache = RowCache(rows, self.prefix + cfg.num_tokens, self.prefix, weight.device, real)
+        self.cache = self._new_cache(rows, real)
+        self.static_shapes = self.cache.static = compiled_layer is not None
+        self._window_layer = compiled_layer or call_layer
 
-    def _run(self, h: torch.Tensor, branches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def _new_cache(self, rows: int, real: Optional[torch.Tensor]) -> RowCache:
+        """An empty cache of `rows` rows, every layer's tensors allocated (the blocks take them as arguments)."""
+        cfg = self.gpt.config
+        cache = RowCache(rows, self.prefix + cfg.num_tokens, self.prefix, self.device, real)
+        cache.allocate(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, self.gpt.tok_embeddings.weight.dtype)
+        return cache
+
+    def _run(self, h: torch.Tensor, branches: int = 1, run_layer: Callable[..., torch.Tensor] = call_layer
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            logits = self.gpt(h, self.cache, branches)
+            logits = self.gpt(h, self.cache, branches, run_layer)
         return logits[:self.batch], logits[self.batch:]
 
     def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.cache.longest:
             raise ValueError("prefill() was already called for this session")
-        cond, uncond = self._run(self.prefix_embeddings)
+        cond, uncond = self._run(self.prefix_embeddings)  # eager: its one shape is not worth a compilation
         return cond[:, -1:], uncond[:, -1:]
 
     def forward(self, tokens: torch.Tensor, branches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -395,7 +417,7 @@ class LlamaGenSession:
         ids = tokens.to(self.device).repeat(2, 1)
         with torch.no_grad():
             h = self.gpt.tok_embeddings(ids)
-        return self._run(h, branches)
+        return self._run(h, branches, self._window_layer)
 
     def rewind(self, n: int | torch.Tensor) -> None:
         """Drop the last n tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
@@ -424,7 +446,7 @@ class LlamaGenSession:
         embeddings = torch.cat([session.prefix_embeddings[rows] for session, rows in halves])
         real = torch.cat([session.cache.real[rows, :self.prefix] for session, rows in halves])
         added = embeddings.shape[0] // 2
-        group = RowCache(2 * added, self.prefix + self.gpt.config.num_tokens, self.prefix, self.device, real)
+        group = self._new_cache(2 * added, real)
         if not prefilled:
             self.cache, self.prefix_embeddings, self.batch = group, embeddings, added
             return None, self.prefill()
@@ -451,8 +473,10 @@ class LlamaGenSession:
         self.cache.keep_branch(branch.to(self.device).repeat(2), width, branches)
 
 
-class LlamaGenModel:
+class LlamaGenModel(Compilable):
     """A loaded LlamaGen GPT + VQ decoder (+ T5 captioner for text-conditional models)."""
+
+    layer_step = staticmethod(call_layer)
 
     def __init__(self, gpt: GPT, vq: VQModel, image_size: int, family: str = "llamagen",
                  captioner: Optional[T5Captioner] = None, cfg_scale: Optional[float] = None,
@@ -504,7 +528,7 @@ class LlamaGenModel:
         return index
 
     def start(self, cond: ClassLabel | Caption, batch_size: int) -> LlamaGenSession:
-        return LlamaGenSession(self.module["gpt"], cond, batch_size)
+        return LlamaGenSession(self.module["gpt"], cond, batch_size, self.compiled_layer)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,11 @@ DOWNLOADS = (
 )
 
 
+def static_families() -> list[str]:
+    """The families whose models load with compile=True."""
+    return [name.rsplit(".", 1)[-1] for name in FAMILIES if hasattr(importlib.import_module(name), "STATIC_SHAPES")]
+
+
 def pick_device(device: Union[str, torch.device, None]) -> torch.device:
     """The requested device, refused with a clear error when this machine lacks it; None picks the best one."""
     if device is not None:
@@ -96,18 +101,32 @@ def unrecognised_message(folder: Path) -> str:
 
 
 def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = None,
-               dtype: Union[str, torch.dtype, None] = None, quantize: Optional[str] = None) -> Any:
+               dtype: Union[str, torch.dtype, None] = None, quantize: Optional[str] = None,
+               compile: bool = False) -> Any:
     """Load the model in `path` ("demo" for the embedded demo model).
 
     `dtype` is the compute dtype; `quantize` ("int8" or "nf4"; None or "none" for full precision) stores the
     backbone's linear layers in fewer bits (heads, embeddings and image decoders stay at `dtype`).
+    `compile=True` runs the window calls at static shapes through torch.compile (and on CUDA as CUDA graphs,
+    one per window width; see scd_core.static_step); the first call of each width compiles.  Families without
+    static-shape calls refuse it.
     """
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
     folder = _model_folder(path)
     device = pick_device(device)
     dtype = pick_dtype(dtype, device)
     precision = normalize_precision(quantize)
     check_precision(precision, device, dtype)  # before anything is read
-    return _family(folder).load(folder, device, dtype, quantize=precision)
+    family = _family(folder)
+    if compile and not hasattr(family, "STATIC_SHAPES"):
+        raise ModelLoadError(f"compile=True is not available for {folder} ({family.__name__.rsplit('.', 1)[-1]} "
+                             f"family) yet: only {', '.join(static_families())} have static-shape calls; load it "
+                             "with compile=False")
+    model = family.load(folder, device, dtype, quantize=precision)
+    if compile:
+        model.enable_compile()
+    return model
 
 
 def estimate_memory(path: Union[str, Path]) -> MemoryEstimate:

@@ -12,7 +12,7 @@ masked slots, never more than it would once it catches up).
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -29,6 +29,26 @@ def tree_layout(width: int, branches: int, device: torch.device) -> tuple[torch.
     offset = torch.where(index == 0, 0, (index - 1) % chain + 1) if chain else index
     sees = (index.unsqueeze(1) >= index) & ((branch.unsqueeze(1) == branch) | (index == 0))
     return offset, sees
+
+
+class LayerSlots(NamedTuple):
+    """One layer's cache tensors and where this call writes: what a compiled layer takes as its arguments."""
+
+    keys: torch.Tensor    # (rows, kv_heads, capacity, head_dim)
+    values: torch.Tensor
+    slots: torch.Tensor   # (rows, width) the slot of each new token
+    key_len: int          # slots the call attends to (the whole capacity in static mode)
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (rows, heads, width, dim) keys/values in place; returns the attended slots."""
+        # index_put_, not scatter_: inductor writes it into the cache in place, while a compiled scatter_ into
+        # an input rewrote the whole cache (3x the layer's time at the Janus-Pro-1B shape on a CPU)
+        rows = torch.arange(k.shape[0], device=k.device)[:, None, None]
+        heads = torch.arange(k.shape[1], device=k.device)[None, :, None]
+        index = (rows, heads, self.slots[:, None, :])
+        self.keys.index_put_(index, k)
+        self.values.index_put_(index, v)
+        return self.keys[:, :, :self.key_len], self.values[:, :, :self.key_len]
 
 
 def left_padded(parts: Sequence[torch.Tensor], value: Union[int, bool] = 0) -> torch.Tensor:
@@ -69,6 +89,11 @@ class RowCache:
     left padding); every later slot is real, and `pads` (rows, 1) counts each row's
     padding (families whose padding takes no position subtract it from the slots).
     Call `begin(width)` once per forward, then `write(layer, k, v)` in each layer.
+
+    Static mode (`static = True`, for compiled and graph-captured calls): every call attends to the whole
+    capacity with the mask built on the device from `lengths`, so a call's shapes depend on its width only;
+    the cache never grows (trees are refused) and rewinding never reads the device.  `lengths` (updated in
+    place) is then the only truth: `shortest` / `longest` hold the prefill's length only.
     """
 
     def __init__(self, rows: int, capacity: int, prefix: int, device: torch.device,
@@ -85,6 +110,18 @@ class RowCache:
         self.values: list[torch.Tensor] = []
         self._slots = torch.zeros(rows, 0, dtype=torch.long, device=device)
         self._key_len = 0
+        self.static = False
+
+    def allocate(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        """Allocate every layer's tensors now (else the first `write` of each layer does)."""
+        shape = (self.lengths.shape[0], kv_heads, self.capacity, head_dim)
+        device = self.lengths.device
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+
+    def layer(self, index: int) -> LayerSlots:
+        """Layer `index`'s tensors and this call's slots (after `begin` and `allocate`)."""
+        return LayerSlots(self.keys[index], self.values[index], self._slots, self._key_len)
 
     def begin(self, width: int, branches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `width` slots to every row; returns (positions (rows, width), visible (rows, width, keys)).
@@ -95,9 +132,12 @@ class RowCache:
         tokens are a tree (`tree_layout`): a chain of L tokens, then k - 1 chains of
         L - 1 that branch off after its first token, each seeing that token and itself.
         """
-        if branches > 1 and self.longest + width > self.capacity:
+        if self.static and branches > 1:
+            raise ValueError("a static-shape cache takes no candidate trees (they would grow it); "
+                             "use candidates=1 with a compiled model")
+        if not self.static and branches > 1 and self.longest + width > self.capacity:
             self._grow(self.longest + width)
-        if self.shortest + width > self.capacity:
+        if not self.static and self.shortest + width > self.capacity:
             raise ValueError(f"feeding {width} tokens would pass the {self.capacity - self.prefix} cached positions "
                              f"(a row already holds {self.shortest - self.prefix})")
         device = self.lengths.device
@@ -106,7 +146,7 @@ class RowCache:
         # A faster row may run past the end while a slower one finishes; those tokens only yield logits
         # of positions past the last, so they share the last slot.
         self._slots = slots.clamp(max=self.capacity - 1)
-        self._key_len = min(self.longest + width, self.capacity)
+        self._key_len = self.capacity if self.static else min(self.longest + width, self.capacity)
         keys = torch.arange(self._key_len, device=device)
         new = keys - self.lengths.unsqueeze(1)  # (rows, keys): index among this call's tokens, < 0 if cached
         cached = (new < 0).unsqueeze(1) & self.real[:, None, :self._key_len]
@@ -114,9 +154,10 @@ class RowCache:
         padding = ~self.real[:, None, :self._key_len]  # only in the prefill: a padded query sees itself only
         itself = new.unsqueeze(1) == torch.arange(width, device=device).view(1, -1, 1)
         visible = cached | (among_new & (~padding | itself) & (new >= 0).unsqueeze(1))
-        self.lengths += width
-        self.shortest += width
-        self.longest += width
+        self.lengths += width  # in place: a captured graph reads this tensor
+        if not self.static or not self.longest:  # static: the host counts stop after the prefill, so a traced
+            self.shortest += width               # call never specialises on them
+            self.longest += width
         return self.lengths.unsqueeze(1) - width + offset, visible
 
     def _grow(self, capacity: int) -> None:
@@ -147,10 +188,7 @@ class RowCache:
             shape = (k.shape[0], k.shape[1], self.capacity, k.shape[3])
             self.keys.append(torch.zeros(shape, dtype=k.dtype, device=k.device))
             self.values.append(torch.zeros(shape, dtype=v.dtype, device=v.device))
-        index = self._slots[:, None, :, None].expand_as(k)
-        self.keys[layer].scatter_(2, index, k)
-        self.values[layer].scatter_(2, index, v)
-        return self.keys[layer][:, :, :self._key_len], self.values[layer][:, :, :self._key_len]
+        return self.layer(layer).write(k, v)
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep rows `index` (in that order) and drop the others, e.g. those of finished samples."""
@@ -187,11 +225,15 @@ class RowCache:
                                          in zip(layer, shifts)]) for layer in zip(*layers)])
         joined._slots = torch.zeros(order.numel(), 0, dtype=torch.long, device=order.device)
         joined._key_len = 0
+        joined.static = False  # a stream's caches grow and shrink; compiled models run no streams
         joined.shortest, joined.longest = torch.stack([joined.lengths.min(), joined.lengths.max()]).tolist()
         return joined
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
         """Drop the last n slots of every row (an int) or of each row (a (rows,) tensor)."""
+        if self.static:  # no check: it would read the device; the engine rewinds only what it fed
+            self.lengths -= n.to(self.lengths.device) if isinstance(n, torch.Tensor) else int(n)
+            return
         if isinstance(n, torch.Tensor) and n.dim() > 0:
             n = n.to(self.lengths.device)
             kept = self.lengths - n

@@ -1,0 +1,210 @@
+"""Calls with static shapes: torch.compile'd regions and, on CUDA, one captured graph per window width.
+
+A model loaded with `compile=True` runs every window call at its bucket's width (the window, or one of the
+automatic window's widths 1, 2, 4, ..., 64): a call narrower than its bucket at the end of the image feeds
+drafts past the last position, whose slots the engine already ignores (commits never pass the last
+position, and each row's block verification ends at its last position, as in any call).  The family's
+session reads its whole pre-sized KV cache with a mask built on the device (`RowCache.static`); per-row
+lengths, positions, seed keys and call counters are device tensors; nothing in the forward,
+the verification or the coupling reads a value back to the host.  So each bucket has one shape, and:
+
+  - torch.compile (inductor, `dynamic=False`, `fullgraph=True`) compiles the family's decoder layer once per
+    width (regional: one layer class serves every layer) and the engine's sampling step once per width
+    and sampler setting, on any device;
+  - on CUDA, the whole step (forward, distributions, verification, coupling) is captured as one CUDA graph
+    per width and replayed with its inputs copied into a static buffer.
+
+Either falls back to eager, with one warning, when it fails.  Compiled code is kept for the process (and in
+inductor's on-disk cache); graphs belong to one generation (they hold its cache's addresses).
+
+Families (`Compilable`, `STATIC_SHAPES` in the family module): demo/LlamaGen through its own blocks, Janus-Pro
+and Emu3 through the row attention (`models.row_attention.attention_layer`).  Trees of candidates are refused
+(they would grow the cache); rows that finish stay in the batch (regrouping would change the shapes).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Optional
+
+import torch
+
+# dynamo compiles one graph per width bucket and sampler setting for each compiled function; its default
+# limit (8 per function, then silently eager) would be reached by a process that switches couplers
+RECOMPILE_LIMIT = 64
+WARMUP_CALLS = 2  # eager calls of a width before its graph is captured (they are real calls, not repeats)
+BACKEND = "inductor"
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    from torch._dynamo.exc import TorchDynamoException
+
+    errors: tuple[type[BaseException], ...] = (TorchDynamoException,)
+    try:
+        from torch._inductor.exc import InductorError
+        errors += (InductorError,)
+    except ImportError:  # older torch: inductor's failures arrive as dynamo's BackendCompilerFailed
+        pass
+    return errors
+
+
+class CompiledRegion:
+    """`fn` through torch.compile, or `fn` itself once compiling it failed (one warning per region)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        self.fn, self.name = fn, name
+        self.compiled: dict[str, Callable[..., Any]] = {}  # by BACKEND (tests trace with "eager": no codegen)
+        self.failed = False
+
+    def __call__(self, *args: Any) -> Any:
+        if self.failed:
+            return self.fn(*args)
+        if BACKEND not in self.compiled:
+            import torch._dynamo
+
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            self.compiled[BACKEND] = torch.compile(self.fn, dynamic=False, fullgraph=True, backend=BACKEND)
+        try:
+            return self.compiled[BACKEND](*args)
+        except _compile_errors() as err:
+            self.failed = True
+            _warn_once(f"compile:{self.name}", f"torch.compile of {self.name} failed, running it eagerly: "
+                       f"{' '.join(str(err).split())[:300]}")
+            return self.fn(*args)
+
+
+def compile_region(fn: Callable[..., Any], name: str) -> CompiledRegion:
+    """A compiled `fn` (tensors and constants in, tensors out) with an eager fallback."""
+    return CompiledRegion(fn, name)
+
+
+class GraphedSteps:
+    """One CUDA graph per width of `step(width) -> tensors`, a step that reads its inputs from static buffers.
+
+    The first WARMUP_CALLS calls of a width run eagerly on a side stream (warming up compiled kernels and
+    library handles; they are real calls), the next captures the graph and replays it.  `step` must read
+    nothing back to the host and keep every tensor it reads or writes at a fixed address; the outputs of a
+    replay are overwritten by the next one.  `weights` (one parameter) detects moved weights: replaying on
+    them would read freed memory, so the graphs are dropped and captured again.
+    """
+
+    def __init__(self, step: Callable[[int], tuple[Any, ...]], weights: torch.Tensor) -> None:
+        self.step, self.weights = step, weights
+        self.graphs: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+        self.calls: dict[int, int] = {}
+        self.failed = False
+        self.stream = torch.cuda.Stream(device=weights.device)
+        self.pool: Any = None
+        self.address = weights.data_ptr()
+
+    def __call__(self, width: int) -> tuple[Any, ...]:
+        if self.failed:
+            return self.step(width)
+        if self.weights.data_ptr() != self.address:
+            self.graphs, self.calls, self.address = {}, {}, self.weights.data_ptr()
+        if width not in self.graphs:
+            self.calls[width] = self.calls.get(width, 0) + 1
+            if self.calls[width] <= WARMUP_CALLS:
+                return self._on_side_stream(width)
+            try:
+                self.graphs[width] = self._capture(width)
+            except RuntimeError as err:
+                self.failed = True
+                torch.cuda.synchronize(self.weights.device)
+                _warn_once("cuda-graph", "CUDA graph capture of the window call failed, running it eagerly: "
+                           f"{' '.join(str(err).split())[:300]}")
+                return self.step(width)
+        graph, outputs = self.graphs[width]
+        graph.replay()
+        return outputs
+
+    def _on_side_stream(self, width: int) -> tuple[Any, ...]:
+        current = torch.cuda.current_stream(self.weights.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            outputs = self.step(width)
+        current.wait_stream(self.stream)
+        return outputs
+
+    def _capture(self, width: int) -> tuple[Any, tuple[Any, ...]]:
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.weights.device)
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            outputs = self.step(width)  # recorded, not run: the replay after it makes the call
+        self.pool = graph.pool()
+        return graph, outputs
+
+
+def _decide(decoder: Any, cond: torch.Tensor, uncond: Optional[torch.Tensor], width: int, histogram: bool
+            ) -> tuple[torch.Tensor, torch.Tensor, None]:
+    return decoder.decide(cond, uncond, width, 0, None, histogram)
+
+
+# one region for the process: compiled once per width and sampler setting, whichever generation calls it
+SAMPLING_STEP = compile_region(_decide, "the sampling step")
+
+
+class StaticCalls:
+    """One generation's window calls at static shapes, for the engine (`generate` with a compiled model).
+
+    Holds one input buffer per width, so a call's tensors keep their addresses (what changes per call, each
+    row's commits and call counter, is decoder state updated in place); on CUDA the forward and the sampling
+    step of each width run as one captured graph.  `session` has static shapes (`static_shapes`), `decoder`
+    is the engine's per-row state with `static` set.
+    """
+
+    def __init__(self, session: Any, decoder: Any, weights: Optional[torch.Tensor]) -> None:
+        self.session, self.decoder = session, decoder
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.histogram = False
+        self.graphs = (GraphedSteps(self._step, weights)
+                       if weights is not None and graphs_available(weights.device) else None)
+
+    def forward(self, inputs: torch.Tensor, histogram: bool
+                ) -> tuple[Optional[tuple[torch.Tensor, Optional[torch.Tensor]]], Optional[tuple[Any, ...]]]:
+        """Feed a bucket's inputs (B, W); returns (logits, None), or (None, decisions) when the call ran as a
+        graph with its sampling step."""
+        if inputs.shape[1] not in self.inputs:
+            self.inputs[inputs.shape[1]] = torch.empty_like(inputs)
+        buffer = self.inputs[inputs.shape[1]]
+        buffer.copy_(inputs)
+        self.histogram = histogram
+        if self.graphs is not None:
+            return None, self.graphs(inputs.shape[1])
+        return self.session.forward(buffer), None
+
+    def decide(self, logits: tuple[torch.Tensor, Optional[torch.Tensor]], histogram: bool) -> tuple[Any, ...]:
+        """The compiled sampling step of a call that `forward` fed."""
+        return SAMPLING_STEP(self.decoder, *logits, logits[0].shape[1], histogram)
+
+    def _step(self, width: int) -> tuple[Any, ...]:
+        """Forward and sampling step of the call in `inputs[width]`: what one graph holds."""
+        logits = self.session.forward(self.inputs[width])
+        return SAMPLING_STEP(self.decoder, *logits, width, self.histogram)
+
+
+class Compilable:
+    """A TokenModel that `load_model(..., compile=True)` switches to static-shape calls: its family names the
+    one-layer function its sessions run each decoder layer through (`layer_step`), compiled once for all
+    layers, and hands `compiled_layer` to its sessions."""
+
+    compiled = False
+    compiled_layer: Optional[CompiledRegion] = None
+    layer_step: Callable[..., torch.Tensor]
+
+    def enable_compile(self) -> None:
+        self.compiled = True
+        self.compiled_layer = compile_region(type(self).layer_step,
+                                             f"the {getattr(self, 'family', 'model')} decoder layer")
+
+
+def graphs_available(device: torch.device) -> bool:
+    """Whether the window call is captured as CUDA graphs on `device`."""
+    return device.type == "cuda" and torch.cuda.is_available()
