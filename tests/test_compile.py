@@ -200,15 +200,23 @@ def test_refusals(folders, tiny_lumina_dir: Path) -> None:
 
 
 
-def test_generate_many_runs_batches_of_consecutive_seeds(folders, traced) -> None:
-    """A compiled model's generate_many runs groups as batches (no row joins a static batch): every job's tokens
-    are its own seed's eager image, alone, whatever row of a compiled batch it decoded in."""
+def test_generate_many_runs_batches_of_consecutive_seeds(folders, traced, monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A compiled model's generate_many runs groups as batches (no row joins a static batch): every window call
+    is a static one, and every job's tokens are its own seed's eager image, alone, whatever row of a compiled
+    batch it decoded in."""
+    static_calls = []
+    forward = static_step.StaticCalls.forward
+    monkeypatch.setattr(static_step.StaticCalls, "forward",
+                        lambda self, *args: static_calls.append(1) or forward(self, *args))
     eager, compiled = pair(folders["c2i"])
     three, five = eager.encode("3"), eager.encode("5")
     jobs = [(three, 7), (three, 8), (five, 2**64 - 1), (three, 4)]
     config = SamplerConfig(window=8, coupler="gumbel")
     results = dict(generate_many(compiled, iter(jobs), config, slots=2))
     assert sorted(results) == [0, 1, 2, 3]
+    assert results[0].nfe == results[1].nfe  # seeds 7 and 8 of one prompt: one batch
+    assert len(static_calls) == sum(results[index].nfe - 1 for index in (0, 2, 3))  # all but the prefills
     for index, (cond, seed) in enumerate(jobs):
         alone = generate(eager, cond, dataclasses.replace(config, seed=seed))
         assert torch.equal(results[index].tokens, alone.tokens), (index, seed)
