@@ -150,8 +150,8 @@ def fresh_processes(name: str, processes: int, images: int, layers: int, side: i
         rows.append(dict(process=index + 1, burst=f"{BURST_S:g} s" if index == 0 else "-",
                          timed_64_vs_1=timed[max(timed, key=int)] / timed["1"],
                          first_vs_best=run["first_s"] / mean[best], first_widths=run["first_widths"],
-                         best_pinned=best, best_s=mean[best], auto_s=mean["auto"], auto_vs_best=mean["auto"] / mean[best],
-                         widths=run["widths"]))
+                         best_pinned=best, best_s=mean[best], auto_s=mean["auto"],
+                         auto_vs_best=mean["auto"] / mean[best], widths=run["widths"]))
         print(f"  {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)  # what a cut-short run leaves
     return rows
 
