@@ -63,7 +63,8 @@ COST_WINDOW = 16       # a cost is the median of this many recent calls (or rati
 COST_AGE = 60          # ... made within this many calls of the process: older ones tell of other conditions
 PAIR_SPAN = 4          # a call is compared with the calls this many before and after it
 TRUSTED = 3            # comparisons a width needs before they alone tell its cost (its seed votes till then)
-EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls
+EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls ...
+EARLY_CALLS, EARLY_EVERY = 100, 5  # ... one in 5 of a cost key's first 100, whose seeds are only the timed pass
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
 REFINEMENT = 0.25      # commits grow like width**REFINEMENT beyond what the counts at one width show
 
@@ -211,9 +212,10 @@ class CallCosts:
         return sum(nearest) / len(nearest)
 
     def explores(self) -> bool:
-        """Advance the clock by one choice; True for the one in EXPLORE_EVERY that tries a neighbour."""
+        """Advance the clock by one choice; True for the one in EXPLORE_EVERY (EARLY_EVERY at first) that tries
+        a neighbour."""
         self.clock += 1
-        return self.clock % EXPLORE_EVERY == 0
+        return self.clock % (EARLY_EVERY if self.clock <= EARLY_CALLS else EXPLORE_EVERY) == 0
 
     def stalest(self, widths: Sequence[int]) -> int:
         """The width called least recently (never called first; the wider on a tie)."""
