@@ -314,12 +314,16 @@ def test_exploration_is_one_call_in_twenty_at_a_neighbour_of_the_best():
     best = true_best(CPU_LIKE, chooser)
     assert widths[0] == 64  # no counts yet: the widest
     explored = [(i + 1, w) for i, w in enumerate(widths) if w != best and i > 0]  # (call, width)
-    early, every = auto_window.EARLY_CALLS, auto_window.EXPLORE_EVERY
-    assert len(explored) == early // auto_window.EARLY_EVERY + (1000 - early) // every == 65  # 5% after 100
-    assert [call for call, _ in explored] == [c for c in range(1, 1001)
-                                              if c % (auto_window.EARLY_EVERY if c <= early else every) == 0]
+    every = auto_window.EXPLORE_EVERY
+    assert len(explored) == 1000 // every == 50  # 5%: a fixed profile needs no early exploration
+    assert [call for call, _ in explored] == list(range(every, 1001, every))  # fixed by the call count alone
+    learning = WindowChooser(CPU_LIKE)
+    widths = run_calls(learning, noisy(CPU_LIKE), 1000, hazard=0.12)
+    early = auto_window.EARLY_CALLS
+    assert sum(w != best for w in widths[1:early]) <= early // auto_window.EARLY_EVERY  # then timed costs
+    assert sum(w != best for w in widths[early:]) <= (1000 - early) // every + 2
     assert {w for _, w in explored[-4:]} == {best * 2, best // 2} and explored[-1][1] != explored[-2][1]  # in turn
-    assert time_factor(widths[early:], CPU_LIKE, chooser) < 1.02  # what exploring costs here
+    assert time_factor(widths[early:], CPU_LIKE, learning) < 1.02  # what exploring costs here
 
 
 def test_a_run_teaches_the_process_what_its_calls_cost(monkeypatch):
