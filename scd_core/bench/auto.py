@@ -200,7 +200,8 @@ def auto_tables(seeds: Sequence[int], processes: Sequence[int] = (10,), images: 
     torch.set_grad_enabled(False)
     titles = {"demo": "**demo** (prompt '7', maximal coupling)",
               "janus-1b": f"**Janus-Pro-1B-shaped** (synthetic {side} x {side} grid, 16384 codes, medium entropy; "
-                          f"each call also runs a random Janus-Pro-1B-shaped backbone of {layers} layers at its width)"}
+                          f"each call also runs a random Janus-Pro-1B-shaped backbone of {layers} of its 24 "
+                          f"layers at its width)"}
     parts = []
     for (name, title), started, count in zip(titles.items(), (processes[0], processes[-1]), (images[0], images[-1])):
         print(parts[-1] if parts else "", file=sys.stderr, flush=True)
