@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import time
+import types
 
 import pytest
 import torch
 
-from scd_core import SamplerConfig, auto_window, generate, load_model
+from scd_core import SamplerConfig, auto_window, engine, generate, load_model
 from scd_core.auto_window import WindowChooser, measure_costs
 from scd_core.bench.synthetic import GridModel
 from toy_models import TablePrefixModel
@@ -331,6 +331,10 @@ def test_a_run_teaches_the_process_what_its_calls_cost(monkeypatch):
     ones (a GPU-like device): the automatic window widens over the runs, and the costs stay with the model."""
     timed = {w: 0.01 * (1 + w) for w in auto_window.CANDIDATES}
     monkeypatch.setattr(auto_window, "measure_costs", lambda call, widths: {w: timed[w] for w in widths})
+    # the engine's clock advances by 10 ms a forward and by nothing else: the costs the runs see are the
+    # device's, whatever else this machine is doing
+    clock = [0.0]
+    monkeypatch.setattr(engine, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def flat_cost_model():
         model = GridModel(rows=12, cols=12, vocab_size=64, sharpness=1.5)
@@ -339,7 +343,12 @@ def test_a_run_teaches_the_process_what_its_calls_cost(monkeypatch):
         def slow_start(cond, batch_size):
             session = start(cond, batch_size)
             forward = session.forward
-            session.forward = lambda tokens: (time.sleep(0.01), forward(tokens))[1]  # every width alike
+
+            def forward_at_flat_cost(tokens):  # every width alike
+                clock[0] += 0.01
+                return forward(tokens)
+
+            session.forward = forward_at_flat_cost
             return session
 
         model.start = slow_start
