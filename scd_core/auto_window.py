@@ -65,7 +65,8 @@ COST_WINDOW = 16       # a cost is the median of this many recent calls (or rati
 COST_AGE = 60          # ... made within this many calls of the process: older ones tell of other conditions
 PAIR_SPAN = 4          # a call is compared with the calls this many before and after it
 TRUSTED = 3            # comparisons a width needs before they alone tell its cost (its seed votes till then)
-EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls
+EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls ...
+EARLY_CALLS, EARLY_EVERY = 100, 5  # ... one in 5 of a cost key's first 100, whose seeds are only a timed pass
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
 REFINEMENT = 0.25      # commits grow like width**REFINEMENT beyond what the counts at one width show
 
@@ -131,10 +132,10 @@ class CallCosts:
 
     The timed pass seeds them; each call of an automatic run then adds its measured seconds, and the calls
     within the process's last COST_AGE are read as (load now) x (what a width costs relative to the others).
-    The load around a call is the median of the calls within PAIR_SPAN of it (of any width, each divided by
-    its width's relative cost), so a width is compared with the calls made around its own and load that comes
-    and goes weighs on both sides alike; a width's relative cost is the median of its last COST_WINDOW calls
-    over the load around them.  Until a width has TRUSTED such comparisons its seed makes up the rest of the
+    The load around a call is the (lower) median of the calls of other widths within PAIR_SPAN of it, each
+    divided by its width's relative cost, so a width is compared with the calls made around its own and load
+    that comes and goes weighs on both sides alike; a width's relative cost is the median of its last
+    COST_WINDOW calls over the load around them, the width called most of late being the anchor (its seed).  Until a width has TRUSTED such comparisons its seed makes up the rest of the
     votes, scaled as the nearest other width measured differs from its seed (a burst during the timed pass
     skews a range of widths); a width whose calls aged out keeps what they said as its seed.  cost = load now x
     relative cost.  `fixed` costs are not learned from (a cost profile to replay, `remember_costs`).  `clock`
@@ -148,7 +149,8 @@ class CallCosts:
         self.calls: collections.deque = collections.deque(maxlen=COST_AGE)  # (clock, width, seconds)
         self.last_called: dict[int, int] = {}  # width -> the clock at its last call
         self.clock = 0
-        self._estimates: Optional[dict[int, float]] = None  # cached until the next call is learned
+        self._estimates: Optional[dict[int, float]] = None  # cached until the next call is learned ...
+        self._counted = 0  # ... or one ages out
 
     def add_seeds(self, seeds: dict[int, float]) -> None:
         """Timed costs of (more) widths."""
@@ -223,9 +225,11 @@ class CallCosts:
         return sum(nearest) / len(nearest)
 
     def explores(self) -> bool:
-        """Advance the clock by one choice; True for the one in EXPLORE_EVERY that tries a neighbour."""
+        """Advance the clock by one choice; True for the one in EXPLORE_EVERY that tries a neighbour (one in
+        EARLY_EVERY at first, unless the costs are a fixed profile rather than a timed pass's)."""
         self.clock += 1
-        return self.clock % EXPLORE_EVERY == 0
+        early = self.clock <= EARLY_CALLS and not self.fixed
+        return self.clock % (EARLY_EVERY if early else EXPLORE_EVERY) == 0
 
     def stalest(self, widths: Sequence[int]) -> int:
         """The width called least recently (never called first; the wider on a tie)."""

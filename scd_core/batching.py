@@ -15,7 +15,9 @@ Every job's tokens are exactly those of `generate(model, cond, config with its
 seed)`: a row's randomness is keyed by its own seed and its own call count
 (per-image seeds), its cache and positions are its own (`rows_per_cache = 1`),
 and a call's window may be wider for the batch than the row needs, which never
-changes a row's tokens.  The window must therefore be pinned: the automatic
+changes a row's tokens.  (That takes the batched forward to give each row the
+very logits it gets alone; a kernel that rounds a batch differently can move a
+draw that falls on a rounding edge.)  The window must be pinned: the automatic
 window picks widths from the batch's counts and measured costs.
 """
 

@@ -516,6 +516,7 @@ class _Run:
         self.static: Optional[static_step.StaticCalls] = None
         self.chooser: Optional[auto_window.WindowChooser] = None
         self.done, self.iteration, self.max_shift = 0, 0, 0
+        self.call_started = 0.0  # when the current call's width was being chosen
 
     def prefill(self) -> _Call:
         """The prefix call, which yields position 0's distribution; the decoder is sized after it."""
@@ -544,6 +545,7 @@ class _Run:
             # once per model, dtype, device, batch and candidates in a process: a few timed calls, each rewound
             self.chooser = auto_window.session_chooser(self.model, self._timed_call, self.batch_size,
                                                        self.decoder.window, self.branches)
+        self.call_started = time.perf_counter()
         return self.decoder.window if self.chooser is None else self.chooser.choose(self.n - self.done)
 
     def feed(self, window: int) -> _Call:
@@ -626,13 +628,13 @@ class _Run:
         else:
             result.forward_s += call.forward_s
         result.sample_s += sample_s
-        if self.chooser is not None:  # the automatic window learns each width's cost from the run's calls
-            # (a static call costs its bucket's width, however few of its slots were verified)
-            cost_width = call.fed if self.static is not None else call.width + call.pad
-            self.chooser.observe_cost(cost_width, call.forward_s + sample_s, self.decoder.batch)
         if callback is not None:
             callback(IterationStats(self.iteration, outcome.committed, self.done, self.n, result.nfe, acceptance,
                                     self.decoder.tokens(self.done), call.forward_s, sample_s))
+        if self.chooser is not None:  # the automatic window learns from each call's whole time, callback included
+            # (a static call costs its bucket's width, however few of its slots were verified)
+            cost_width = call.fed if self.static is not None else call.width + call.pad
+            self.chooser.observe_cost(cost_width, time.perf_counter() - self.call_started, self.decoder.batch)
         self.iteration += 1
 
     def _forward(self, inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[int, Logits]:

@@ -165,6 +165,9 @@ def test_a_run_that_cannot_start_leaves_no_folder(tmp_path, capsys, monkeypatch)
     code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--workers", "2"])
     assert code == 2
     assert "--workers and --gpus-per-worker are for --ray" in capsys.readouterr().err
+    code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--window", "auto"])
+    assert code == 2
+    assert "needs a pinned window" in capsys.readouterr().err and not (tmp_path / "out").exists()
     monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed
     code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--ray"])
     assert code == 2

@@ -1,7 +1,8 @@
 """Per-image seeds and continuous batching: a row's tokens depend on its own seed and conditioning only.
 
 Row i of a batch with seed s samples what a batch of one samples with seed s + i (mod 2**64), for every
-coupler, window and candidates setting, on toy models and on every family's tiny checkpoint.
+coupler, window and candidates setting, on toy models and on every family's tiny checkpoint; and every job of
+`generate_many` gets the tokens (and the calls) `generate` gives it alone, whatever joins or leaves the batch.
 """
 
 from __future__ import annotations
@@ -229,8 +230,8 @@ def demo():
 
 
 def test_a_demo_stream_of_mixed_classes_gives_every_job_its_own_tokens(demo):
-    jobs = [(demo.encode(str(digit)), seed) for digit, seed in zip((3, 7, 3, 1, 0, 9, 3), (0, 0, 1, 5, 2, 8, 0))]
-    assert_stream_equals_job_by_job(demo, jobs, SamplerConfig(window=16), slots=3, refill_at=2)
+    jobs = [(demo.encode(str(digit)), seed) for digit, seed in zip((3, 7, 3, 1, 3), (0, 0, 1, 5, 0))]
+    assert_stream_equals_job_by_job(demo, jobs, SamplerConfig(window=32), slots=2)
 
 
 @pytest.mark.parametrize("family", ["janus", "emu3", "lumina", "cosmos", "llamagen"])

@@ -169,6 +169,7 @@ def test_window_chosen_from_learned_costs_and_exploration_is_lossless(coupler, m
     comes from are those of earlier calls, whatever they are."""
     monkeypatch.setattr(auto_window, "measure_costs", lambda call, widths: {1: 1.0, 2: 1.4, 4: 2.6})
     monkeypatch.setattr(auto_window, "EXPLORE_EVERY", 2)
+    monkeypatch.setattr(auto_window, "EARLY_EVERY", 2)
     noise = torch.Generator().manual_seed(11)
     learned = []
     learn = auto_window.CallCosts.learn

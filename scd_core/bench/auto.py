@@ -150,8 +150,8 @@ def fresh_processes(name: str, processes: int, images: int, layers: int, side: i
         rows.append(dict(process=index + 1, burst=f"{BURST_S:g} s" if index == 0 else "-",
                          timed_64_vs_1=timed[max(timed, key=int)] / timed["1"],
                          first_vs_best=run["first_s"] / mean[best], first_widths=run["first_widths"],
-                         best_pinned=best, best_s=mean[best], auto_s=mean["auto"], auto_vs_best=mean["auto"] / mean[best],
-                         widths=run["widths"]))
+                         best_pinned=best, best_s=mean[best], auto_s=mean["auto"],
+                         auto_vs_best=mean["auto"] / mean[best], widths=run["widths"]))
         print(f"  {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)  # what a cut-short run leaves
     return rows
 
@@ -193,20 +193,22 @@ def profile_rows(seeds: Sequence[int]) -> list[dict[str, Any]]:
     return rows
 
 
-def auto_tables(seeds: Sequence[int], processes: int = 10, images: Sequence[int] = (4,), layers: int = 2,
-                side: int = 24) -> str:
-    """The benchmark's tables; `images` per process: the demo's, and (the last number) the stand-in's."""
+def auto_tables(seeds: Sequence[int], processes: Sequence[int] = (10,), images: Sequence[int] = (4,),
+                layers: int = 2, side: int = 24) -> str:
+    """The benchmark's tables; `processes` and `images` per process: the demo's, and (the last number) the
+    stand-in's."""
     torch.set_grad_enabled(False)
     titles = {"demo": "**demo** (prompt '7', maximal coupling)",
               "janus-1b": f"**Janus-Pro-1B-shaped** (synthetic {side} x {side} grid, 16384 codes, medium entropy; "
-                          f"each call also runs a random Janus-Pro-1B-shaped backbone of {layers} layers at its width)"}
+                          f"each call also runs a random Janus-Pro-1B-shaped backbone of {layers} of its 24 "
+                          f"layers at its width)"}
     parts = []
-    for (name, title), count in zip(titles.items(), (images[0], images[-1])):
+    for (name, title), started, count in zip(titles.items(), (processes[0], processes[-1]), (images[0], images[-1])):
         print(parts[-1] if parts else "", file=sys.stderr, flush=True)
-        parts.append(f"{title}: {processes} fresh processes, each {count} automatic images and {count - 1} at each "
+        parts.append(f"{title}: {started} fresh processes, each {count} automatic images and {count - 1} at each "
                      f"pinned window {', '.join(map(str, PINNED))} (seeds 1..{count - 1} after the automatic seed 0); "
                      f"seconds are means per image over those seeds\n\n"
-                     + markdown(fresh_processes(name, processes, count, layers, side), PROCESS_COLUMNS))
+                     + markdown(fresh_processes(name, started, count, layers, side), PROCESS_COLUMNS))
     parts.append(f"**Other cost profiles** (time = sum of the profile's per-call cost over the calls made; mean of "
                  f"{len(seeds)} seeds; exploring_vs_not: auto against auto that never explores)\n\n"
                  + markdown(profile_rows(seeds), ("profile", "model", "best_fixed", "auto_vs_best", "exploring_vs_not",

@@ -52,7 +52,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="--device-check: tiny shapes (tests the same code path)")
     parser.add_argument("--auto", action="store_true",
                         help="time per image, automatic window against fixed ones: demo and Janus-Pro-1B-shaped")
-    parser.add_argument("--processes", type=int, default=10, help="--auto: fresh processes per model")
+    parser.add_argument("--processes", type=int, nargs="+", default=[10],
+                        help="--auto: fresh processes (one number, or the demo's and the stand-in's)")
     parser.add_argument("--images", type=int, nargs="+", default=[4],
                         help="--auto: automatic images per process (one number, or the demo's and the stand-in's)")
     parser.add_argument("--side", type=int, default=24, help="--auto: grid side of the Janus-Pro-1B stand-in")
