@@ -484,6 +484,18 @@ def test_sampler_is_thin_over_generate(node_classes: dict[str, Any], janus: Any,
     assert torch.equal(tokens, direct.tokens)
 
 
+def test_a_batch_is_the_images_its_seeds_make_one_at_a_time(node_classes: dict[str, Any], janus: Any,
+                                                             fake_server: FakeServer) -> None:
+    """Row i of a batch at seed s is the image seed s + i makes alone: a distributed seed input (ComfyUI-Distributed
+    gives worker k seed s + k + 1) reproduces a single server's batch."""
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a blue circle")
+    sampler = node_classes["SCDSampler"]
+    batch, _ = run_node(sampler, **sampler_inputs(janus, cond, seed=5, batch_size=3))
+    alone = [run_node(sampler, **sampler_inputs(janus, cond, seed=5 + i))[0] for i in range(3)]
+    assert torch.equal(batch, torch.cat(alone))
+    assert not torch.equal(alone[0], alone[1])  # the seeds do make other images
+
+
 def test_interrupt_stops_promptly_and_frees_the_run(node_classes: dict[str, Any], janus: Any, comfy: SimpleNamespace,
                                                     fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
     sessions: list[weakref.ref] = []
