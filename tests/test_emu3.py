@@ -269,12 +269,13 @@ def test_tree_of_chains_gives_each_chains_sequential_logits(model64: emu3.Emu3Mo
 
 def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(model64: emu3.Emu3Model) -> None:
     prompt = model64.encode(PROMPT)
-    ar = generate(model64, prompt, SamplerConfig(coupler="faithful", window=1, seed=0), batch_size=3)
+    # seed 2: the three rows finish at different calls with transformers 4.52 and 5.x alike
+    ar = generate(model64, prompt, SamplerConfig(coupler="faithful", window=1, seed=2), batch_size=3)
     recorder = PaceRecorder(model64)
-    fast = generate(recorder, prompt, SamplerConfig(coupler="faithful", window=8, seed=0), batch_size=3)
+    fast = generate(recorder, prompt, SamplerConfig(coupler="faithful", window=8, seed=2), batch_size=3)
     assert torch.equal(fast.tokens, ar.tokens)
     assert len(set(recorder.finish_calls())) > 1  # rows finished at different calls
-    alone = generate(model64, prompt, SamplerConfig(coupler="faithful", window=8, seed=0), batch_size=1)
+    alone = generate(model64, prompt, SamplerConfig(coupler="faithful", window=8, seed=2), batch_size=1)
     assert torch.equal(alone.tokens[0], fast.tokens[0])
 
 
