@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from .quantize import QuantizationError
 from .tokenizer_files import read_json
+
+Built = TypeVar("Built")
 
 
 def check_safetensors_weights(folder: Path, hint: str) -> None:
@@ -55,3 +59,15 @@ def raise_load_failure(message: str) -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     raise ModelLoadError(message)
+
+
+def load_or_refuse(build: Callable[[], Built], folder: Path, family: str, hint: str) -> Built:
+    """`build()`, with any failure turned into one ModelLoadError (ours as they say, any other named with the
+    family and `hint`), raised once what was built is freed."""
+    try:
+        return build()
+    except (ModelLoadError, QuantizationError) as err:
+        failure = str(err)
+    except Exception as err:  # transformers raises many types for bad configs
+        failure = f"{folder} could not be loaded as {family} ({type(err).__name__}: {err}); {hint}"
+    raise_load_failure(failure)

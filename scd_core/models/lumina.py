@@ -53,8 +53,8 @@ import torch
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
 from .generation_only import code_rows_head
-from .hf_folders import raise_load_failure
-from .quantize import QuantizationError, assign_quantizing, quantize_then_move
+from .hf_folders import load_or_refuse
+from .quantize import assign_quantizing, quantize_then_move
 from .streaming import parameters_on_meta
 from .tokenizer_files import TextTokenizer, positive_int, read_json
 from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqgan
@@ -451,16 +451,12 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     vq = load_chameleon_vqgan(vq_path) if variant is LUMINA_1 else load_movqgan(vq_path)
     code_ids = _code_ids(tokenizer, variant, vq.spec.codebook_size, _vocab_size(config, folder), folder)
     bos = _bos(tokenizer, variant)
-    failure: Optional[str] = None
-    try:
+    def build() -> LuminaModel:
         net = _read_network(folder, dtype, quantize)  # quantised while reading: never whole in `dtype`
         model = LuminaModel(net, vq.to(variant.vq_dtype or dtype), tokenizer, code_ids, variant, resolution, bos)
         quantize_then_move(model.module, net.model, "none", dtype, device)
-    except (ModelLoadError, QuantizationError) as err:
-        failure = str(err)
-    except Exception as err:  # transformers raises many types for bad configs
-        failure = f"{folder} could not be loaded as Lumina-mGPT ({type(err).__name__}: {err}); {HINT}"
-    if failure is not None:
-        raise_load_failure(failure)
+        return model
+
+    model = load_or_refuse(build, folder, "Lumina-mGPT", HINT)
     return model
 

@@ -15,8 +15,8 @@ import torch
 
 from .checkpoints import ModelLoadError
 from .generation_only import drop_modules
-from .hf_folders import raise_load_failure
-from .quantize import QuantizationError, assign_quantizing
+from .hf_folders import load_or_refuse
+from .quantize import assign_quantizing
 
 
 @contextlib.contextmanager
@@ -92,18 +92,14 @@ class HFNetwork:
 def read_hf_network(folder: Path, spec: HFNetwork, dtype: torch.dtype, precision: str) -> torch.nn.Module:
     """`spec.model_class` built from the folder's config.json on the meta device, without `unused_modules`,
     filled tensor by tensor from its safetensors files; any failure is one ModelLoadError, nothing kept."""
-    failure: Optional[str] = None
-    try:
+    def build() -> torch.nn.Module:
         config = spec.config_class.from_pretrained(str(folder))
         with parameters_on_meta():
             net = spec.model_class(config)
         drop_modules(net, *spec.unused_modules)
         fill_from_safetensors(net, sorted(folder.glob("*.safetensors")), spec.backbone, precision, dtype, spec.hint,
                               spec.renames)
-    except (ModelLoadError, QuantizationError) as err:
-        failure = str(err)
-    except Exception as err:  # transformers raises many types for bad configs
-        failure = f"{folder} could not be loaded as {spec.family} ({type(err).__name__}: {err}); {spec.hint}"
-    if failure is not None:
-        raise_load_failure(failure)
+        return net
+
+    net = load_or_refuse(build, folder, spec.family, spec.hint)
     return net.eval().requires_grad_(False)
