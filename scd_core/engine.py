@@ -495,11 +495,11 @@ class _Run:
         self.rows_per_cache = getattr(self.session, "rows_per_cache", batch_size)
         if batch_size % self.rows_per_cache:
             raise ValueError(f"session.rows_per_cache={self.rows_per_cache} must divide batch_size={batch_size}")
-        # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as
-        # a smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
         # a compiled model whose sessions offer static-shape calls (compile=True) runs every call at static shapes
         # (scd_core.static_step); one that compiled its forward by other means runs as any other
         self.compiled = bool(getattr(model, "compiled", False)) and bool(getattr(session, "static_shapes", False))
+        # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as
+        # a smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
         self.regroup = (self.rows_per_cache == 1 and callable(getattr(self.session, "keep_rows", None))
                         and not config.fixed_shapes and not self.compiled)
         self.branches = config.candidates
