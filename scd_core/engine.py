@@ -248,6 +248,10 @@ class _Decoder:
         # stays in the window
         self.noise_start = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.noise_window = torch.zeros(batch, 0, self.vocab, device=device)
+        # a call drafts only the slots of its own width; `grow` drafts the rest when a wider call comes, as the
+        # narrower call would have (static calls draft the whole window: their shapes do not follow widths)
+        self.ready = self.window if static else 0  # slots (from each row's committed count) with a draft
+        self.first_new, self.drafted_at = self.committed.clone(), self.calls.clone()
 
     def probs(self, logits: Logits, width: int, branches: int = 1) -> torch.Tensor:
         """The sampling distribution of a call's `width` output slots (a tree's when `branches` > 1)."""
@@ -265,6 +269,7 @@ class _Decoder:
     def window_inputs(self, width: int, pad: int = 0) -> torch.Tensor:
         """The last committed token and the drafts after it, (B, pad + width), after the `pad` committed
         tokens before it (fed again to keep a call's shape)."""
+        self.grow(width - 1)
         index = (self.committed - 1 - pad).unsqueeze(1) + self.slots[:pad + width]
         return self.seq.gather(1, index)
 
@@ -361,8 +366,9 @@ class _Decoder:
         changes = torch.stack([((nxt[:, :width - 1] != drafts) & redrafted).sum(), redrafted.sum()])
         self.seq.scatter_(1, positions, nxt)
         self.committed += shared
-        self._next_proposals(p, shared)
-        self._init_new_drafts(width - shared)
+        limit = self.window if self.static else width  # the slots this call drafts (`grow`: the others)
+        self._next_proposals(p, shared, limit)
+        self._init_new_drafts(width - shared, limit)
         self.calls += 1
         return shared, accepted, changes, chain
 
@@ -407,6 +413,7 @@ class _Decoder:
         self.keys, self.calls = self.keys[index], self.calls[index]
         self.seq, self.proposals = self.seq[index], self.proposals[index]
         self.noise_window, self.noise_start = self.noise_window[index], self.noise_start[index]
+        self.first_new, self.drafted_at = self.first_new[index], self.drafted_at[index]
         self.batch = index.numel()
 
     def join(self, other: "_Decoder") -> None:
@@ -418,25 +425,44 @@ class _Decoder:
         longest = max(self.prefix.shape[1], other.prefix.shape[1])
         self.prefix = torch.cat([torch.nn.functional.pad(prefix, (longest - prefix.shape[1], 0))
                                  for prefix in (self.prefix, other.prefix)])
-        for name in ("committed", "keys", "calls", "seq", "proposals", "noise_window", "noise_start"):
+        for decoder in (self, other):  # one width of drafted slots for all rows
+            decoder.grow(max(self.ready, other.ready))
+        for name in ("committed", "keys", "calls", "seq", "proposals", "noise_window", "noise_start", "first_new",
+                     "drafted_at"):
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         self.batch += other.batch
 
-    def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor) -> None:
+    def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor, limit: int) -> None:
         """Carried drafts keep p as their proposal; new slots get a one-hot (set in _init_new_drafts)."""
         if self.config.coupler == "faithful":
             return  # faithful verifies by equality: proposals are never read
-        source = (shift.unsqueeze(1) + self.slots).clamp(max=p.shape[1] - 1)
-        self.proposals.copy_(p.gather(1, source.unsqueeze(-1).expand(-1, -1, self.vocab)))  # in place: a
-        # captured graph reads this tensor
+        source = (shift.unsqueeze(1) + self.slots[:limit]).clamp(max=p.shape[1] - 1)
+        self.proposals[:, :limit].copy_(p.gather(1, source.unsqueeze(-1).expand(-1, -1, self.vocab)))  # in
+        # place: a captured graph reads this tensor
 
-    def _init_new_drafts(self, carried: torch.Tensor) -> None:
-        """Initial drafts for window slots >= `carried` (per row); proposal one-hot on the draft."""
-        positions = self.committed.unsqueeze(1) + self.slots
-        first_new = (self.committed + carried).unsqueeze(1)
+    def _init_new_drafts(self, carried: torch.Tensor, limit: int) -> None:
+        """Initial drafts for window slots >= `carried` (per row) and below `limit`; proposal one-hot on the
+        draft.  What `grow` needs to draft the later slots the same way is kept."""
+        first_new = self.committed + carried
+        if not self.static:
+            self.first_new, self.drafted_at, self.ready = first_new, self.calls.clone(), limit
+        self._draft(first_new, self.calls, 0, limit)
+
+    def grow(self, slots: int) -> None:
+        """Draft the window slots below `slots` that the last call, narrower, left out, as it would have (same
+        first new position, same draw counter: a slot it drafted comes out the same again)."""
+        if slots > self.ready:
+            self._draft(self.first_new, self.drafted_at, self.ready, slots)
+            self.ready = slots
+
+    def _draft(self, first_new: torch.Tensor, calls: torch.Tensor, start: int, stop: int) -> None:
+        """Initial drafts at window slots start .. stop - 1 for the positions from `first_new` (B,) on, drawn
+        with counter `calls` (B, 1); earlier positions keep theirs."""
+        positions = self.committed.unsqueeze(1) + self.slots[start:stop]
+        first_new = first_new.unsqueeze(1)
         is_new = positions >= first_new
         if self.copy_back is None:
-            u = self.noise.uniform(rng.INIT, self.keys, positions, self.calls)
+            u = self.noise.uniform(rng.INIT, self.keys, positions, calls)
             codes = (u * self.vocab).long().clamp(max=self.vocab - 1)
         else:
             # the nearest earlier position `copy_back` steps apart that is already set: committed, carried,
@@ -453,7 +479,8 @@ class _Decoder:
         tokens = torch.where(self.forced[positions], self.forced_ids[positions], self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
         if self.config.coupler != "faithful":
-            self.proposals.copy_(torch.where(is_new.unsqueeze(-1), proposal, self.proposals))
+            drafted = self.proposals[:, start:stop]
+            drafted.copy_(torch.where(is_new.unsqueeze(-1), proposal, drafted))
 
 
 @dataclass

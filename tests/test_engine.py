@@ -178,6 +178,31 @@ def test_reused_window_noise_equals_fresh_noise(coupler, options, batch, monkeyp
     assert reused.windows == fresh.windows
 
 
+@pytest.mark.parametrize("coupler, draft_init, batch", [
+    ("maximal", "above", 3), ("gumbel", "random", 2), ("independent", "left", 1)])
+def test_drafting_only_a_calls_width_equals_drafting_the_whole_window(coupler, draft_init, batch, monkeypatch):
+    """A call drafts only its own width's slots and a wider call drafts the rest (`_Decoder.grow`); with widths
+    that move every few calls (a fixed cost profile, explorations) the tokens equal drafting every slot of the
+    widest window after every call."""
+    from scd_core import auto_window
+
+    model = grid_model(sharpness=0.5)
+    config = SamplerConfig(coupler=coupler, draft_init=draft_init, seed=6, window="auto")
+
+    def run():
+        auto_window.remember_costs(model, batch, {1: 1.0, 2: 1.3, 4: 1.7, 8: 2.5, 16: 4.0, 32: 7.0})
+        return generate(model, None, config, batch_size=batch)
+
+    lazy = run()
+    original = engine._Decoder._init_new_drafts
+    monkeypatch.setattr(engine._Decoder, "_init_new_drafts",
+                        lambda self, carried, limit: original(self, carried, self.window))
+    whole = run()
+    assert torch.equal(lazy.tokens, whole.tokens)
+    assert lazy.windows == whole.windows
+    assert len(set(lazy.windows[1:])) >= 3  # the widths did move
+
+
 class RepeatingVideo:
     """Every frame repeats the one before it (the context frame for the first), through a sub-vocabulary."""
 

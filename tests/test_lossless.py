@@ -199,14 +199,14 @@ class StoresOldProposalOnKeep(engine._Decoder):
         self._before = (self.seq.clone(), self.proposals.clone(), self.committed.clone())
         return super().step(p, *args)
 
-    def _next_proposals(self, p, shift):
-        super()._next_proposals(p, shift)
+    def _next_proposals(self, p, shift, limit):
+        super()._next_proposals(p, shift, limit)
         old_seq, old_q, old_committed = self._before
-        source = (shift.unsqueeze(1) + self.slots).clamp(max=min(p.shape[1], old_q.shape[1]) - 1)
-        positions = self.committed.unsqueeze(1) + self.slots
+        source = (shift.unsqueeze(1) + self.slots[:limit]).clamp(max=min(p.shape[1], old_q.shape[1]) - 1)
+        positions = self.committed.unsqueeze(1) + self.slots[:limit]
         kept = (self.seq.gather(1, positions) == old_seq.gather(1, positions)) & (source < p.shape[1] - 1)
         old = old_q.gather(1, source.unsqueeze(-1).expand(-1, -1, self.vocab))
-        self.proposals = torch.where(kept.unsqueeze(-1), old, self.proposals)
+        self.proposals[:, :limit] = torch.where(kept.unsqueeze(-1), old, self.proposals[:, :limit])
 
 
 def test_enumeration_test_rejects_the_reference_bug(monkeypatch):
