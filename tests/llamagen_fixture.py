@@ -15,6 +15,7 @@ import argparse
 import copy
 import json
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -98,15 +99,25 @@ def write_safetensors_c2i(folder: Path) -> Path:
     return folder
 
 
-def write_tiny_t5(folder: Path, caption_dim: int) -> Path:
+def write_tiny_t5(folder: Path, caption_dim: int, d_ff: int = 32, num_layers: int = 1,
+                  weight_std: Optional[float] = None, full: bool = False) -> Path:
+    """A T5 encoder folder (`full`: a whole T5ForConditionalGeneration checkpoint with decoder and LM head, as
+    google/flan-t5-xl and t5-11b ship); `weight_std`: linear weights drawn with that std, as real checkpoints are
+    initialised (T5's own init at this width is sharper and exaggerates quantisation error)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel, T5ForConditionalGeneration
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(5)
-    config = T5Config(vocab_size=len(T5_WORDS), d_model=caption_dim, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
-                      pad_token_id=0, eos_token_id=1)
-    T5EncoderModel(config).save_pretrained(str(folder))
+    config = T5Config(vocab_size=len(T5_WORDS), d_model=caption_dim, d_kv=8, d_ff=d_ff, num_layers=num_layers,
+                      num_heads=2, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    model = (T5ForConditionalGeneration if full else T5EncoderModel)(config)
+    if weight_std is not None:
+        with torch.no_grad():
+            for module in model.modules():
+                if type(module) is torch.nn.Linear:
+                    module.weight.normal_(0.0, weight_std)
+    model.save_pretrained(str(folder))
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(T5_WORDS)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="</s>",

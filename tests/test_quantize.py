@@ -20,12 +20,14 @@ from torch import nn
 
 from cosmos_fixture import context_frames, write_cosmos
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
-from llamagen_fixture import write_original_c2i
+from llamagen_fixture import write_original_c2i, write_t2i, write_tiny_t5
 from lumina_fixture import tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.models import quantize
 from scd_core.models.loading import estimate_memory
+from scd_core.models.memory import checkpoint_shapes, folder_estimate, t5_encoder_estimate, weight_files
 from scd_core.models.llamagen import GPT, ClassLabel, GPTConfig, LlamaGenSession
+from scd_core.models.t5_encoder import load_t5_encoder
 from scd_core.sampling import to_probs
 from test_lossless import chi_square_pvalue
 
@@ -320,3 +322,107 @@ def test_every_family_loads_generates_and_decodes_at_each_precision(family_folde
     assert result.tokens.shape == (1, model.num_tokens)
     pixels = model.decode(result.tokens)
     assert pixels.dtype == torch.float32 and torch.isfinite(pixels).all() and 0 <= pixels.min() <= pixels.max() <= 1
+
+
+# ---- the T5 text encoders (LlamaGen text-to-image, Cosmos Video2World) at the model's precision ----
+
+T5_IDS = torch.tensor([[3, 4, 5, 6, 7, 8, 1]])  # "a red cat on the mat" </s>
+
+
+def t5_features(encoder: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return encoder(input_ids=T5_IDS).last_hidden_state.float()
+
+
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_t5_read_tensor_by_tensor_holds_what_from_pretrained_loads(tmp_path: Path, full: bool,
+                                                                    dtype: torch.dtype) -> None:
+    """At the compute dtype, no float32 copy first: every tensor equals transformers' own load at that dtype, `wo`
+    float32 in float16 as there; a whole T5 checkpoint (decoder, LM head) gives just its encoder."""
+    from transformers import T5EncoderModel
+
+    from scd_core.models.hf_folders import dtype_keyword
+
+    folder = write_tiny_t5(tmp_path / "t5", caption_dim=16, full=full)
+    ours = load_t5_encoder(folder, dtype, "none", "google/flan-t5-xl")
+    reference = T5EncoderModel.from_pretrained(str(folder), **{dtype_keyword(): dtype}).eval()
+    kept, theirs = ours.state_dict(), reference.state_dict()
+    assert set(kept) == set(theirs)
+    assert all(kept[name].dtype == theirs[name].dtype and torch.equal(kept[name], theirs[name]) for name in kept)
+    wo = {str(p.dtype) for name, p in ours.named_parameters() if ".wo." in name}
+    assert wo == {"torch.float32" if dtype == torch.float16 else str(dtype)}
+    assert torch.allclose(t5_features(ours), t5_features(reference), atol=1e-5)
+
+
+@pytest.mark.parametrize("precision,bound", [("int8", 0.02), pytest.param("nf4", 0.25, marks=needs_bnb)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantized_t5_features_stay_close_to_full_precision(tmp_path: Path, precision: str, bound: float,
+                                                            dtype: torch.dtype) -> None:
+    """Relative error of the features against float32 on small-init weights: int8 under 2 %, NF4 under 25 %.
+    (Before T5's `wo` saw no cast, NF4 features were off by 100 %: T5 cast the activations to the packed uint8.)"""
+    folder = write_tiny_t5(tmp_path / "t5", caption_dim=64, d_ff=256, num_layers=2, weight_std=0.02, full=True)
+    exact = t5_features(load_t5_encoder(folder, torch.float32, "none", "google/flan-t5-xl"))
+    encoder = load_t5_encoder(folder, dtype, precision, "google/flan-t5-xl")
+    quantised = {type(m).__name__ for name, m in encoder.named_modules() if name.endswith((".q", ".wi", ".wo.layer"))}
+    assert quantised == {"Int8Linear" if precision == "int8" else "Linear4bit"}
+    kept_wo = [m for name, m in encoder.named_modules() if name.endswith(".wo") and type(m) is nn.Linear]
+    assert len(kept_wo) == (2 if dtype == torch.float16 else 0)  # float32, unquantised, in float16 only
+    error = float((t5_features(encoder) - exact).norm() / exact.norm())
+    assert 0 < error < bound
+
+
+def text_models(root: Path) -> dict[str, tuple[Path, Path]]:
+    """Each text-conditional fixture: (model folder, the T5 folder inside it)."""
+    t2i, video2world = write_t2i(root / "t2i", with_t5=True), write_cosmos(root, "5B-Video2World", seed=2)
+    return {"llamagen t2i": (t2i, t2i / "t5-ckpt" / "flan-t5-xl"),
+            "cosmos video2world": (video2world, video2world / "t5")}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_text_conditional_models_load_their_t5_at_the_models_precision(tmp_path: Path, precision: str) -> None:
+    """LlamaGen t2i and Cosmos Video2World: the T5 encoder's linear layers at the precision, its embeddings at the
+    compute dtype, counted by the memory estimate; the model generates from a prompt and decodes."""
+    dtype = torch.float32  # the tiny Cosmos tokenizer's pooling has no bfloat16 CPU kernel
+    for kind, (folder, t5_folder) in text_models(tmp_path).items():
+        in_bf16 = load_model(folder, device="cpu", dtype=torch.bfloat16, quantize=precision).module["t5"].encoder
+        floats = {t.dtype for t in [*in_bf16.parameters(), *in_bf16.buffers()] if t.is_floating_point()}
+        assert floats == {torch.bfloat16}  # no float32 copy is kept
+        full = load_model(folder, device="cpu", dtype=dtype)
+        model = load_model(folder, device="cpu", dtype=dtype, quantize=precision)
+        t5 = model.module["t5"].encoder
+        linears = [m for m in full.module["t5"].encoder.modules() if type(m) is nn.Linear]
+        layers = [type(m).__name__ for m in t5.modules()]
+        quantised = layers.count("Int8Linear" if precision == "int8" else "Linear4bit")
+        assert "Linear" not in layers and quantised == len(linears)
+        real = quantize.module_bytes(model.module)
+        assert real < quantize.module_bytes(full.module)
+        # the loader node's estimate counts the T5 encoder (how closely: test_the_memory_estimate_counts_the_t5_encoder)
+        with_t5, without_t5 = estimate_memory(folder), folder_estimate(folder)
+        added = with_t5.weight_bytes(precision, dtype) - without_t5.weight_bytes(precision, dtype)
+        t5_alone = t5_encoder_estimate(checkpoint_shapes(weight_files(t5_folder))).weight_bytes(precision, dtype)
+        assert added == t5_alone > 0, kind
+        if kind == "llamagen t2i":
+            cond = model.encode("a red cat")
+        else:
+            cond = model.encode_video(context_frames(9), "a red cat")
+        result = generate(model, cond, SamplerConfig(coupler="maximal", window=4, seed=2))
+        assert result.tokens.shape == (1, model.num_tokens)
+        pixels = model.decode(result.tokens)
+        assert torch.isfinite(pixels).all() and 0 <= pixels.min() <= pixels.max() <= 1
+
+
+def test_the_memory_estimate_counts_the_t5_encoder(tmp_path: Path) -> None:
+    """Exactly what load_t5_encoder keeps: a whole T5 checkpoint's decoder and LM head are not counted, and in
+    float16 the `wo` layers count as float32."""
+    folder = write_tiny_t5(tmp_path / "t5", caption_dim=64, d_ff=256, num_layers=2, full=True)
+    estimate = t5_encoder_estimate(checkpoint_shapes(weight_files(folder)))
+    assert estimate.kv_channels == 0
+    # full precision exactly; int8 under by its per-row scales (rows of 64 here); NF4 under by bitsandbytes'
+    # 1 KiB code table per layer, a large share of layers this small and nothing at T5-XL / 11B sizes
+    bounds = {"none": (1.0, 1.0), "int8": (0.95, 1.0), "nf4": (0.7, 1.0)}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for precision in ["none", "int8"] + (["nf4"] if importlib.util.find_spec("bitsandbytes") else []):
+            real = quantize.module_bytes(load_t5_encoder(folder, dtype, precision, "google/flan-t5-xl"))
+            low, high = bounds[precision]
+            assert low <= estimate.weight_bytes(precision, dtype) / real <= high, (dtype, precision)

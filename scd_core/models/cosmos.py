@@ -435,6 +435,8 @@ class VideoContext:
 class CosmosT5(T5Captioner):
     """T5 features as Video2World reads them: the prompt's tokens, then zeros up to 512 rows, and the mask."""
 
+    repository = "google-t5/t5-11b"
+
     @torch.no_grad()
     def forward(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.tokenizer([text], max_length=self.max_tokens, padding="max_length", truncation=True,
@@ -713,9 +715,22 @@ def detect(folder: Path) -> bool:
     return "cosmos" in folder.name.lower() or size_from_name(folder) is not None
 
 
+def _t5_folder(folder: Path) -> Optional[Path]:
+    """The T5 encoder folder in `folder`: config.json's "t5_folder", else the first one found inside."""
+    settings = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    return folder / settings["t5_folder"] if settings.get("t5_folder") else _find_t5(folder)
+
+
+def text_encoder_folder(folder: Path) -> Optional[Path]:
+    """The T5 encoder folder `load` reads (Video2World), for memory estimates; None without one."""
+    folder = Path(folder)
+    t5_folder = _t5_folder(folder) if config_for(folder).cross_attention else None
+    return t5_folder if t5_folder is not None and t5_folder.is_dir() else None
+
+
 def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> CosmosModel:
     """Load a Cosmos-1.0 autoregressive folder onto `device`, computing in `dtype`, the transformer blocks'
-    linear layers at `quantize` precision (quantize.PRECISIONS)."""
+    linear layers (and the T5 encoder's, Video2World) at `quantize` precision (quantize.PRECISIONS)."""
     folder = Path(folder)
     cfg = config_for(folder)
     tokenizer = find_tokenizer(folder)  # before the big read: a missing file fails fast
@@ -725,13 +740,12 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     encoder, decoder = load_torchscript(tokenizer / ENCODER), load_torchscript(tokenizer / DECODER)
     t5 = None
     if cfg.cross_attention:
-        settings = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
-        t5_folder = folder / settings["t5_folder"] if settings.get("t5_folder") else _find_t5(folder)
+        t5_folder = _t5_folder(folder)
         if t5_folder is None or not Path(t5_folder).is_dir():
             raise ModelLoadError(f"{folder}: Video2World needs the T5 text encoder (transformers folder of "
                                  f"google-t5/t5-11b with config.json, weights and tokenizer files) inside the "
                                  f"model folder, e.g. {folder / 't5'}, or named by \"t5_folder\" in config.json")
-        t5 = CosmosT5(Path(t5_folder), dtype, T5_TOKENS)
+        t5 = CosmosT5(Path(t5_folder), dtype, T5_TOKENS, quantize)
     size = size_from_name(folder) or "custom"
     model = CosmosModel(net.to(dtype), encoder.to(dtype), decoder.to(dtype), size, t5)
     quantize_then_move(model.module, net.layers, "none", dtype, device)

@@ -45,6 +45,7 @@ from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
 from .quantize import quantize_linears, quantize_then_move
 from .row_cache import LayerSlots, RowCache, joined_call, paired_order
+from .t5_encoder import load_t5_encoder
 from .tokenizer_files import positive_int, without_nulls
 from ..static_step import Compilable
 from .vq16 import VQModel, vq_from_state_dict
@@ -316,19 +317,21 @@ class Caption:
 
 
 class T5Captioner(nn.Module):
-    """FLAN-T5 encoder features for LlamaGen's text-conditional models."""
+    """FLAN-T5 encoder features for LlamaGen's text-conditional models, the encoder at the model's precision."""
 
-    def __init__(self, folder: Path, dtype: torch.dtype, max_tokens: int):
+    repository = "google/flan-t5-xl"  # what the folder holds, for error messages
+
+    def __init__(self, folder: Path, dtype: torch.dtype, max_tokens: int, precision: str = "none"):
         super().__init__()
-        from transformers import AutoTokenizer, T5EncoderModel
+        from transformers import AutoTokenizer
 
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
-            self.encoder = T5EncoderModel.from_pretrained(str(folder)).to(dtype).eval()
         except (OSError, ValueError) as err:
-            raise ModelLoadError(f"T5 encoder folder {folder} cannot be loaded ({str(err).splitlines()[0]}); "
-                                 "it needs the transformers files of google/flan-t5-xl (config.json, "
+            raise ModelLoadError(f"T5 encoder folder {folder} has no readable tokenizer ({str(err).splitlines()[0]}); "
+                                 f"it needs the transformers files of {self.repository} (config.json, "
                                  "*.safetensors, tokenizer files)") from err
+        self.encoder = load_t5_encoder(folder, dtype, precision, self.repository)
         self.max_tokens = max_tokens
 
     @torch.no_grad()
@@ -629,9 +632,16 @@ def _settings(folder: Path) -> dict[str, Any]:
     return settings
 
 
+def text_encoder_folder(folder: Path) -> Optional[Path]:
+    """The T5 encoder folder `load` reads (text-to-image models), for memory estimates; None without one."""
+    t5_folder = _settings(Path(folder)).get("t5_folder")
+    return Path(t5_folder) if t5_folder is not None and Path(t5_folder).is_dir() else None
+
+
 def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LlamaGenModel:
-    """Load a LlamaGen folder onto `device`, computing in `dtype`, the transformer blocks' linear layers at
-    `quantize` precision (quantize.PRECISIONS); the class/caption embedders, the head and the VQ stay float."""
+    """Load a LlamaGen folder onto `device`, computing in `dtype`, the transformer blocks' linear layers (and the
+    T5 encoder's, text-to-image) at `quantize` precision (quantize.PRECISIONS); the class/caption embedders, the
+    head and the VQ stay float."""
     folder = Path(folder)
     settings = _settings(folder)
     image_size = positive_int(settings["image_size"], "image_size", folder)
@@ -666,7 +676,7 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
                                  f"(transformers folder of google/flan-t5-xl with config.json, weights and "
                                  f"tokenizer) inside the model folder, e.g. {folder / 't5-ckpt' / 'flan-t5-xl'}, "
                                  "or named by \"t5_folder\" in llamagen.json")
-        captioner = T5Captioner(Path(t5_folder), dtype, cfg.cls_token_num)
+        captioner = T5Captioner(Path(t5_folder), dtype, cfg.cls_token_num, quantize)
     model = LlamaGenModel(gpt.to(dtype), vq, image_size, family=settings.get("family", "llamagen"),
                           captioner=captioner, cfg_scale=settings.get("cfg_scale"), top_k=settings.get("top_k"),
                           class_names=settings.get("class_names"))

@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 import torch
 
 from .checkpoints import ModelLoadError
-from .memory import MemoryEstimate, folder_estimate
+from .memory import MemoryEstimate, checkpoint_shapes, folder_estimate, t5_encoder_estimate, weight_files
 from .quantize import check_precision, normalize_precision
 
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
@@ -130,10 +130,15 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
 
 
 def estimate_memory(path: Union[str, Path]) -> MemoryEstimate:
-    """What `load_model(path)` will hold, from the weight files' headers: see `memory.MemoryEstimate`."""
+    """What `load_model(path)` will hold, from the weight files' headers, its T5 text encoder included: see
+    `memory.MemoryEstimate`."""
     folder = _model_folder(path)
     family = _family(folder)
-    return folder_estimate(folder, getattr(family, "UNUSED_WEIGHTS", ()), getattr(family, "CACHE_TOKENS", 4096))
+    estimate = folder_estimate(folder, getattr(family, "UNUSED_WEIGHTS", ()), getattr(family, "CACHE_TOKENS", 4096))
+    text_folder = family.text_encoder_folder(folder) if hasattr(family, "text_encoder_folder") else None
+    if text_folder is None:
+        return estimate
+    return estimate.plus(t5_encoder_estimate(checkpoint_shapes(weight_files(text_folder))))
 
 
 def _model_folder(path: Union[str, Path]) -> Path:

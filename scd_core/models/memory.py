@@ -3,13 +3,15 @@
 Weights of the backbone's linear layers (2-D `*.weight` tensors inside a `layers.N.` block) take the
 chosen precision; every other loaded tensor stays at the compute dtype.  The KV cache holds, per token
 and per row, the output channels of each block's key and value projections.  Heads that loading slices
-to the image codes are counted whole, so the estimate errs on the large side.
+to the image codes are counted whole, so the estimate errs on the large side.  A T5 text encoder
+(`t5_encoder`) adds its encoder: its blocks' linear layers at the precision, its feed-forward outputs
+`wo` in float32 when computing in float16.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -22,6 +24,11 @@ BLOCK_WEIGHT = re.compile(r"(?:^|\.)layers\.\d+\..*\.weight$")
 KEY_VALUE = re.compile(r"(?:^|\.)layers\.\d+\.(?:self_attn\.[kv]_proj|attention\.w[kv])\.weight$")
 FUSED_QKV = re.compile(r"(?:^|\.)layers\.\d+\.attention\.wqkv\.weight$")  # LlamaGen: q rows = in_features
 WEIGHT_SUFFIXES = (".safetensors",) + PICKLE_SUFFIXES
+T5_KEPT = ("shared.", "encoder.")  # a full T5 checkpoint's decoder and LM head are never read
+T5_TIED = "encoder.embed_tokens."  # the same tensor as shared.weight
+T5_BLOCK = r"^encoder\.block\.\d+\.layer\.\d+\."
+T5_LINEAR = re.compile(T5_BLOCK + r"(?:SelfAttention\.[qkvo]|DenseReluDense\.wi(?:_[01])?)\.weight$")
+T5_FLOAT16_KEPT = re.compile(T5_BLOCK + r"DenseReluDense\.wo\.weight$")
 
 
 @dataclass(frozen=True)
@@ -32,13 +39,25 @@ class MemoryEstimate:
     other_weights: int  # embeddings, heads, norms, image decoder: kept at the compute dtype
     kv_channels: int    # keys + values, summed over layers
     tokens: int = 4096  # cached positions of one row at the family's default image size (prompt included)
+    float16_kept_weights: int = 0  # quantisable, but float32 and unquantised in float16 (T5's `wo`)
 
     def weight_bytes(self, precision: str, dtype: torch.dtype) -> int:
         float_bytes = bytes_per_weight("none", dtype)
-        return int(self.block_weights * bytes_per_weight(precision, dtype) + self.other_weights * float_bytes)
+        quantised, kept = self.block_weights, self.float16_kept_weights
+        if dtype != torch.float16:
+            quantised, kept = quantised + kept, 0
+        return int(quantised * bytes_per_weight(precision, dtype) + self.other_weights * float_bytes
+                   + kept * bytes_per_weight("none", torch.float32))
 
     def cache_bytes(self, tokens: int, rows: int, dtype: torch.dtype) -> int:
         return int(self.kv_channels * tokens * rows * bytes_per_weight("none", dtype))
+
+    def plus(self, other: "MemoryEstimate") -> "MemoryEstimate":
+        """This model with `other`'s weights loaded too (a text encoder: no KV cache of its own)."""
+        return replace(self, block_weights=self.block_weights + other.block_weights,
+                       other_weights=self.other_weights + other.other_weights,
+                       kv_channels=self.kv_channels + other.kv_channels,
+                       float16_kept_weights=self.float16_kept_weights + other.float16_kept_weights)
 
 
 def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -76,9 +95,7 @@ def estimate_from_shapes(shapes: dict[str, tuple[int, ...]], unused: tuple[str, 
     for name, shape in shapes.items():
         if name.startswith(unused):
             continue
-        count = 1
-        for side in shape:
-            count *= side
+        count = _count(shape)
         if len(shape) == 2 and BLOCK_WEIGHT.search(name):
             block += count
         else:
@@ -90,10 +107,36 @@ def estimate_from_shapes(shapes: dict[str, tuple[int, ...]], unused: tuple[str, 
     return MemoryEstimate(block, other, kv, tokens)
 
 
+def _count(shape: tuple[int, ...]) -> int:
+    count = 1
+    for side in shape:
+        count *= side
+    return count
+
+
+def t5_encoder_estimate(shapes: dict[str, tuple[int, ...]]) -> MemoryEstimate:
+    """What `t5_encoder.load_t5_encoder` keeps of a T5 checkpoint with these tensor shapes."""
+    block = other = kept = 0
+    for name, shape in shapes.items():
+        if not name.startswith(T5_KEPT) or name.startswith(T5_TIED):
+            continue
+        if T5_LINEAR.match(name):
+            block += _count(shape)
+        elif T5_FLOAT16_KEPT.match(name):
+            kept += _count(shape)
+        else:  # embeddings, relative position biases, norms
+            other += _count(shape)
+    return MemoryEstimate(block, other, 0, 0, kept)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The weight files at the top of `folder`."""
+    return sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+
+
 def folder_estimate(folder: Path, unused: tuple[str, ...] = (), tokens: int = 4096) -> MemoryEstimate:
     """The estimate for the weight files at the top of `folder`."""
-    paths = sorted(p for p in Path(folder).iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-    return estimate_from_shapes(checkpoint_shapes(paths), unused, tokens)
+    return estimate_from_shapes(checkpoint_shapes(weight_files(folder)), unused, tokens)
 
 
 def auto_precision(estimate: MemoryEstimate, dtype: torch.dtype, free_bytes: int, rows: int,

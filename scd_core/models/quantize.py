@@ -178,19 +178,21 @@ def quantize_then_move(module: nn.Module, backbone: nn.Module, precision: str, d
 
 
 def assign_quantizing(root: nn.Module, key: str, tensor: torch.Tensor, backbone: str, precision: str,
-                      dtype: torch.dtype) -> None:
+                      dtype: torch.dtype, float32_modules: tuple[str, ...] = ()) -> None:
     """Put checkpoint tensor `key` into `root` (built on the meta device) in `dtype`; a linear layer under the
     `backbone` prefix is quantised as soon as all its parameters are in, so the float copy of one layer at a
-    time is all that exists beside the quantised model."""
+    time is all that exists beside the quantised model.  A module with a name part in `float32_modules`
+    stays float32 and unquantised (transformers' `_keep_in_fp32_modules`)."""
     owner_name, _, attr = key.rpartition(".")
     owner = root.get_submodule(owner_name)
-    value = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    kept = not set(owner_name.split(".")).isdisjoint(float32_modules)
+    value = tensor.to(torch.float32 if kept else dtype) if tensor.is_floating_point() else tensor
     if attr in owner._buffers:
         owner._buffers[attr] = value
         return
     owner._parameters[attr] = nn.Parameter(value, requires_grad=False)
     complete = all(p.device.type != "meta" for p in owner.parameters(recurse=False))
-    if precision != "none" and type(owner) is nn.Linear and complete and \
+    if precision != "none" and not kept and type(owner) is nn.Linear and complete and \
             (owner_name + ".").startswith(backbone + "."):
         parent_name, _, child = owner_name.rpartition(".")
         try:

@@ -50,11 +50,13 @@ def renamed(stored: str, renames: tuple[tuple[str, str], ...]) -> str:
 
 
 def fill_from_safetensors(net: torch.nn.Module, files: list[Path], backbone: str, precision: str,
-                          dtype: torch.dtype, hint: str, renames: tuple[tuple[str, str], ...] = ()) -> None:
+                          dtype: torch.dtype, hint: str, renames: tuple[tuple[str, str], ...] = (),
+                          float32_modules: tuple[str, ...] = ()) -> None:
     """Every tensor `net` (built under `parameters_on_meta`) holds, read from `files` one at a time, in `dtype`,
     the linear layers under the `backbone` prefix at `precision`; a stored name that is no module name goes
-    through `renames` first.  Names `net` does not have (modules dropped before, extras) stay in the files; a
-    parameter no file holds, or one of another shape, is a ModelLoadError."""
+    through `renames` first; modules named in `float32_modules` stay float32 (`quantize.assign_quantizing`).
+    Names `net` does not have (modules dropped before, extras) stay in the files; a parameter no file holds,
+    or one of another shape, is a ModelLoadError."""
     from safetensors import safe_open
 
     expected = {key: tuple(value.shape) for key, value in net.state_dict().items()}
@@ -68,7 +70,7 @@ def fill_from_safetensors(net: torch.nn.Module, files: list[Path], backbone: str
                 if shape != expected[key]:
                     raise ModelLoadError(f"{path}: {stored} has shape {list(shape)} where config.json implies "
                                          f"{list(expected[key])}; the weights do not match config.json: {hint}")
-                assign_quantizing(net, key, handle.get_tensor(stored), backbone, precision, dtype)
+                assign_quantizing(net, key, handle.get_tensor(stored), backbone, precision, dtype, float32_modules)
     missing = sorted(name for name, param in net.named_parameters() if param.device.type == "meta")
     if missing:
         raise ModelLoadError(f"{files[0].parent}: the weights do not match config.json (missing {missing[:5]}); "
@@ -87,6 +89,13 @@ class HFNetwork:
     family: str
     hint: str
     renames: tuple[tuple[str, str], ...] = ()
+    shared: tuple[tuple[str, str], ...] = ()  # (module, module whose weights it uses): tied weights stored once
+
+
+def float16_kept_modules(model_class: type, dtype: torch.dtype) -> tuple[str, ...]:
+    """The module names transformers keeps in float32 when `model_class` is loaded in float16 (its
+    `_keep_in_fp32_modules`, e.g. T5's `wo`, whose outputs overflow float16); none at other dtypes."""
+    return tuple(getattr(model_class, "_keep_in_fp32_modules", None) or ()) if dtype == torch.float16 else ()
 
 
 def read_hf_network(folder: Path, spec: HFNetwork, dtype: torch.dtype, precision: str) -> torch.nn.Module:
@@ -97,8 +106,11 @@ def read_hf_network(folder: Path, spec: HFNetwork, dtype: torch.dtype, precision
         with parameters_on_meta():
             net = spec.model_class(config)
         drop_modules(net, *spec.unused_modules)
+        for name, source in spec.shared:  # one module, so filling the stored name fills both
+            parent, _, leaf = name.rpartition(".")
+            setattr(net.get_submodule(parent), leaf, net.get_submodule(source))
         fill_from_safetensors(net, sorted(folder.glob("*.safetensors")), spec.backbone, precision, dtype, spec.hint,
-                              spec.renames)
+                              spec.renames, float16_kept_modules(spec.model_class, dtype))
         return net
 
     net = load_or_refuse(build, folder, spec.family, spec.hint)
