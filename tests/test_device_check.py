@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 from scd_core.bench import cli as bench
-from scd_core.bench.device_check import SHAPES, TINY_SHAPES, WIDTHS
+from scd_core.bench.device_check import PRECISION_WIDTHS, SHAPES, TINY_SHAPES, WIDTHS
 from scd_core.bench.device_compiled import TINY_WIDTHS
 
 
@@ -30,7 +31,19 @@ def test_device_check_writes_a_table_and_json(tmp_path, capsys):
         assert row["graphs_ms"] == "not available on cpu" and row["eager_ms"] > 0 and row["compile_ms"] > 0
         assert row["compile_vs_eager"]["same_tokens"] and row["compile_vs_eager"]["max_logit_diff"] < 1e-4
     assert result["tree_ms"] > 0
+    precision = data["precision"]
+    offered = ["none", "int8"] + (["nf4"] if importlib.util.find_spec("bitsandbytes") else [])  # NF4 runs on CPUs
+    rows = {(r["quantize"], r["window"]): r for r in precision["rows"]}
+    assert set(rows) == {(p, w) for p in offered for w in PRECISION_WIDTHS}
+    assert [line.split(":")[0] for line in precision["skipped"]] == [p for p in ("nf4",) if p not in offered]
+    for width in PRECISION_WIDTHS:  # the same backbone in fewer bytes, most precise first; every call timed
+        sizes = [rows[p, width]["weight_gb"] for p in offered]
+        assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes)
+        assert all(rows[p, width]["seconds"] > 0 and rows[p, width]["peak_mem_gb"] > 0 for p in offered)
+    assert rows["none", 1]["vs_full_w1"] == 1.0
+    assert any("low-VRAM streaming" in note and "not measured" in note for note in precision["notes"])
     table = (tmp_path / "device_check.md").read_text()
+    assert "| size | quantize | window | weight_gb | peak_mem_gb | seconds |" in table and "low-VRAM streaming" in table
     assert "| model | width | floor_ms | eager_ms | graphs_ms | compiled_ms |" in table
     assert table.startswith(data["header"]) and "cpu" in data["header"]
     assert "| model | params_b | context | ms_at_1 | x2 |" in table and "| ar_s | scd16_s |" in table

@@ -17,14 +17,19 @@ measures, with the prompt and half the image already in the KV cache and the CFG
     synthetic grid model of the family's token layout (medium entropy) at windows 16, 32, 64 and auto.
 
 Then the compiled phase (scd_core.bench.device_compiled): the weight-read floor from a large device copy, and
-eager vs CUDA graphs vs graphs of compiled layers per window width on the Janus-Pro shapes.
+eager vs CUDA graphs vs graphs of compiled layers per window width on the Janus-Pro shapes; and the precision
+phase: per precision (none / int8 / nf4 where bitsandbytes runs on the device) the weight bytes, peak memory of
+the calls and cost per call at widths 1 / 16 / 64 on the Janus-Pro-1B shape (and -7B on a GPU), measured by
+`shapes.quantized_cost_rows` (`--shape 1B --quantize none int8 nf4`).  Low-VRAM streaming of weights is
+ComfyUI's (its casting layers) and is not measured here; the output says so.
 
-It writes device_check.md (three tables) and device_check.json to DIR.
+It writes device_check.md (four tables) and device_check.json to DIR.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import platform
 import time
@@ -37,7 +42,7 @@ import torch
 from .. import auto_window
 from .device_compiled import compiled_phase
 from .tables import markdown
-from .shapes import peak_memory_mb
+from .shapes import peak_memory_mb, quantized_cost_rows
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.loading import pick_device, pick_dtype
@@ -238,6 +243,44 @@ def tables(results: list[dict[str, Any]], header: str) -> str:
             + markdown(image_rows, list(image_rows[0])))
 
 
+PRECISION_WIDTHS = (1, 16, 64)
+PRECISION_COLUMNS = ("size", "quantize", "window", "weight_gb", "peak_mem_gb", "seconds", "ratio", "vs_full_w1",
+                     "layers", "full_layers")
+
+
+def precision_phase(device: torch.device, dtype: torch.dtype, tiny: bool) -> dict[str, Any]:
+    """Weights, peak memory and cost per call per precision on the Janus-Pro shapes (or a tiny one); a precision
+    this device or installation cannot run is skipped with the reason."""
+    from ..models.quantize import PRECISIONS, QuantizationError, check_precision
+
+    started = time.perf_counter()
+    precisions, skipped = [], []
+    for precision in PRECISIONS:
+        try:
+            check_precision(precision, device, dtype)
+            precisions.append(precision)
+        except QuantizationError as err:
+            skipped.append(f"{precision}: {err}")
+    sizes = ("tiny",) if tiny else ("1B", "7B") if device.type == "cuda" else ("1B",)
+    rows = []
+    for size in sizes:
+        rows += quantized_cost_rows(size, precisions, PRECISION_WIDTHS, device, dtype, repeats=2 if tiny else 9)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    notes = [f"skipped {line}" for line in skipped]
+    notes.append("low-VRAM streaming (ComfyUI's casting layers): not measured, " +
+                 ("this check runs scd_core alone" if importlib.util.find_spec("comfy") else
+                  "ComfyUI is not importable here"))
+    if device.type != "cuda":
+        notes.append("peak_mem_gb on the CPU is the process's peak resident memory so far, not the calls' own")
+    table = ("Per precision on the Janus-Pro shapes (random weights, backbone linear layers quantised, head at the "
+             "compute dtype): weights, peak memory of the calls, seconds per call; `ratio`: against width 1 at "
+             "the same precision, `vs_full_w1`: against full precision at width 1\n\n"
+             + markdown(rows, PRECISION_COLUMNS) + "\n\n" + "\n".join(f"- {note}" for note in notes))
+    return dict(rows=rows, skipped=skipped, notes=notes, table=table, seconds=time.perf_counter() - started)
+
+
 def run(out: Path, device: Optional[str] = None, dtype: Optional[str] = None, tiny: bool = False) -> str:
     """Run every shape, write device_check.md and device_check.json to `out`; returns the markdown."""
     import transformers
@@ -252,13 +295,15 @@ def run(out: Path, device: Optional[str] = None, dtype: Optional[str] = None, ti
         print(f"{shape.name}: {results[-1]['seconds']:.0f} s", flush=True)
     compiled = compiled_phase([s for s in shapes if s.family == "llama"], build, torch_device, torch_dtype, tiny)
     print(f"compiled phase: {compiled['seconds']:.0f} s", flush=True)
+    precision = precision_phase(torch_device, torch_dtype, tiny)
+    print(f"precision phase: {precision['seconds']:.0f} s", flush=True)
     name = torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else platform.processor() or "cpu"
     header = (f"{time.strftime('%Y-%m-%d')}, {name} ({torch_device.type}), {str(torch_dtype).replace('torch.', '')}, "
               f"torch {torch.__version__}, transformers {transformers.__version__}, random weights"
               f"{', tiny shapes' if tiny else ''}; {time.perf_counter() - started:.0f} s in all")
-    text = tables(results, header) + "\n\n" + compiled.pop("table")
+    text = tables(results, header) + "\n\n" + compiled.pop("table") + "\n\n" + precision.pop("table")
     out.mkdir(parents=True, exist_ok=True)
     (out / "device_check.md").write_text(text + "\n")
-    (out / "device_check.json").write_text(json.dumps(dict(header=header, results=results, compiled=compiled),
-                                                      indent=1, default=str))
+    (out / "device_check.json").write_text(json.dumps(dict(header=header, results=results, compiled=compiled,
+                                                           precision=precision), indent=1, default=str))
     return text

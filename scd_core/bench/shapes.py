@@ -10,6 +10,7 @@ relative to one token -- the number that turns an NFE saving into a speed-up.
 
 from __future__ import annotations
 
+import gc
 import resource
 import statistics
 import sys
@@ -21,7 +22,7 @@ import torch
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.loading import load_model, pick_device, pick_dtype
-from ..models.quantize import normalize_precision, quantize_linears
+from ..models.quantize import module_bytes, normalize_precision, quantize_linears
 
 DEFAULT_PROMPT = "A portrait of young girl. masterpiece, film grained, best quality."
 
@@ -29,6 +30,7 @@ DEFAULT_PROMPT = "A portrait of young girl. masterpiece, film grained, best qual
 JANUS_SHAPES = {
     "1B": dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=16, intermediate_size=5632),
     "7B": dict(hidden_size=4096, num_hidden_layers=30, num_attention_heads=32, intermediate_size=11008),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),  # tests
 }
 IMAGE_CODES = 16384
 # Lumina-mGPT-7B: Chameleon-7B (q/k norms); its image head is the 8192 image-code rows of lm_head.
@@ -39,8 +41,8 @@ LUMINA_SHAPES = {
 LUMINA_CODES = 8192
 # Cached tokens before the timed window: a Janus prompt plus part of the image, or Lumina-mGPT's 768 px
 # sequence (~70 prompt tokens + 2356 image tokens) near its end, where a call costs most.
-DEFAULT_PREFIX = {"1B": 600, "7B": 600, "lumina-7b": 2300}
-SHAPE_NAMES = {"1B": "Janus-Pro-1B", "7B": "Janus-Pro-7B", "lumina-7b": "Lumina-mGPT-7B"}
+DEFAULT_PREFIX = {"1B": 600, "7B": 600, "tiny": 16, "lumina-7b": 2300}
+SHAPE_NAMES = {"1B": "Janus-Pro-1B", "7B": "Janus-Pro-7B", "tiny": "tiny Janus-Pro", "lumina-7b": "Lumina-mGPT-7B"}
 MEMORY_SHARE = 0.5  # a shape benchmark may use at most this share of the free memory
 
 
@@ -175,6 +177,11 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
     build = _build_chameleon if size in LUMINA_SHAPES else _build_backbone
     backbone, head = build(shape, depth, device, dtype)
     quantize_linears(backbone, normalize_precision(quantize), dtype)
+    weight_bytes = module_bytes(backbone) + module_bytes(head)
+    gc.collect()  # the full-precision layers just replaced
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    _reset_peak(device)  # the peak of the calls, not of building at full precision
     from ..models.janus import cache_keyword, new_cache  # the adapter's own cache handling
 
     rows_in_batch = 2 * batch_size  # the CFG double batch
@@ -200,10 +207,12 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
                 cache.crop(-window)
             timings[window] = statistics.median(samples)
     base = timings[windows[0]] if windows[0] == 1 else None
+    peak_mb = peak_memory_mb(device)
     return [dict(size=size, window=window, seconds=seconds, ratio=None if base is None else seconds / base,
                  per_layer_ms=1000 * seconds / depth, full_depth_s=seconds * full_depth / depth,
                  layers=depth, full_layers=full_depth, prefix=prefix, batch_rows=rows_in_batch,
-                 device=str(device), dtype=str(dtype).replace("torch.", ""), quantize=quantize)
+                 device=str(device), dtype=str(dtype).replace("torch.", ""), quantize=quantize,
+                 weight_gb=weight_bytes / 2**30, peak_mem_gb=peak_mb / 1024)
             for window, seconds in timings.items()]
 
 
@@ -254,6 +263,18 @@ def _cosmos_shapes(size: str) -> dict[str, tuple[int, ...]]:
         return _meta_shapes(CosmosTransformer(SIZES[size]))  # plus the DV8x16x16 tokenizer (TorchScript), not counted
 
 
+# The T5 encoders text-conditional models load (google-t5/t5-11b for Cosmos Video2World; transformers' classes)
+T5_SHAPES = {"T5-11B": dict(d_model=1024, d_kv=128, d_ff=65536, num_layers=24, num_heads=128, vocab_size=32128,
+                            feed_forward_proj="relu")}
+
+
+def _t5_shapes(name: str) -> dict[str, tuple[int, ...]]:
+    from transformers import T5Config, T5EncoderModel
+
+    with torch.device("meta"):
+        return _meta_shapes(T5EncoderModel(T5Config(**T5_SHAPES[name])))
+
+
 def _sliced(shapes: dict[str, tuple[int, ...]], head: str, rows: int) -> dict[str, tuple[int, ...]]:
     """The shapes after generation-only loading keeps `rows` rows of `head`."""
     return dict(shapes, **{head: (rows, *shapes[head][1:])})
@@ -263,25 +284,33 @@ def published_memory_rows() -> list[dict[str, Any]]:
     """Weights (bf16 / int8 / nf4) and KV cache with CFG at each family's published shape and default image,
     after generation-only loading, and the most precise weights that fit each card (weights + cache, 20% more)."""
     from ..models import cosmos, emu3, janus, lumina
-    from ..models.memory import estimate_from_shapes
+    from ..models.memory import estimate_from_shapes, t5_encoder_estimate
 
-    families = [  # name, shapes as published, shapes loaded, dropped prefixes, cached tokens, CFG rows
-        ("Janus-Pro-1B", _janus_shapes("1B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2),
-        ("Janus-Pro-7B", _janus_shapes("7B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2),
+    families = [  # name, shapes as published, shapes loaded, dropped prefixes, cached tokens, CFG rows, T5
+        ("Janus-Pro-1B", _janus_shapes("1B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2, None),
+        ("Janus-Pro-7B", _janus_shapes("7B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2, None),
         ("Lumina-mGPT-7B (768 px)", _lumina_shapes(), "lm_head.weight:8192", lumina.UNUSED_WEIGHTS,
-         lumina.CACHE_TOKENS, 2),
-        ("Emu3-Gen (720 px)", _emu3_shapes(), "lm_head.weight:32768", emu3.UNUSED_WEIGHTS, emu3.CACHE_TOKENS, 2),
-        ("Cosmos-1.0-4B", _cosmos_shapes("4B"), None, (), cosmos.CACHE_TOKENS, 1),
-        ("Cosmos-1.0-12B", _cosmos_shapes("12B"), None, (), cosmos.CACHE_TOKENS, 1),
+         lumina.CACHE_TOKENS, 2, None),
+        ("Emu3-Gen (720 px)", _emu3_shapes(), "lm_head.weight:32768", emu3.UNUSED_WEIGHTS, emu3.CACHE_TOKENS, 2,
+         None),
+        ("Cosmos-1.0-4B", _cosmos_shapes("4B"), None, (), cosmos.CACHE_TOKENS, 1, None),
+        ("Cosmos-1.0-12B", _cosmos_shapes("12B"), None, (), cosmos.CACHE_TOKENS, 1, None),
+        ("Cosmos-1.0-5B-Video2World + T5-11B", _cosmos_shapes("5B-Video2World"), None, (), cosmos.CACHE_TOKENS, 1,
+         "T5-11B"),
+        ("Cosmos-1.0-13B-Video2World + T5-11B", _cosmos_shapes("13B-Video2World"), None, (), cosmos.CACHE_TOKENS, 1,
+         "T5-11B"),
     ]
     bf16, gib = torch.bfloat16, 2**30
     rows = []
-    for name, shapes, head, unused, tokens, cfg_rows in families:
+    for name, shapes, head, unused, tokens, cfg_rows, text_encoder in families:
         published = estimate_from_shapes(shapes, tokens=tokens)
         if head is not None:
             head_name, head_rows = head.split(":")
             shapes = _sliced(shapes, head_name, int(head_rows))
         loaded = estimate_from_shapes(shapes, unused, tokens)
+        if text_encoder is not None:  # loaded too, at the model's precision
+            text = t5_encoder_estimate(_t5_shapes(text_encoder))
+            published, loaded = published.plus(text), loaded.plus(text)
         cache = loaded.cache_bytes(tokens, cfg_rows, bf16)
         row = dict(model=name, published_bf16_gib=published.weight_bytes("none", bf16) / gib,
                    bf16_gib=loaded.weight_bytes("none", bf16) / gib, int8_gib=loaded.weight_bytes("int8", bf16) / gib,
@@ -302,10 +331,29 @@ def memory_table() -> str:
             "weight of the checkpoint; the others: what generation-only loading keeps, the backbone's linear "
             "layers at bf16 / int8 / nf4. KV cache: keys + values of every layer for `tokens` positions (prompt "
             "and image) and both CFG rows (Cosmos: one row), batch 1. A card column names the most precise "
-            "weights whose weights + cache, 20% more, fit in that many GiB (\"-\": none does). Text encoders (T5 for LlamaGen t2i and Cosmos Video2World) and the Cosmos "
-            "video tokenizer are not counted.\n\n"
+            "weights whose weights + cache, 20% more, fit in that many GiB (\"-\": none does). A T5 text encoder "
+            "is loaded at the model's precision and counted (Video2World: T5-11B's encoder, `published` too); "
+            "LlamaGen (FLAN-T5-XL for t2i) is not in the table, and the Cosmos video tokenizer (TorchScript) "
+            "is not counted.\n\n"
             + markdown(published_memory_rows(), ("model", "published_bf16_gib", "bf16_gib", "int8_gib", "nf4_gib",
                                                  "tokens", "kv_cache_gib", *(f"{c}_gib" for c in CARDS_GIB))))
+
+
+def quantized_cost_rows(size: str = "1B", precisions: Iterable[str] = ("none", "int8", "nf4"),
+                        windows: Iterable[int] = (1, 16, 64), device: Union[str, torch.device, None] = None,
+                        dtype: Union[str, torch.dtype, None] = None, layers: Optional[int] = None,
+                        repeats: int = 9, prefix: Optional[int] = None) -> list[dict[str, Any]]:
+    """`shape_benchmark` rows per precision (weights, peak memory of the calls, cost per call), each with
+    `vs_full_w1`: its cost relative to full precision at the narrowest window on the same machine."""
+    windows = tuple(windows)
+    rows = [row for precision in precisions
+            for row in shape_benchmark(size, windows, device, dtype, layers=layers, repeats=repeats,
+                                       quantize=precision, prefix=prefix)]
+    base = next(row["seconds"] for row in rows if row["quantize"] == "none" and row["window"] == min(windows)) \
+        if any(row["quantize"] == "none" for row in rows) else rows[0]["seconds"]
+    for row in rows:
+        row["vs_full_w1"] = row["seconds"] / base
+    return rows
 
 
 def quantized_cost_table(size: str = "1B", precisions: Iterable[str] = ("none", "int8", "nf4"),
@@ -316,13 +364,7 @@ def quantized_cost_table(size: str = "1B", precisions: Iterable[str] = ("none", 
     (medians of `repeats` calls: the ratios between precisions are what a shared CPU can tell)."""
     from .tables import markdown
 
-    rows = [row for precision in precisions
-            for row in shape_benchmark(size, windows, device, dtype, layers=layers, repeats=repeats,
-                                       quantize=precision)]
-    base = next(row["seconds"] for row in rows if row["quantize"] == "none" and row["window"] == min(windows)) \
-        if any(row["quantize"] == "none" for row in rows) else rows[0]["seconds"]
-    for row in rows:
-        row["vs_full_w1"] = row["seconds"] / base
+    rows = quantized_cost_rows(size, precisions, windows, device, dtype, layers, repeats)
     first = rows[0]
     return (f"{SHAPE_NAMES[size]}-shaped backbone with random weights, one window after a {first['prefix']}-token "
             f"prefix, CFG double batch, {first['device']} {first['dtype']}, {first['layers']} of "
