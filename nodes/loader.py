@@ -19,6 +19,7 @@ from scd_core.models.quantize import NF4_DEVICES, NF4_PACKAGE, PRECISIONS, check
 from server import PromptServer
 
 from .checks import CheckedCombo, choice_error
+from .lowvram import follow_loads, make_streamable
 from .model_folders import DEMO, model_choices, unknown_model_message
 from .sockets import LoadedModel, SCDModel
 
@@ -83,6 +84,19 @@ def available_memory(device: torch.device) -> int:
 def memory_note(model: Any, precision: str, weights: int, cache: int) -> str:
     return (f"{model.family}, weights {precision if precision != 'none' else 'full precision'}: "
             f"{weights / 2**30:.2f} GiB + KV cache and distributions ~{cache / 2**30:.2f} GiB (batch 1)")
+
+
+def fit_note(weights: int, cache: int, free: int, streamable: bool) -> str:
+    """What happens to a model whose estimate exceeds the device's free memory; "" when it fits."""
+    if weights + cache <= free:
+        return ""
+    if not streamable:
+        return (f"more than the {free / 2**30:.2f} GiB free: a compiled model loads fully; turn compile off "
+                "to stream its weights")
+    streamed = min(weights, weights + cache - max(free, 0))
+    return (f"more than the {free / 2**30:.2f} GiB free: ComfyUI will stream ~{streamed / 2**30:.2f} GiB of "
+            "weights from the CPU at every call (a call then costs about the same at any window, so the "
+            "automatic window goes wide)")
 
 
 def weight_dtype(choice: str, device: torch.device) -> torch.dtype:
@@ -152,13 +166,19 @@ class SCDModelLoader(io.ComfyNode):
         # Loaded on the offload device; ModelPatcher moves it to load_device when a node needs it.
         loaded = load_model(path, device=offload_device, dtype=compute_dtype, quantize=precision, compile=compile)
         weights = module_bytes(loaded.module)  # real bytes: int8 and packed 4-bit weights as stored
+        streamable = not compile  # see LoadedModel.to_compute_device
+        if streamable:
+            make_streamable(loaded.module)
         cache = (estimate_memory(path).cache_bytes(PROMPT_ALLOWANCE + loaded.num_tokens, 2, compute_dtype)
                  + DISTRIBUTION_BYTES * loaded.vocab_size)
         patcher = comfy.model_patcher.ModelPatcher(module_holder(loaded.module, model),
                                                    load_device=load_device, offload_device=offload_device,
                                                    size=weights)
-        note = memory_note(loaded, precision, weights, cache)
+        follow_loads(patcher, loaded)
+        fit = "" if load_device.type == "cpu" else fit_note(weights, cache, available_memory(load_device), streamable)
+        note = " | ".join(filter(None, [memory_note(loaded, precision, weights, cache), fit]))
         node_id = getattr(getattr(cls, "hidden", None), "unique_id", None)
         if node_id is not None:
             PromptServer.instance.send_progress_text(note, str(node_id))
-        return io.NodeOutput(LoadedModel(name=model, model=loaded, patcher=patcher, memory_required=cache))
+        return io.NodeOutput(LoadedModel(name=model, model=loaded, patcher=patcher, memory_required=cache,
+                                         streamable=streamable))

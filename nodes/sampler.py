@@ -12,6 +12,7 @@ from scd_core.model import FAR_CFG_FACTOR, FAR_TEMPERATURE_FACTOR, unusual_setti
 
 from .checks import CheckedCombo, check_same_model
 from .progress import ProgressReporter
+from .lowvram import streamed_bytes
 from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDModel, SCDStats, SCDTokens
 
 RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scale"
@@ -120,6 +121,10 @@ class SCDSampler(io.ComfyNode):
         for warning in warnings:
             logging.warning("SCD Sampler (model '%s'): %s", model.name, warning)
         model.to_compute_device()
+        streamed = streamed_bytes(model.patcher)
+        if streamed:
+            warnings = [*warnings, f"streaming {streamed / 2**30:.2f} GiB of weights from the CPU"]
+            logging.info("SCD Sampler (model '%s'): %s per call", model.name, warnings[-1])
         reporter = ProgressReporter(str(cls.hidden.unique_id), model.model, warnings)
         interrupted = False
         try:

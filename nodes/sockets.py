@@ -23,10 +23,14 @@ class LoadedModel:
     model: Any
     patcher: Any
     memory_required: int = 0  # beyond the weights: KV cache and distributions, so ComfyUI frees that much too
+    streamable: bool = False  # its layers cast their weights per call (nodes/lowvram.py): it may load partially
 
     def to_compute_device(self) -> None:
-        # Full load: the adapters run plain torch modules, which cannot run half on the CPU.
-        mm.load_models_gpu([self.patcher], memory_required=self.memory_required, force_full_load=True)
+        # A streamable model may load partially: what does not fit stays on the CPU and is copied in per call.
+        # Others load fully: a compiled model's CUDA graphs hold its weights' addresses, which casting
+        # copies made anew per call would not be.
+        mm.load_models_gpu([self.patcher], memory_required=self.memory_required,
+                           force_full_load=not self.streamable)
 
 
 @dataclass(eq=False)

@@ -76,7 +76,9 @@ class TokenModel(Protocol):
       cfg_schedule(scale) -> None or a (num_tokens,) float tensor: the guidance scale at each position when the
         configured scale is `scale` (Lumina-mGPT 2.0's decays along the image); None keeps `scale` everywhere.
         A position's scale may depend on the position only, so that p stays a fixed function of the prefix.
-      device: torch.device the logits come back on.
+      device: torch.device the logits come back on.  A family reads it from `compute_device(model, weight)`:
+        the optional attribute `compute_device` (set by whoever places the weights, e.g. ComfyUI's loader,
+        which may leave part of them on the CPU and stream them in per call), else one weight's device.
       precision (e.g. "int8"; absent: the dtype's), compiled (true once the forward is compiled or graph-captured),
         offload (e.g. "cpu"): how the model runs; the automatic window keeps call costs apart for each.
     Loaded families (see `scd_core.load_model`) also offer
@@ -94,6 +96,11 @@ class TokenModel(Protocol):
 
     def start(self, cond: Any, batch_size: int) -> Session:
         ...
+
+
+def compute_device(model: Any, weight: torch.Tensor) -> torch.device:
+    """The device `model` computes on: its `compute_device` when one was set, else where `weight` lies."""
+    return getattr(model, "compute_device", None) or weight.device
 
 
 def model_default(model: Any, name: str, fallback: Any) -> Any:

@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..model import compute_device
 from .checkpoints import ModelLoadError, read_torch_checkpoint
 from .quantize import quantize_linears, quantize_then_move
 from .row_cache import RowCache, joined_call, left_padded
@@ -468,7 +469,7 @@ class CosmosSession:
         net = model.module["transformer"]
         cfg = net.config
         self.net, self.batch = net, batch_size
-        self.device = net.output.weight.device
+        self.device = model.device
         context = cond.codes
         if cfg.begin_of_video:
             context = torch.cat([torch.tensor([cfg.vocab_size]), context])
@@ -589,7 +590,7 @@ class CosmosModel:
 
     @property
     def device(self) -> torch.device:
-        return self.module["transformer"].output.weight.device
+        return compute_device(self, self.module["transformer"].output.weight)
 
     @property
     def context_frame_counts(self) -> tuple[int, ...]:
@@ -601,7 +602,7 @@ class CosmosModel:
                          "encode_video(frames, prompt) from Python)")
 
     def _device_of(self, module: nn.Module) -> torch.device:
-        return next(iter(module.parameters()), self.module["transformer"].output.weight).device
+        return compute_device(self, next(iter(module.parameters()), self.module["transformer"].output.weight))
 
     def _whole_chunk(self, module: nn.Module, x: torch.Tensor, dim: int, chunk: int) -> Any:
         """module(x), or, if it refuses x's length along `dim`, module(x padded with its last slice to `chunk`).

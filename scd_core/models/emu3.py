@@ -30,6 +30,7 @@ from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
 from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nulls
+from ..model import compute_device
 from ..static_step import Compilable
 
 MODEL_TYPE = "emu3"
@@ -107,7 +108,7 @@ class Emu3Model(Compilable):
 
     @property
     def device(self) -> torch.device:
-        return next(self.module.parameters()).device
+        return compute_device(self, next(self.module.parameters()))
 
     def set_resolution(self, ratio: str = DEFAULT_RATIO, image_area: int = DEFAULT_AREA) -> None:
         """Image aspect ("W:H") and pixel area for the next encode/generate; 1:1 at 720 x 720 by default."""

@@ -32,6 +32,7 @@ from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
 from .row_cache import RowCache
 from .streaming import HFNetwork, read_hf_network
+from ..model import compute_device
 from ..static_step import Compilable
 from .tokenizer_files import TextTokenizer, read_json
 
@@ -148,7 +149,7 @@ class JanusModel(Compilable):
 
     @property
     def device(self) -> torch.device:
-        return next(self.module.parameters()).device
+        return compute_device(self, next(self.module.parameters()))
 
     def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> JanusPrompt:
         """Prefix ids; a None or blank negative prompt gives Janus's own pad-token uncond rows."""

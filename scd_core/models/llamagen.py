@@ -47,6 +47,7 @@ from .quantize import quantize_linears, quantize_then_move
 from .row_cache import LayerSlots, RowCache, joined_call, paired_order
 from .t5_encoder import load_t5_encoder
 from .tokenizer_files import positive_int, without_nulls
+from ..model import compute_device
 from ..static_step import Compilable
 from .vq16 import VQModel, vq_from_state_dict
 
@@ -361,27 +362,27 @@ class LlamaGenSession:
     rows_per_cache = 1
 
     def __init__(self, gpt: GPT, cond: ClassLabel | Caption, batch_size: int,
-                 compiled_layer: Optional[Callable[..., torch.Tensor]] = None):
+                 compiled_layer: Optional[Callable[..., torch.Tensor]] = None, device: Optional[torch.device] = None):
         """With `compiled_layer` the session has static shapes (`static_shapes`): each window call reads the
-        whole pre-sized cache through that compiled block (see scd_core.static_step)."""
+        whole pre-sized cache through that compiled block (see scd_core.static_step).  `device`: where to
+        compute (the model's `device`); by default where the token embeddings lie."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         cfg = gpt.config
         self.gpt, self.batch = gpt, batch_size
-        weight = gpt.tok_embeddings.weight
-        self.device = weight.device
+        self.device = device or gpt.tok_embeddings.weight.device
         rows = 2 * batch_size
         self.prefix = cfg.cls_token_num
         real: Optional[torch.Tensor] = None  # attendable prefix slots; all of them without caption padding
         with torch.no_grad():
             if isinstance(cond, ClassLabel) and cfg.task == "c2i":
                 labels = [cond.index] * batch_size + [cfg.num_classes] * batch_size
-                self.prefix_embeddings = gpt.embed_labels(torch.tensor(labels, device=weight.device))
+                self.prefix_embeddings = gpt.embed_labels(torch.tensor(labels, device=self.device))
             elif isinstance(cond, Caption) and cfg.task == "t2i":
                 uncond = gpt.cls_embedding.uncond_embedding
                 features = torch.cat([cond.features.to(uncond).expand(batch_size, -1, -1),
                                       uncond.expand(batch_size, -1, -1)])
-                self.prefix_embeddings = gpt.embed_captions(features).to(weight.dtype)
+                self.prefix_embeddings = gpt.embed_captions(features).to(gpt.tok_embeddings.weight.dtype)
                 # the original applies the caption's padding mask to the unconditional rows as well
                 real = cond.mask.bool().expand(rows, -1)
             else:
@@ -504,7 +505,7 @@ class LlamaGenModel(Compilable):
 
     @property
     def device(self) -> torch.device:
-        return self.module["gpt"].tok_embeddings.weight.device
+        return compute_device(self, self.module["gpt"].tok_embeddings.weight)
 
     def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> ClassLabel | Caption:
         if negative_prompt and negative_prompt.strip():
@@ -531,13 +532,13 @@ class LlamaGenModel(Compilable):
         return index
 
     def start(self, cond: ClassLabel | Caption, batch_size: int) -> LlamaGenSession:
-        return LlamaGenSession(self.module["gpt"], cond, batch_size, self.compiled_layer)
+        return LlamaGenSession(self.module["gpt"], cond, batch_size, self.compiled_layer, self.device)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image ids (batch, N) -> float32 CPU images (batch, H, W, 3) in 0..1."""
         vq = self.module["vq"]
-        codes = tokens.to(vq.post_quant_conv.weight.device).long()
+        codes = tokens.to(self.device).long()
         if codes.dim() != 2 or codes.shape[1] != self.num_tokens:
             raise ValueError(f"expected tokens of shape (batch, {self.num_tokens}), got {tuple(tokens.shape)}")
         if codes.numel() and (codes.min() < 0 or codes.max() >= self.vocab_size):

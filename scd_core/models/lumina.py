@@ -50,6 +50,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..model import compute_device
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
 from .generation_only import code_rows_head
@@ -188,7 +189,7 @@ class LuminaModel:
 
     @property
     def device(self) -> torch.device:
-        return self.module["lm"].lm_head.weight.device
+        return compute_device(self, self.module["lm"].lm_head.weight)
 
     def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> LuminaPrompt:
         """Prefix ids; without a negative prompt the uncond context is the bare image header, as the authors run it."""
@@ -242,7 +243,7 @@ class LuminaModel:
         if codes.numel() and int(codes.min()) < 0:
             raise ValueError("an image position holds a token that is not an image code")
         vq = self.module["vq"]  # float32 for 2.0 whatever the model's dtype, as its authors decode
-        images = vq.decode(codes.flatten(1).to(vq.post_quant_conv.weight.device), rows, cols)
+        images = vq.decode(codes.flatten(1).to(self.device), rows, cols)
         return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
 
 

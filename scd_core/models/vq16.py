@@ -181,6 +181,11 @@ class VectorQuantizer(nn.Module):
     def codebook(self) -> torch.Tensor:
         return F.normalize(self.embedding.weight, dim=-1)
 
+    def lookup(self, codes: torch.Tensor) -> torch.Tensor:
+        """The normalised codebook vectors of `codes`, read through the embedding's forward (so that a
+        layer that casts its weights per call, as ComfyUI's streamed ones do, works too)."""
+        return F.normalize(self.embedding(codes), dim=-1)
+
     def nearest(self, z: torch.Tensor) -> torch.Tensor:
         """Code index of each latent vector (..., dim) by cosine similarity (both sides L2-normalised)."""
         return (F.normalize(z, dim=-1) @ self.codebook().t()).argmax(dim=-1)
@@ -216,7 +221,7 @@ class VQModel(nn.Module):
         rows, cols = grid
         if codes.dim() != 2 or codes.shape[1] != rows * cols:
             raise ValueError(f"expected codes of shape (batch, {rows * cols}), got {tuple(codes.shape)}")
-        latent = self.quantize.codebook()[codes].view(codes.shape[0], rows, cols, -1)
+        latent = self.quantize.lookup(codes).view(codes.shape[0], rows, cols, -1)
         return self.decode_latent(latent.to(self.post_quant_conv.weight.dtype))
 
 

@@ -1,0 +1,147 @@
+"""ComfyUI's low-VRAM streaming of a model larger than free memory (nodes/lowvram.py), in process.
+
+ComfyUI never loads partially on a CPU through load_models_gpu, so the tests drive the loader
+node's ModelPatcher directly, as load_models_gpu would with a memory budget: ComfyUI's own
+`ModelPatcher.load` decides which modules stay offloaded and casts their weights per call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from scd_core import SamplerConfig, generate
+from scd_core.auto_window import cost_key
+
+from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
+from test_nodes import comfy, janus, node_classes, pack  # noqa: F401  (fixtures)
+
+CPU = torch.device("cpu")
+PRECISIONS = ["none", "int8"] + (["nf4"] if importlib.util.find_spec("bitsandbytes") else [])
+PROMPTS = {"demo": "7", "tiny-janus": "a red square", "Emu3/Emu3-Gen-hf": "a red square"}
+
+
+@pytest.fixture(scope="module")
+def models(node_classes: dict[str, Any], comfy: SimpleNamespace, janus: Any, tiny_emu3_dir: Path) -> Any:
+    """Loads a model by name through the loader node (`janus` registers tiny-janus; Emu3 is listed here)."""
+    root = Path(tiny_emu3_dir).parent / "models_emu3"
+    root.mkdir(exist_ok=True)
+    if not (root / "Emu3-Gen-hf").exists():
+        (root / "Emu3-Gen-hf").symlink_to(tiny_emu3_dir, target_is_directory=True)
+    comfy.folder_paths.add_model_folder_path("Emu3", str(root))
+
+    def load(name: str, quantize: str) -> Any:
+        loaded = node_classes["SCDModelLoader"].execute(name, "cpu", "float32", quantize).result[0]
+        if name.startswith("Emu3"):
+            loaded.model.set_image_size(32, 24)  # a 3 x 4 grid
+        return loaded
+    return load
+
+
+
+def casting_modules(loaded: Any) -> list[torch.nn.Module]:
+    return [m for m in loaded.patcher.model.modules() if getattr(m, "comfy_cast_weights", False)]
+
+
+# A pinned window, and the automatic one with the faithful coupler, whose tokens do not depend on the widths
+# (the automatic window picks them from timed calls, which streaming changes).
+CONFIGS = [SamplerConfig(window=8, seed=3), SamplerConfig(coupler="faithful", window="auto", seed=3)]
+
+
+def run(loaded: Any, prompt: str, config: SamplerConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Position-0 logits, tokens and the decoded images."""
+    model = loaded.model
+    cond = model.encode(prompt)
+    logits = model.start(cond, 1).prefill()[0]
+    tokens = generate(model, cond, config).tokens
+    return logits, tokens, model.decode(tokens)
+
+
+def load_partially(loaded: Any) -> None:
+    """ComfyUI's partial load with room for about half the weights (as load_models_gpu on a small GPU)."""
+    loaded.patcher.load(CPU, lowvram_model_memory=loaded.patcher.model_size() // 2)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_a_partially_loaded_model_streams_and_samples_the_full_load_s_tokens(
+        models: Any, name: str, precision: str) -> None:
+    loaded = models(name, precision)
+    assert loaded.streamable
+    loaded.patcher.load(CPU, full_load=True)
+    assert loaded.model.offload is None and loaded.model.compute_device == CPU
+    full = [run(loaded, PROMPTS[name], config) for config in CONFIGS]
+    loaded.patcher.detach()
+    assert loaded.model.compute_device is None
+
+    load_partially(loaded)
+    streamed = casting_modules(loaded)
+    assert loaded.patcher.model.model_lowvram and streamed
+    assert 0 < loaded.patcher.loaded_size() < loaded.patcher.model_size()
+    if precision != "none":  # the quantised layers themselves stream (int8's weights are buffers)
+        layer = {"int8": "Int8Linear", "nf4": "Linear4bit"}[precision]
+        assert any(type(m).__name__ == layer for m in streamed)
+    assert loaded.model.offload == "comfy-lowvram"
+    partial = [run(loaded, PROMPTS[name], config) for config in CONFIGS]
+    for (logits, tokens, images), (logits_full, tokens_full, images_full) in zip(partial, full):
+        assert torch.equal(logits, logits_full)
+        assert torch.equal(tokens, tokens_full)
+        assert torch.equal(images, images_full)
+    loaded.patcher.detach()
+
+
+def test_without_casting_layers_comfyui_leaves_weights_behind_and_calls_it_complete(
+        models: Any, pack: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: plain modules that do not fit stay on the offload device and nothing is flagged to
+    cast (on a GPU the next call fails on mixed devices); the test above would catch it."""
+    monkeypatch.setattr(pack.nodes.loader, "make_streamable", lambda network: 0)
+    loaded = models("demo", "int8")
+    load_partially(loaded)
+    assert not casting_modules(loaded) and not loaded.patcher.model.model_lowvram
+    assert loaded.patcher.loaded_size() < loaded.patcher.model_size() // 2
+    loaded.patcher.detach()
+
+
+def test_a_casting_layer_that_changed_dtype_would_change_the_logits(models: Any, pack: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: casting must only move tensors; a copy through bfloat16 shows in the logits."""
+    loaded = models("demo", "none")
+    loaded.patcher.load(CPU, full_load=True)
+    logits_full = run(loaded, "7", CONFIGS[0])[0]
+    loaded.patcher.detach()
+    moved = pack.nodes.lowvram._moved
+    monkeypatch.setattr(pack.nodes.lowvram, "_moved",
+                        lambda tensor, device: moved(tensor, device).to(torch.bfloat16).to(tensor.dtype))
+    load_partially(loaded)
+    assert any(isinstance(m, pack.nodes.lowvram.CastingLeaf) for m in casting_modules(loaded))
+    assert not torch.equal(run(loaded, "7", CONFIGS[0])[0], logits_full)
+    loaded.patcher.detach()
+
+
+def test_streaming_has_its_own_call_costs(models: Any) -> None:
+    """The automatic window learns costs under streaming apart from a full load's (`offload` in the key)."""
+    loaded = models("demo", "none")
+    loaded.patcher.load(CPU, full_load=True)
+    full_key = cost_key(loaded.model, 1)
+    loaded.patcher.detach()
+    load_partially(loaded)
+    assert "comfy-lowvram" in cost_key(loaded.model, 1) and cost_key(loaded.model, 1) != full_key
+    loaded.patcher.detach()
+    assert "comfy-lowvram" not in cost_key(loaded.model, 1)
+
+
+def test_compiled_models_load_fully(models: Any, node_classes: dict[str, Any]) -> None:
+    loaded = node_classes["SCDModelLoader"].execute("demo", "cpu", "float32", "none", True).result[0]
+    assert not loaded.streamable and not any(hasattr(m, "comfy_cast_weights") for m in loaded.model.module.modules())
+
+
+def test_the_loader_says_before_the_run_when_the_model_will_stream(pack: Any) -> None:
+    fit_note = pack.nodes.loader.fit_note
+    assert fit_note(2 * 2**30, 2**30, 4 * 2**30, True) == ""
+    note = fit_note(6 * 2**30, 2**30, 4 * 2**30, True)
+    assert "4.00 GiB free" in note and "stream ~3.00 GiB" in note and "window goes wide" in note
+    assert "turn compile off" in fit_note(6 * 2**30, 2**30, 4 * 2**30, False)
