@@ -438,14 +438,9 @@ class CosmosT5(T5Captioner):
 
     repository = "google-t5/t5-11b"
 
-    @torch.no_grad()
-    def forward(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self.tokenizer([text], max_length=self.max_tokens, padding="max_length", truncation=True,
-                               return_tensors="pt")
-        device = next(self.encoder.parameters()).device
-        hidden = self.encoder(input_ids=batch.input_ids.to(device),
-                              attention_mask=batch.attention_mask.to(device)).last_hidden_state[0].float().cpu()
-        mask = batch.attention_mask[0].bool()
+    def forward(self, text: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, attention = self.encoded(text, device)
+        mask = attention.bool()
         return hidden * mask[:, None], mask
 
 
@@ -647,7 +642,7 @@ class CosmosModel:
         if self.config.cross_attention:
             if not prompt or not prompt.strip():
                 raise ValueError("this Video2World model needs a text prompt describing the continuation")
-            text, text_mask = self.module["t5"](prompt)
+            text, text_mask = self.module["t5"](prompt, self.device)
         elif prompt and prompt.strip():
             raise ValueError(f"Cosmos-1.0-Autoregressive-{self.size} has no text input; leave the prompt empty "
                              "(the Video2World models take one)")

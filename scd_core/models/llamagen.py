@@ -336,14 +336,19 @@ class T5Captioner(nn.Module):
         self.max_tokens = max_tokens
 
     @torch.no_grad()
-    def forward(self, text: str) -> Caption:
-        # cleaned as in training: "A Red Cat" and "a red cat" are the same caption to the model
-        batch = self.tokenizer([clean_caption(text)], max_length=self.max_tokens, padding="max_length",
-                               truncation=True, return_tensors="pt")
-        device = next(self.encoder.parameters()).device
+    def encoded(self, text: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features (max_tokens, width) float32 on the CPU, attention mask (max_tokens,)) of `text` as given,
+        computed on `device` (the model's: a streamed encoder's own weights may lie elsewhere)."""
+        batch = self.tokenizer([text], max_length=self.max_tokens, padding="max_length", truncation=True,
+                               return_tensors="pt")
         hidden = self.encoder(input_ids=batch.input_ids.to(device),
                               attention_mask=batch.attention_mask.to(device)).last_hidden_state[0].float().cpu()
-        valid = int(batch.attention_mask.sum())
+        return hidden, batch.attention_mask[0]
+
+    def forward(self, text: str, device: torch.device) -> Caption:
+        # cleaned as in training: "A Red Cat" and "a red cat" are the same caption to the model
+        hidden, attention = self.encoded(clean_caption(text), device)
+        valid = int(attention.sum())
         # LlamaGen samples with the padding moved in front, so the last condition row is a real token
         features = torch.cat([torch.zeros(self.max_tokens - valid, hidden.shape[1]), hidden[:valid]])
         mask = torch.arange(self.max_tokens) >= self.max_tokens - valid
@@ -512,7 +517,7 @@ class LlamaGenModel(Compilable):
             raise ValueError("LlamaGen has no negative prompt: its unconditional branch is fixed "
                              "(the null class or the learned empty caption); leave it empty")
         if self.config.task == "t2i":
-            return self.module["t5"](prompt)
+            return self.module["t5"](prompt, self.device)
         return ClassLabel(self._class_index(prompt))
 
     def _class_index(self, prompt: str) -> int:
