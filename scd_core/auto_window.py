@@ -39,8 +39,11 @@ is the exponent measured on the demo and on synthetic grids (commits per call at
 
 Only whole-call commit counts are used: the acceptance of slots after the first
 rejection is correlated with the drafts they carry into the next call and would
-bias the estimate.  With no counts yet S = 1 (optimism): the first call tries
-the widest window the costs favour, and the counts then pull it back.
+bias the estimate.  With no counts yet a run starts from the pooled hazard of
+the last run under the same costs (images of one model are alike, so a later
+image's first call is no shot in the dark); the first run of all starts from
+S = 1 (optimism): its first call tries the widest window the costs favour, and
+the counts then pull it back.
 
 Exactness does not depend on any of this: the width of a call is fixed before
 the call from earlier calls only (their counts and measured seconds), and every
@@ -149,6 +152,7 @@ class CallCosts:
         self.calls: collections.deque = collections.deque(maxlen=COST_AGE)  # (clock, width, seconds)
         self.last_called: dict[int, int] = {}  # width -> the clock at its last call
         self.clock = 0
+        self.hazard: Optional[float] = None  # the pooled rejection hazard of the last run's calls (`survival`)
         self._estimates: Optional[dict[int, float]] = None  # cached until the next call is learned ...
         self._counted = 0  # ... or one ages out
 
@@ -168,6 +172,10 @@ class CallCosts:
             return
         self.calls.append((self.clock, width, seconds))
         self._estimates = None
+
+    def learn_hazard(self, hazard: float) -> None:
+        """The pooled rejection hazard of the run under way: the next run starts from it."""
+        self.hazard = hazard
 
     def estimates(self) -> dict[int, float]:
         """cost(width) for every seeded width, from the calls where there are any."""
@@ -318,11 +326,15 @@ class WindowChooser:
                 self.events[committed] += number
             self.observed += number
             self.log_width_sum += number * math.log(width)
+        exposure = sum(self.at_risk)
+        if exposure:
+            self.call_costs.learn_hazard(sum(self.events) / exposure)
 
     def survival(self) -> list[float]:
-        """S(k) = P(K > k) for k = 0 .. largest - 1."""
+        """S(k) = P(K > k) for k = 0 .. largest - 1; before the run's first counts, the geometric law of the
+        last run's pooled hazard under the same costs (none: S = 1)."""
         exposure = sum(self.at_risk)
-        pooled = sum(self.events) / exposure if exposure else 0.0
+        pooled = sum(self.events) / exposure if exposure else self.call_costs.hazard or 0.0
         survival, alive = [1.0], 1.0
         for k in range(1, self.largest):
             hazard = (self.events[k] + PRIOR_WEIGHT * pooled) / (self.at_risk[k] + PRIOR_WEIGHT)

@@ -41,8 +41,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def unlearned_auto_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """For tests that compare two automatic runs on one model: their widths agree only if the first run taught
     the chooser nothing, so the runs' own call costs are not learned and no call explores (both are tested on
-    their own in tests/test_auto_window.py)."""
+    their own in tests/test_auto_window.py), and no run starts from the last one's commit law."""
     from scd_core import auto_window
 
     monkeypatch.setattr(auto_window.CallCosts, "learn", lambda self, width, seconds: None)
     monkeypatch.setattr(auto_window.CallCosts, "explores", lambda self: False)
+    monkeypatch.setattr(auto_window.CallCosts, "learn_hazard", lambda self, hazard: None)

@@ -23,6 +23,21 @@ def test_no_counts_yet_is_optimistic_and_ties_go_to_the_narrower_width():
     assert WindowChooser({1: 1.0, 2: 2.0, 4: 4.0}).choose() == 1  # cost grows like the width: no gain
 
 
+def test_a_later_run_starts_from_the_commit_law_of_the_last_one():
+    """Images of one model are alike: a run's first call is chosen from the last run's pooled hazard under the
+    same costs instead of optimism (the first run of a process, with nothing before it, stays optimistic)."""
+    costs = auto_window.CallCosts({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6}, fixed=True)
+    first = WindowChooser(costs)
+    assert first.choose() == 8
+    for _ in range(10):
+        first.observe(8, [0, 0, 5])  # five rows, each rejected at its second slot
+    assert costs.hazard == pytest.approx(0.5)  # 50 rejections in 100 slots at risk
+    later = WindowChooser(costs)
+    assert later.expected_commits()[8] == pytest.approx(sum(0.5 ** k for k in range(8)))  # geometric
+    assert later.choose() == 4
+    assert WindowChooser(auto_window.CallCosts(costs.seeds)).choose() == 8
+
+
 def test_commit_counts_set_the_width():
     chooser = WindowChooser({1: 1.0, 2: 1.1, 4: 1.2, 8: 1.6})
     for _ in range(20):
@@ -89,6 +104,7 @@ def test_costs_are_timed_interleaved_and_a_stall_cannot_make_a_width_dearer(monk
 
 
 @pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model
+@pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model
 def test_costs_are_measured_once_per_model_and_the_timed_calls_leave_no_trace(monkeypatch):
     measured = []
     real = auto_window.measure_costs
@@ -122,6 +138,7 @@ def test_auto_windows_follow_the_commit_counts_and_faithful_keeps_the_ar_tokens(
 
 @pytest.mark.parametrize("coupler", ["maximal", "gumbel", "independent", "faithful"])
 @pytest.mark.parametrize("window", [7, "auto"])
+@pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model
 @pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model
 def test_fixed_shapes_give_the_same_tokens_with_one_call_width_per_window(coupler, window, monkeypatch):
     monkeypatch.setattr(auto_window, "measure_costs", lambda call, widths: {w: 1.0 + 0.05 * w for w in widths})
