@@ -392,8 +392,11 @@ def test_template_browser_lists_the_workflows_with_titles_and_thumbnails(page: P
     assert titles == [t["title"] for t in TEMPLATES], "titles or order differ from web/templates.json"
     text = content.inner_text()
     assert all(t["description"] in text for t in TEMPLATES), text
-    page.wait_for_function("""() => [...document.querySelectorAll('[data-testid="template-workflows-content"] img')]
-        .every((img) => img.complete)""")
+    # a card may show a placeholder before its thumbnail: wait for every card's image, loaded
+    page.wait_for_function("""(count) => {
+        const images = [...document.querySelectorAll('[data-testid="template-workflows-content"] img')];
+        return images.length === count && images.every((img) => img.complete); }""",
+                           arg=len(TEMPLATES), timeout=60_000)
     widths = content.locator("img").evaluate_all("(images) => images.map((img) => img.naturalWidth)")
     assert len(widths) == len(TEMPLATES) and all(w > 0 for w in widths), f"thumbnails missing: {widths}"
     ARTIFACTS.mkdir(exist_ok=True)
