@@ -330,11 +330,6 @@ def test_original_baai_layout_points_to_hf_format(tmp_path: Path) -> None:
         load_model(tmp_path, device="cpu")
 
 
-def test_missing_tokenizer(tiny_emu3_dir: Path, tmp_path: Path) -> None:
-    folder = copy_of(tiny_emu3_dir, tmp_path)
-    (folder / "tokenizer.json").unlink()
-    with pytest.raises(ModelLoadError, match="tokenizer.json"):
-        load_model(folder, device="cpu")
 
 
 def test_vocabulary_map_without_visual_tokens(tiny_emu3_dir: Path, tmp_path: Path) -> None:
@@ -357,31 +352,14 @@ def test_null_codebook_size_means_the_default(tiny_emu3_dir: Path, tmp_path: Pat
         load_model(folder, device="cpu")
 
 
-def test_missing_and_truncated_shards(tiny_emu3_dir: Path, tmp_path: Path) -> None:
+def test_missing_shard(tiny_emu3_dir: Path, tmp_path: Path) -> None:  # a truncated one: test_bad_folders.py
     folder = copy_of(tiny_emu3_dir, tmp_path)
     shard = folder / "model-00002-of-00002.safetensors"
-    with open(shard, "r+b") as handle:
-        handle.truncate(shard.stat().st_size // 2)
-    with pytest.raises(ModelLoadError, match="model-00002-of-00002.safetensors is not a readable.*truncated"):
-        load_model(folder, device="cpu")
     shard.unlink()
     with pytest.raises(ModelLoadError, match="lacks weight shards model-00002-of-00002.safetensors"):
         load_model(folder, device="cpu")
 
 
-def test_pickled_weights_are_refused_unopened(tiny_emu3_dir: Path, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = copy_of(tiny_emu3_dir, tmp_path)
-    for path in folder.glob("model*.safetensors*"):
-        path.unlink()
-    torch.save({"w": torch.zeros(2)}, folder / "pytorch_model.bin")
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("torch.load must not be called on a model folder")
-
-    monkeypatch.setattr(torch, "load", refuse)
-    with pytest.raises(ModelLoadError, match="pickled weights"):
-        load_model(folder, device="cpu")
 
 
 def test_mismatched_weights_leave_nothing_loaded(tiny_emu3_dir: Path, tmp_path: Path) -> None:

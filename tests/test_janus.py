@@ -224,34 +224,10 @@ def test_original_deepseek_layout_points_to_hf_format(tmp_path: Path) -> None:
         load_model(tmp_path, device="cpu")
 
 
-def test_missing_tokenizer(tiny_janus_dir: Path, tmp_path: Path) -> None:
-    folder = copy_of(tiny_janus_dir, tmp_path)
-    (folder / "tokenizer.json").unlink()
-    with pytest.raises(ModelLoadError, match="tokenizer.json"):
-        load_model(folder, device="cpu")
 
 
-def test_truncated_safetensors(tiny_janus_dir: Path, tmp_path: Path) -> None:
-    folder = copy_of(tiny_janus_dir, tmp_path)
-    weights = folder / "model.safetensors"
-    with open(weights, "r+b") as handle:
-        handle.truncate(weights.stat().st_size // 2)
-    with pytest.raises(ModelLoadError, match="truncated"):
-        load_model(folder, device="cpu")
 
 
-def test_pickled_weights_are_refused_unopened(tiny_janus_dir: Path, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = copy_of(tiny_janus_dir, tmp_path)
-    (folder / "model.safetensors").unlink()
-    torch.save({"w": torch.zeros(2)}, folder / "pytorch_model.bin")
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("torch.load must not be called on a model folder")
-
-    monkeypatch.setattr(torch, "load", refuse)
-    with pytest.raises(ModelLoadError, match="pickled weights"):
-        load_model(folder, device="cpu")
 
 
 def test_mismatched_weights_leave_nothing_loaded(tiny_janus_dir: Path, tmp_path: Path) -> None:
