@@ -28,7 +28,6 @@ It writes device_check.md (four tables) and device_check.json to DIR.
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import json
 import platform
@@ -46,6 +45,7 @@ from .shapes import peak_memory_mb, quantized_cost_rows
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.loading import pick_device, pick_dtype
+from ..models.memory import release_memory
 from .synthetic import GridModel
 
 WIDTHS = auto_window.CANDIDATES
@@ -196,9 +196,7 @@ def check_shape(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bo
                    else peak_memory_mb(device))
         hf_ms = generate_ms_per_token(model, shape, context, device)
     del model, head
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    release_memory()
     with torch.no_grad():
         runs = image_runs(shape, costs, device)
     parameters = _parameter_count(shape)
@@ -265,9 +263,7 @@ def precision_phase(device: torch.device, dtype: torch.dtype, tiny: bool) -> dic
     rows = []
     for size in sizes:
         rows += quantized_cost_rows(size, precisions, PRECISION_WIDTHS, device, dtype, repeats=2 if tiny else 9)
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory()
     notes = [f"skipped {line}" for line in skipped]
     notes.append("low-VRAM streaming (ComfyUI's casting layers): not measured, " +
                  ("this check runs scd_core alone" if importlib.util.find_spec("comfy") else

@@ -18,7 +18,6 @@ budget; the columns it skipped say so.
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from typing import Any, Callable, Optional
@@ -26,6 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import static_step
+from ..models.memory import release_memory
 from ..models.row_attention import RowAttentionBackbone, attention_layer
 from ..models.row_cache import RowCache
 from .tables import markdown
@@ -202,8 +202,6 @@ def compiled_phase(shapes: list[Any], build: Callable[..., tuple[Any, torch.nn.M
         results.append(check_shape(shape, model, head, device, dtype, context, tiny, weight_bytes / bandwidth / 1e9,
                                    deadline))
         del model, head
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory()
     return dict(bandwidth_gb_s=bandwidth, results=results, seconds=time.perf_counter() - started,
                 table=table(results, bandwidth))

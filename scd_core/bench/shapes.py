@@ -10,7 +10,6 @@ relative to one token -- the number that turns an NFE saving into a speed-up.
 
 from __future__ import annotations
 
-import gc
 import resource
 import statistics
 import sys
@@ -22,6 +21,7 @@ import torch
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.loading import load_model, pick_device, pick_dtype
+from ..models.memory import release_memory
 from ..models.quantize import module_bytes, normalize_precision, quantize_linears
 
 DEFAULT_PROMPT = "A portrait of young girl. masterpiece, film grained, best quality."
@@ -178,9 +178,7 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
     backbone, head = build(shape, depth, device, dtype)
     quantize_linears(backbone, normalize_precision(quantize), dtype)
     weight_bytes = module_bytes(backbone) + module_bytes(head)
-    gc.collect()  # the full-precision layers just replaced
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    release_memory()  # the full-precision layers just replaced
     _reset_peak(device)  # the peak of the calls, not of building at full precision
     from ..models.janus import cache_keyword, new_cache  # the adapter's own cache handling
 

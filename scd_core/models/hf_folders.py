@@ -6,13 +6,11 @@ ModelLoadError naming the folder or file.
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Callable, TypeVar
 
-import torch
-
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from .memory import release_memory
 from .quantize import QuantizationError
 from .tokenizer_files import read_json
 
@@ -55,9 +53,7 @@ def dtype_keyword() -> str:
 def raise_load_failure(message: str) -> None:
     """Free what a failed load built, then raise.  Call it outside the except block, so no traceback keeps
     the half-built model alive."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_memory()
     raise ModelLoadError(message)
 
 

@@ -10,6 +10,7 @@ to the image codes are counted whole, so the estimate errs on the large side.  A
 
 from __future__ import annotations
 
+import gc
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +30,14 @@ T5_TIED = "encoder.embed_tokens."  # the same tensor as shared.weight
 T5_BLOCK = r"^encoder\.block\.\d+\.layer\.\d+\."
 T5_LINEAR = re.compile(T5_BLOCK + r"(?:SelfAttention\.[qkvo]|DenseReluDense\.wi(?:_[01])?)\.weight$")
 T5_FLOAT16_KEPT = re.compile(T5_BLOCK + r"DenseReluDense\.wo\.weight$")
+
+
+def release_memory() -> None:
+    """Free what Python no longer references and the CUDA allocator's cached blocks (after a model or a
+    failed load is dropped, before the next is built)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @dataclass(frozen=True)
