@@ -326,15 +326,21 @@ class WindowChooser:
                 self.events[committed] += number
             self.observed += number
             self.log_width_sum += number * math.log(width)
+        pooled = self.pooled_hazard()
+        if pooled is not None:
+            self.call_costs.learn_hazard(pooled)
+
+    def pooled_hazard(self) -> Optional[float]:
+        """Rejections per slot at risk over the run's calls so far; None before any count."""
         exposure = sum(self.at_risk)
-        if exposure:
-            self.call_costs.learn_hazard(sum(self.events) / exposure)
+        return sum(self.events) / exposure if exposure else None
 
     def survival(self) -> list[float]:
         """S(k) = P(K > k) for k = 0 .. largest - 1; before the run's first counts, the geometric law of the
         last run's pooled hazard under the same costs (none: S = 1)."""
-        exposure = sum(self.at_risk)
-        pooled = sum(self.events) / exposure if exposure else self.call_costs.hazard or 0.0
+        pooled = self.pooled_hazard()
+        if pooled is None:
+            pooled = self.call_costs.hazard or 0.0
         survival, alive = [1.0], 1.0
         for k in range(1, self.largest):
             hazard = (self.events[k] + PRIOR_WEIGHT * pooled) / (self.at_risk[k] + PRIOR_WEIGHT)
