@@ -102,14 +102,22 @@ def assert_stream_equals_job_by_job(model, jobs, config, slots, own_calls=True, 
     return order
 
 
-class CountingSessions:
-    """`model` whose sessions count the rows each call feeds: (prefill rows, forward rows) per call."""
+class WrappedModel:
+    """`model` with sessions of a subclass's making; every other attribute is the model's."""
 
     def __init__(self, model) -> None:
-        self._model, self.calls = model, []
+        self._model = model
 
     def __getattr__(self, name):
         return getattr(self._model, name)
+
+
+class CountingSessions(WrappedModel):
+    """`model` whose sessions count the rows each call feeds: (prefill rows, forward rows) per call."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.calls = []
 
     def start(self, cond, batch_size):
         session, calls = self._model.start(cond, batch_size), self.calls
@@ -193,14 +201,12 @@ def test_stream_refuses_bad_input():
         list(generate_many(model, [None], SamplerConfig()))
 
 
-class WithoutAdmit:
+class WithoutAdmit(WrappedModel):
     """`model` whose sessions cannot take new rows."""
 
     def __init__(self, model) -> None:
-        self._model, self.started = model, []
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
+        super().__init__(model)
+        self.started = []
 
     def start(self, cond, batch_size):
         session = self._model.start(cond, batch_size)
