@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 import torch
@@ -32,9 +32,10 @@ PROMPTS = {"demo": "7", "tiny-janus": "a red square", "Emu3/Emu3-Gen-hf": "a red
 
 @pytest.fixture(scope="module")
 def models(node_classes: dict[str, Any], comfy: SimpleNamespace, janus: Any, tiny_emu3_dir: Path,
-           tiny_lumina_dir: Path, tiny_lumina2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+           tiny_lumina_dir: Path, tiny_lumina2_dir: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Any]:
     """Loads a model by name through the loader node (`janus` registers tiny-janus; the others are listed here,
-    each under the models/ folder a user would put it in)."""
+    each under the models/ folder a user would put it in, for this module only: other tests expect them missing)."""
     roots = tmp_path_factory.mktemp("lowvram_models")
     for root_name, folders in (("Emu3", {"Emu3-Gen-hf": tiny_emu3_dir}),
                                ("scd", {Path(tiny_lumina_dir).name: tiny_lumina_dir,
@@ -42,16 +43,19 @@ def models(node_classes: dict[str, Any], comfy: SimpleNamespace, janus: Any, tin
         (roots / root_name).mkdir()
         for name, folder in folders.items():
             (roots / root_name / name).symlink_to(folder, target_is_directory=True)
-        comfy.folder_paths.add_model_folder_path(root_name, str(roots / root_name))
     write_cosmos(roots / "Cosmos", "4B")
-    comfy.folder_paths.add_model_folder_path("Cosmos", str(roots / "Cosmos"))
+    registered = [(root_name, str(roots / root_name)) for root_name in ("Emu3", "scd", "Cosmos")]
+    for root_name, path in registered:
+        comfy.folder_paths.add_model_folder_path(root_name, path)
 
     def load(name: str, quantize: str) -> Any:
         loaded = node_classes["SCDModelLoader"].execute(name, "cpu", "float32", quantize).result[0]
         if name.startswith("Emu3"):
             loaded.model.set_image_size(32, 24)  # a 3 x 4 grid
         return loaded
-    return load
+    yield load
+    for root_name, path in registered:
+        comfy.folder_paths.folder_names_and_paths[root_name][0].remove(path)
 
 
 
