@@ -2,8 +2,9 @@
 
 `staggered_logits` feeds windows to batch rows that sit at different positions
 and returns, next to each call's logits, what a batch-1 session gives for the
-same row fed one token at a time.  (`scd_core.bench_pace.PaceRecorder` records
-each row's progress during a generation.)
+same row fed one token at a time; `assert_own_pace_gives_ar_tokens` checks whole
+generations of rows at their own pace (`scd_core.bench.pace.PaceRecorder` records
+each row's progress).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from scd_core import SamplerConfig, generate
+from scd_core.bench.pace import PaceRecorder
 
 
 def _cat(parts: Sequence[tuple], dim: int) -> tuple:
@@ -49,6 +52,22 @@ def staggered_logits(model: Any, cond: Any, calls: Sequence[tuple]
             session.keep_rows(torch.tensor(keep[0]))
             kept = [kept[r] for r in keep[0]]
     return pairs
+
+
+def assert_own_pace_gives_ar_tokens(model: Any, cond: Any, seed: int, windows: Sequence[int] = (8,)) -> None:
+    """Three faithful rows at their own pace give the window-1 tokens, finish at different calls (else the check
+    says nothing), and a row alone gives its batch tokens."""
+    def faithful(window: int, batch: int, sampled: Any = model) -> torch.Tensor:
+        return generate(sampled, cond, SamplerConfig(coupler="faithful", window=window, seed=seed),
+                        batch_size=batch).tokens
+
+    ar = faithful(1, 3)
+    for window in windows:
+        recorder = PaceRecorder(model)
+        fast = faithful(window, 3, recorder)
+        assert torch.equal(fast, ar)
+        assert len(set(recorder.finish_calls())) > 1  # rows finished at different calls
+        assert torch.equal(faithful(window, 1)[0], fast[0])
 
 
 def tree_logits(model: Any, cond: Any, ids: torch.Tensor

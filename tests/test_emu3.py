@@ -11,10 +11,9 @@ import pytest
 import torch
 from emu3_fixture import EOF, EOI, EOL, EOS, IMAGE_CODES, SPATIAL_FACTOR, VISUAL_TOKENS
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture, one checkpoint per session)
-from pace import assert_each_row_matches, staggered_logits, tree_logits
+from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits, tree_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
-from scd_core.bench.pace import PaceRecorder
 from scd_core.models import emu3
 from scd_core.models.hf_folders import dtype_keyword
 from scd_core.models.tokenizer_files import TextTokenizer
@@ -268,15 +267,8 @@ def test_tree_of_chains_gives_each_chains_sequential_logits(model64: emu3.Emu3Mo
 
 
 def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(model64: emu3.Emu3Model) -> None:
-    prompt = model64.encode(PROMPT)
     # seed 2: the three rows finish at different calls with transformers 4.52 and 5.x alike
-    ar = generate(model64, prompt, SamplerConfig(coupler="faithful", window=1, seed=2), batch_size=3)
-    recorder = PaceRecorder(model64)
-    fast = generate(recorder, prompt, SamplerConfig(coupler="faithful", window=8, seed=2), batch_size=3)
-    assert torch.equal(fast.tokens, ar.tokens)
-    assert len(set(recorder.finish_calls())) > 1  # rows finished at different calls
-    alone = generate(model64, prompt, SamplerConfig(coupler="faithful", window=8, seed=2), batch_size=1)
-    assert torch.equal(alone.tokens[0], fast.tokens[0])
+    assert_own_pace_gives_ar_tokens(model64, model64.encode(PROMPT), seed=2)
 
 
 def test_bad_arguments_raise_value_errors(model32: emu3.Emu3Model) -> None:

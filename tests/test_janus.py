@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from janus_fixture import BOI, BOS, CFG_PAD, IMAGE_CODES, IMAGE_SIZE
-from pace import assert_each_row_matches, staggered_logits, tree_logits
+from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits, tree_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
-from scd_core.bench.pace import PaceRecorder
 from scd_core.models import janus
 from scd_core.models.tokenizer_files import TextTokenizer
 
@@ -131,14 +130,7 @@ def test_cache_is_allocated_once_and_rewound_in_place(model32: janus.JanusModel)
 
 
 def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(model64: janus.JanusModel) -> None:
-    prompt = model64.encode(PROMPT)
-    ar = generate(model64, prompt, SamplerConfig(coupler="faithful", window=1, seed=0), batch_size=3)
-    recorder = PaceRecorder(model64)
-    fast = generate(recorder, prompt, SamplerConfig(coupler="faithful", window=8, seed=0), batch_size=3)
-    assert torch.equal(fast.tokens, ar.tokens)
-    assert len(set(recorder.finish_calls())) > 1  # rows finished at different calls
-    alone = generate(model64, prompt, SamplerConfig(coupler="faithful", window=8, seed=0), batch_size=1)
-    assert torch.equal(alone.tokens[0], fast.tokens[0])
+    assert_own_pace_gives_ar_tokens(model64, model64.encode(PROMPT), seed=0)
 
 
 def test_cfg_branches_differ_and_scale_matters(model32: janus.JanusModel) -> None:

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pace import assert_each_row_matches, staggered_logits, tree_logits
+from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits, tree_logits
 from llamagen_fixture import (IMAGE_SIZE, TINY_GPT, original_gpt_keys, write_original_c2i, write_safetensors_c2i,
                               write_t2i, write_training_c2i)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
-from scd_core.bench.pace import PaceRecorder
 from scd_core.models.captions import clean_caption
 from scd_core.models.checkpoints import read_weights
 from scd_core.models.llamagen import Caption, ClassLabel, GPTConfig, detect, rope_table_2d
@@ -148,15 +147,7 @@ def test_pace_benchmark_rows(folders):
 
 def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(folders):
     model = load_model(folders["pt"], "cpu", torch.float64)
-    cond = model.encode("7")
-    ar = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=11), batch_size=3)
-    for window in (4, 8):
-        recorder = PaceRecorder(model)
-        fast = generate(recorder, cond, SamplerConfig(coupler="faithful", window=window, seed=11), batch_size=3)
-        assert torch.equal(fast.tokens, ar.tokens)
-        assert len(set(recorder.finish_calls())) > 1  # rows finished at different calls
-        alone = generate(model, cond, SamplerConfig(coupler="faithful", window=window, seed=11), batch_size=1)
-        assert torch.equal(alone.tokens[0], fast.tokens[0])
+    assert_own_pace_gives_ar_tokens(model, model.encode("7"), seed=11, windows=(4, 8))
 
 
 def test_generate_and_decode(folders):
