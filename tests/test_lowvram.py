@@ -19,6 +19,7 @@ from scd_core.auto_window import cost_key
 
 from cosmos_fixture import context_frames, write_cosmos
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
+from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
 from test_nodes import comfy, janus, node_classes, pack  # noqa: F401  (fixtures)
 
@@ -27,7 +28,8 @@ PRECISIONS = ["none", "int8"] + (["nf4"] if importlib.util.find_spec("bitsandbyt
 COSMOS, LUMINA2 = "Cosmos/Cosmos-1.0-Autoregressive-4B", "Lumina-mGPT-2.0-32"
 # what each model is prompted with (Cosmos continues a clip of context frames)
 PROMPTS = {"demo": "7", "tiny-janus": "a red square", "Emu3/Emu3-Gen-hf": "a red square",
-           "Lumina-mGPT-7B-64": "a red square", LUMINA2: "a red square", COSMOS: None}
+           "Lumina-mGPT-7B-64": "a red square", LUMINA2: "a red square", COSMOS: None,
+           "LlamaGen/c2i-B": "3", "LlamaGen/t2i-B": "a red cat on the mat"}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,9 @@ def models(node_classes: dict[str, Any], comfy: SimpleNamespace, janus: Any, tin
         for name, folder in folders.items():
             (roots / root_name / name).symlink_to(folder, target_is_directory=True)
     write_cosmos(roots / "Cosmos", "4B")
-    registered = [(root_name, str(roots / root_name)) for root_name in ("Emu3", "scd", "Cosmos")]
+    write_safetensors_c2i(roots / "LlamaGen" / "c2i-B")
+    write_t2i(roots / "LlamaGen" / "t2i-B", with_t5=True)  # its T5 encoder streams too
+    registered = [(root_name, str(roots / root_name)) for root_name in ("Emu3", "scd", "Cosmos", "LlamaGen")]
     for root_name, path in registered:
         comfy.folder_paths.add_model_folder_path(root_name, path)
 
