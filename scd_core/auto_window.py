@@ -35,9 +35,10 @@ it reaches the front.  Counts gathered at width L_seen (the geometric mean width
 of the observed calls) therefore undervalue wider windows and overvalue narrower
 ones; without the factor the chooser drifts to narrow widths.  REFINEMENT = 0.25
 is the exponent measured on the demo (commits per call at 2L over what the counts
-at L predict, and the reverse: 0.04-0.43, by width); synthetic grids show 0.13-0.57,
-mostly 0.4-0.5, so there the chooser runs narrower than the best width.  The
-exponent belongs to the model and is not learned yet (scd_core/bench/README.md).
+at L predict, and the reverse: 0.02-0.38, by width); the synthetic grids' is mostly
+0.4-0.6 upwards, so there the chooser runs narrower than the best width.  The
+exponent belongs to the model and is not learned yet (`bench.auto.refinement_rows`,
+"Commit growth with width" in scd_core/bench/README.md).
 
 Only whole-call commit counts are used: the acceptance of slots after the first
 rejection is correlated with the drafts they carry into the next call and would

@@ -58,6 +58,17 @@ def test_counts_seen_at_one_width_are_scaled_to_the_others():
     assert chooser.expected_commits(remaining=2)[32] == 2.0  # never more than the tokens left
 
 
+def test_commits_grow_with_the_width_beyond_what_one_width_s_counts_show():
+    """What REFINEMENT stands for, measured on pinned windows (`bench.auto.refinement_rows`): on a grid model the
+    commits at a wider width exceed the chooser's estimate from a narrower width's counts, and the reverse."""
+    from scd_core.bench.auto import refinement_rows
+
+    (row,) = refinement_rows([("grid", GridModel(12, 12, 16384, 1.5), None)], seeds=range(3))
+    assert set(row) == {"model"} | {f"up_{a}_{b}" for a, b in ((4, 8), (8, 16), (16, 32), (32, 64))} | {
+        f"down_{b}_{a}" for a, b in ((4, 8), (8, 16), (16, 32), (32, 64))}
+    assert all(value > 0.1 for key, value in row.items() if key != "model")
+
+
 def test_a_call_that_accepted_everything_is_censored_not_a_rejection():
     chooser = WindowChooser(FLAT)
     for _ in range(20):

@@ -12,12 +12,14 @@ busy-loop process for BURST_S seconds, started with them; the images compared st
 The same command also checks the chooser against cost profiles this machine does not have: for a GPU-like
 profile (a call of 64 tokens costs 1.15x one of 1) and a steep CPU-like one (13x), each model's time per image
 is the sum of the profile's cost over the calls the engine makes, fixed windows and auto alike, and auto with
-its exploration against auto without.
+its exploration against auto without; and how commits per call grow with the width beyond what the counts at
+one width show, on pinned windows (the exponent the chooser takes to be REFINEMENT).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -41,6 +43,7 @@ PROFILES = {  # seconds per call by width, relative
     "CPU-like (64 costs 13x)": {1: 1.0, 2: 1.3, 4: 1.7, 8: 2.5, 16: 4.0, 32: 7.0, 64: 13.0},
 }
 PROFILE_WINDOWS: tuple = (4, 8, 16, 32, 64, "auto")
+PINNED_REPLAYED = PROFILE_WINDOWS[:-1]
 
 
 class ShapedGridModel(GridModel):
@@ -160,15 +163,45 @@ PROCESS_COLUMNS = ("process", "burst", "timed_64_vs_1", "first_vs_best", "first_
                    "auto_s", "auto_vs_best", "widths")
 
 
-def profile_rows(seeds: Sequence[int]) -> list[dict[str, Any]]:
-    """Time per image under each cost profile (sum of per-call costs), relative to the best fixed window, and
-    what exploration costs there: auto against auto that never explores."""
+def replay_models() -> list[tuple[str, Any, Any]]:
+    """(name, model, cond) of the models replayed under fixed costs: the demo and three synthetic grids."""
     from ..models.loading import load_model
 
     demo = load_model("demo")
-    models = [("demo", demo, demo.encode("7"))]
-    models += [(f"grid 24x24, {name} entropy", GridModel(24, 24, 16384, sharpness), None)
-               for name, sharpness in SHARPNESS]
+    return [("demo", demo, demo.encode("7"))] + [
+        (f"grid 24x24, {name} entropy", GridModel(24, 24, 16384, sharpness), None) for name, sharpness in SHARPNESS]
+
+
+def refinement_rows(models: Sequence[tuple[str, Any, Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """The exponent REFINEMENT stands for, measured: for neighbouring pinned widths W < W',
+    log(mean commits per call at W' / the chooser's estimate of them from the calls at W) / log(W' / W)
+    ("up"), and from the calls at W' for W ("down")."""
+    widths = PINNED_REPLAYED
+    rows = []
+    for name, model, cond in models:
+        calls = {width: [(w, c) for seed in seeds
+                         for result in [generate(model, cond, SamplerConfig(window=width, seed=seed))]
+                         for w, c in zip(result.windows[1:], result.committed[1:])] for width in widths}
+        mean = {width: statistics.mean(c for _, c in calls[width]) for width in widths}
+
+        def estimated(seen: int, width: int) -> float:
+            chooser = auto_window.WindowChooser({w: 1.0 for w in auto_window.CANDIDATES})
+            for w, c in calls[seen]:
+                chooser.observe(w, [0] * c + [1])
+            return sum(chooser.survival()[:width])
+
+        row: dict[str, Any] = {"model": name}
+        for narrow, wide in zip(widths, widths[1:]):
+            step = math.log(wide / narrow)
+            row[f"up_{narrow}_{wide}"] = math.log(mean[wide] / estimated(narrow, wide)) / step
+            row[f"down_{wide}_{narrow}"] = math.log(estimated(wide, narrow) / mean[narrow]) / step
+        rows.append(row)
+    return rows
+
+
+def profile_rows(models: Sequence[tuple[str, Any, Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """Time per image under each cost profile (sum of per-call costs), relative to the best fixed window, and
+    what exploration costs there: auto against auto that never explores."""
     rows = []
     for profile, costs in PROFILES.items():
         for name, model, cond in models:
@@ -209,8 +242,19 @@ def auto_tables(seeds: Sequence[int], processes: Sequence[int] = (10,), images: 
                      f"pinned window {', '.join(map(str, PINNED))} (seeds 1..{count - 1} after the automatic seed 0); "
                      f"seconds are means per image over those seeds\n\n"
                      + markdown(fresh_processes(name, started, count, layers, side), PROCESS_COLUMNS))
+    models = replay_models()
     parts.append(f"**Other cost profiles** (time = sum of the profile's per-call cost over the calls made; mean of "
                  f"{len(seeds)} seeds; exploring_vs_not: auto against auto that never explores)\n\n"
-                 + markdown(profile_rows(seeds), ("profile", "model", "best_fixed", "auto_vs_best", "exploring_vs_not",
-                                                  *(f"w{w}_vs_best" for w in PROFILE_WINDOWS[:-1]))))
+                 + markdown(profile_rows(models, seeds), ("profile", "model", "best_fixed", "auto_vs_best",
+                                                          "exploring_vs_not",
+                                                          *(f"w{w}_vs_best" for w in PINNED_REPLAYED))))
+    parts.append(refinement_table(models, seeds))
     return "\n\n".join(parts)
+
+
+def refinement_table(models: Sequence[tuple[str, Any, Any]], seeds: Sequence[int]) -> str:
+    """`refinement_rows` as the README's table."""
+    rows = refinement_rows(models, seeds)
+    return (f"**Commit growth with width** (the exponent REFINEMENT = {auto_window.REFINEMENT} stands for; pinned "
+            f"windows, {len(seeds)} seeds: up_W_W2 = log(mean commits at W2 / the chooser's estimate from the "
+            f"calls at W) / log(W2 / W), down_W2_W the reverse)\n\n" + markdown(rows, tuple(rows[0])))
