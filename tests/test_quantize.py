@@ -25,7 +25,7 @@ from lumina_fixture import tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fix
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.models import quantize
 from scd_core.models.loading import estimate_memory
-from scd_core.models.memory import checkpoint_shapes, folder_estimate, t5_encoder_estimate, weight_files
+from scd_core.models.memory import folder_estimate, t5_folder_estimate
 from scd_core.models.llamagen import GPT, ClassLabel, GPTConfig, LlamaGenSession
 from scd_core.models.t5_encoder import load_t5_encoder
 from scd_core.sampling import to_probs
@@ -400,7 +400,7 @@ def test_text_conditional_models_load_their_t5_at_the_models_precision(tmp_path:
         # the loader node's estimate counts the T5 encoder (how closely: test_the_memory_estimate_counts_the_t5_encoder)
         with_t5, without_t5 = estimate_memory(folder), folder_estimate(folder)
         added = with_t5.weight_bytes(precision, dtype) - without_t5.weight_bytes(precision, dtype)
-        t5_alone = t5_encoder_estimate(checkpoint_shapes(weight_files(t5_folder))).weight_bytes(precision, dtype)
+        t5_alone = t5_folder_estimate(t5_folder).weight_bytes(precision, dtype)
         assert added == t5_alone > 0, kind
         if kind == "llamagen t2i":
             cond = model.encode("a red cat")
@@ -416,7 +416,7 @@ def test_the_memory_estimate_counts_the_t5_encoder(tmp_path: Path) -> None:
     """Exactly what load_t5_encoder keeps: a whole T5 checkpoint's decoder and LM head are not counted, and in
     float16 the `wo` layers count as float32."""
     folder = write_tiny_t5(tmp_path / "t5", caption_dim=64, d_ff=256, num_layers=2, full=True)
-    estimate = t5_encoder_estimate(checkpoint_shapes(weight_files(folder)))
+    estimate = t5_folder_estimate(folder)
     assert estimate.kv_channels == 0
     # full precision exactly; int8 under by its per-row scales (rows of 64 here); NF4 under by bitsandbytes'
     # 1 KiB code table per layer, a large share of layers this small and nothing at T5-XL / 11B sizes

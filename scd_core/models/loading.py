@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 import torch
 
 from .checkpoints import ModelLoadError
-from .memory import MemoryEstimate, checkpoint_shapes, folder_estimate, t5_encoder_estimate, weight_files
+from .memory import MemoryEstimate, folder_estimate, t5_folder_estimate
 from .quantize import check_precision, normalize_precision
 
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
@@ -138,7 +138,7 @@ def estimate_memory(path: Union[str, Path]) -> MemoryEstimate:
     text_folder = family.text_encoder_folder(folder) if hasattr(family, "text_encoder_folder") else None
     if text_folder is None:
         return estimate
-    return estimate.plus(t5_encoder_estimate(checkpoint_shapes(weight_files(text_folder))))
+    return estimate.plus(t5_folder_estimate(text_folder))
 
 
 def _model_folder(path: Union[str, Path]) -> Path:

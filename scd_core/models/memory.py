@@ -11,6 +11,7 @@ to the image codes are counted whole, so the estimate errs on the large side.  A
 from __future__ import annotations
 
 import gc
+import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -104,7 +105,7 @@ def estimate_from_shapes(shapes: dict[str, tuple[int, ...]], unused: tuple[str, 
     for name, shape in shapes.items():
         if name.startswith(unused):
             continue
-        count = _count(shape)
+        count = math.prod(shape)
         if len(shape) == 2 and BLOCK_WEIGHT.search(name):
             block += count
         else:
@@ -116,13 +117,6 @@ def estimate_from_shapes(shapes: dict[str, tuple[int, ...]], unused: tuple[str, 
     return MemoryEstimate(block, other, kv, tokens)
 
 
-def _count(shape: tuple[int, ...]) -> int:
-    count = 1
-    for side in shape:
-        count *= side
-    return count
-
-
 def t5_encoder_estimate(shapes: dict[str, tuple[int, ...]]) -> MemoryEstimate:
     """What `t5_encoder.load_t5_encoder` keeps of a T5 checkpoint with these tensor shapes."""
     block = other = kept = 0
@@ -130,11 +124,11 @@ def t5_encoder_estimate(shapes: dict[str, tuple[int, ...]]) -> MemoryEstimate:
         if not name.startswith(T5_KEPT) or name.startswith(T5_TIED):
             continue
         if T5_LINEAR.match(name):
-            block += _count(shape)
+            block += math.prod(shape)
         elif T5_FLOAT16_KEPT.match(name):
-            kept += _count(shape)
+            kept += math.prod(shape)
         else:  # embeddings, relative position biases, norms
-            other += _count(shape)
+            other += math.prod(shape)
     return MemoryEstimate(block, other, 0, 0, kept)
 
 
@@ -146,6 +140,11 @@ def weight_files(folder: Path) -> list[Path]:
 def folder_estimate(folder: Path, unused: tuple[str, ...] = (), tokens: int = 4096) -> MemoryEstimate:
     """The estimate for the weight files at the top of `folder`."""
     return estimate_from_shapes(checkpoint_shapes(weight_files(folder)), unused, tokens)
+
+
+def t5_folder_estimate(folder: Path) -> MemoryEstimate:
+    """`t5_encoder_estimate` for the weight files at the top of the T5 folder `folder`."""
+    return t5_encoder_estimate(checkpoint_shapes(weight_files(folder)))
 
 
 def auto_precision(estimate: MemoryEstimate, dtype: torch.dtype, free_bytes: int, rows: int,
