@@ -712,16 +712,17 @@ def detect(folder: Path) -> bool:
 
 
 def _t5_folder(folder: Path) -> Optional[Path]:
-    """The T5 encoder folder in `folder`: config.json's "t5_folder", else the first one found inside."""
+    """The T5 encoder folder in `folder`: config.json's "t5_folder", else the first one found inside; None
+    when there is no such folder."""
     settings = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
-    return folder / settings["t5_folder"] if settings.get("t5_folder") else _find_t5(folder)
+    t5_folder = folder / settings["t5_folder"] if settings.get("t5_folder") else _find_t5(folder)
+    return t5_folder if t5_folder is not None and Path(t5_folder).is_dir() else None
 
 
 def text_encoder_folder(folder: Path) -> Optional[Path]:
     """The T5 encoder folder `load` reads (Video2World), for memory estimates; None without one."""
     folder = Path(folder)
-    t5_folder = _t5_folder(folder) if config_for(folder).cross_attention else None
-    return t5_folder if t5_folder is not None and t5_folder.is_dir() else None
+    return _t5_folder(folder) if config_for(folder).cross_attention else None
 
 
 def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> CosmosModel:
@@ -737,7 +738,7 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     t5 = None
     if cfg.cross_attention:
         t5_folder = _t5_folder(folder)
-        if t5_folder is None or not Path(t5_folder).is_dir():
+        if t5_folder is None:
             raise ModelLoadError(f"{folder}: Video2World needs the T5 text encoder (transformers folder of "
                                  f"google-t5/t5-11b with config.json, weights and tokenizer files) inside the "
                                  f"model folder, e.g. {folder / 't5'}, or named by \"t5_folder\" in config.json")
