@@ -179,22 +179,22 @@ def refinement_rows(models: Sequence[tuple[str, Any, Any]], seeds: Sequence[int]
     widths = PINNED_REPLAYED
     rows = []
     for name, model, cond in models:
-        calls = {width: [(w, c) for seed in seeds
-                         for result in [generate(model, cond, SamplerConfig(window=width, seed=seed))]
-                         for w, c in zip(result.windows[1:], result.committed[1:])] for width in widths}
-        mean = {width: statistics.mean(c for _, c in calls[width]) for width in widths}
-
-        def estimated(seen: int, width: int) -> float:
+        survival, mean = {}, {}  # per pinned width: the chooser's survival estimate from its calls, their commits
+        for width in widths:
             chooser = auto_window.WindowChooser({w: 1.0 for w in auto_window.CANDIDATES})
-            for w, c in calls[seen]:
-                chooser.observe(w, [0] * c + [1])
-            return sum(chooser.survival()[:width])
+            commits = []
+            for seed in seeds:
+                result = generate(model, cond, SamplerConfig(window=width, seed=seed))
+                for call_width, committed in zip(result.windows[1:], result.committed[1:]):
+                    chooser.observe(call_width, [0] * committed + [1])
+                    commits.append(committed)
+            survival[width], mean[width] = chooser.survival(), statistics.mean(commits)
 
         row: dict[str, Any] = {"model": name}
         for narrow, wide in zip(widths, widths[1:]):
             step = math.log(wide / narrow)
-            row[f"up_{narrow}_{wide}"] = math.log(mean[wide] / estimated(narrow, wide)) / step
-            row[f"down_{wide}_{narrow}"] = math.log(estimated(wide, narrow) / mean[narrow]) / step
+            row[f"up_{narrow}_{wide}"] = math.log(mean[wide] / sum(survival[narrow][:wide])) / step
+            row[f"down_{wide}_{narrow}"] = math.log(sum(survival[wide][:narrow]) / mean[narrow]) / step
         rows.append(row)
     return rows
 
