@@ -411,10 +411,6 @@ def test_vq_checkpoint_with_pickled_code_is_refused(tiny_lumina_dir: Path, tmp_p
         load_model(folder, device="cpu")
 
 
-
-
-
-
 def test_missing_shard(tiny_lumina_dir: Path, tmp_path: Path) -> None:
     folder = broken_copy(tiny_lumina_dir, tmp_path)
     (folder / "model-00001-of-00002.safetensors").unlink()
