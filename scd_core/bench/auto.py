@@ -42,6 +42,10 @@ PROFILES = {  # seconds per call by width, relative
     "GPU-like (64 costs 1.15x)": {1: 1.0, 2: 1.0, 4: 1.01, 8: 1.02, 16: 1.04, 32: 1.08, 64: 1.15},
     "CPU-like (64 costs 13x)": {1: 1.0, 2: 1.3, 4: 1.7, 8: 2.5, 16: 4.0, 32: 7.0, 64: 13.0},
 }
+HERE = {  # this CPU's profiles (the timed passes above): the demo's, and the Janus-Pro-1B stand-in's
+    "demo here (64 costs 2.1x)": {1: 1.0, 2: 1.02, 4: 1.05, 8: 1.1, 16: 1.25, 32: 1.5, 64: 2.1},
+    "stand-in here (64 costs 4x)": {1: 1.0, 2: 1.1, 4: 1.25, 8: 1.5, 16: 2.0, 32: 2.8, 64: 4.0},
+}
 PROFILE_WINDOWS: tuple = (4, 8, 16, 32, 64, "auto")
 PINNED_REPLAYED = PROFILE_WINDOWS[:-1]
 
@@ -224,6 +228,52 @@ def profile_rows(models: Sequence[tuple[str, Any, Any]], seeds: Sequence[int]) -
                              exploring_vs_not=seconds["auto"] / never_exploring,
                              **{f"w{w}_vs_best": fixed[w] / fixed[best] for w in fixed}))
     return rows
+
+
+def process_replay_rows(models: Sequence[tuple[str, Any, Any]], profiles: dict[str, dict[int, float]],
+                        exponents: Sequence[float], processes: int = 4, images: int = 5) -> list[dict[str, Any]]:
+    """Whole processes replayed under fixed cost profiles, for each REFINEMENT in `exponents`: a process makes
+    `images` automatic images; the mean cost of all but its first over the best pinned window's (mean over
+    2 x `images` seeds), as the mean and the worst over `processes` processes."""
+    chosen, rows = auto_window.REFINEMENT, []
+    for profile, costs in profiles.items():
+        for name, model, cond in models:
+            def cost(window: Any, seed: int) -> float:
+                result = generate(model, cond, SamplerConfig(window=window, seed=seed))
+                return sum(auto_window.cost_of_width(costs, w) for w in result.windows[1:])
+
+            auto_window.remember_costs(model, 1, costs)
+            pinned = {w: statistics.mean(cost(w, seed) for seed in range(1000, 1000 + 2 * images))
+                      for w in PINNED_REPLAYED}
+            best = min(pinned, key=pinned.get)
+            row: dict[str, Any] = dict(profile=profile, model=name, best_pinned=best)
+            for exponent in exponents:
+                auto_window.REFINEMENT, ratios = exponent, []
+                try:
+                    for process in range(processes):
+                        auto_window.remember_costs(model, 1, costs)  # a fresh process: nothing learned yet
+                        made = [cost("auto", 100 * process + image) for image in range(images)]
+                        ratios.append(statistics.mean(made[1:]) / pinned[best])  # after the first image
+                finally:
+                    auto_window.REFINEMENT = chosen
+                row[f"mean_{exponent:g}"], row[f"worst_{exponent:g}"] = statistics.mean(ratios), max(ratios)
+            rows.append(row)
+    return rows
+
+
+def process_replay_table(exponents: Sequence[float] = (0.25, 0.3, 0.35), processes: int = 4, images: int = 5
+                         ) -> str:
+    """`process_replay_rows` as the README's table."""
+    from ..models.loading import load_model
+
+    demo = load_model("demo")
+    models = [("demo", demo, demo.encode("7")),
+              ("grid 12x12, medium entropy (the stand-in's)", GridModel(12, 12, 16384, MEDIUM_SHARPNESS), None)]
+    rows = process_replay_rows(models, {**HERE, **PROFILES}, exponents, processes, images)
+    return (f"**Whole processes under fixed costs** (REFINEMENT = {auto_window.REFINEMENT} chosen; {processes} "
+            f"processes of {images} automatic images each: mean_R / worst_R = the mean / worst over the processes "
+            f"of their later images' cost over the best pinned window's, with REFINEMENT = R)\n\n"
+            + markdown(rows, tuple(rows[0])))
 
 
 def auto_tables(seeds: Sequence[int], processes: Sequence[int] = (10,), images: Sequence[int] = (4,),

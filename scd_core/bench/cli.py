@@ -13,6 +13,8 @@
     python -m scd_core.bench --shape 1B --layers 2 --quantize none int8 nf4   # window cost per precision
     python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
     python -m scd_core.bench --compile       # eager vs compile=True: demo and Janus-Pro-1B shape, compile time apart
+    python -m scd_core.bench --auto          # automatic window against pinned ones in fresh processes (wall time)
+    python -m scd_core.bench --auto-replay --processes 4 --images 5   # whole processes under fixed costs, by REFINEMENT
     ... --readme scd_core/bench/README.md                   # also write the tables between the README's bench markers
 
 Wall times are only comparable within one run on one machine; on a CPU quote the ratios.
@@ -52,6 +54,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--tiny", action="store_true", help="--device-check: tiny shapes (tests the same code path)")
     parser.add_argument("--auto", action="store_true",
                         help="time per image, automatic window against fixed ones: demo and Janus-Pro-1B-shaped")
+    parser.add_argument("--auto-replay", action="store_true",
+                        help="whole processes of automatic images under fixed cost profiles, for REFINEMENT "
+                             "0.25 / 0.3 / 0.35 (no timing; the demo and the stand-in's grid)")
     parser.add_argument("--processes", type=int, nargs="+", default=[10],
                         help="--auto: fresh processes (one number, or the demo's and the stand-in's)")
     parser.add_argument("--images", type=int, nargs="+", default=[4],
@@ -108,6 +113,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
         section, text = "auto", auto_tables(seeds, args.processes, args.images, args.layers or 2,
                                                 args.side)
+    elif args.auto_replay:
+        from .auto import process_replay_table
+
+        section, text = "auto-replay", process_replay_table(processes=args.processes[0], images=args.images[0])
     elif args.compile:
         from .compiled import compile_tables
 
