@@ -33,12 +33,15 @@ The last factor corrects what the counts cannot see: K itself grows with the
 width, because in a wider window every draft is refined for more calls before
 it reaches the front.  Counts gathered at width L_seen (the geometric mean width
 of the observed calls) therefore undervalue wider windows and overvalue narrower
-ones; without the factor the chooser drifts to narrow widths.  REFINEMENT = 0.25
-is the exponent measured on the demo (commits per call at 2L over what the counts
-at L predict, and the reverse: 0.02-0.38, by width); the synthetic grids' is mostly
-0.4-0.6 upwards, so there the chooser runs narrower than the best width.  The
-exponent belongs to the model and is not learned yet (`bench.auto.refinement_rows`,
-"Commit growth with width" in scd_core/bench/README.md).
+ones; without the factor the chooser drifts to narrow widths.  The exponent
+(commits per call at 2L over what the counts at L predict, and the reverse) is
+0.02-0.38 on the demo, by width, and mostly 0.4-0.6 upwards on the synthetic grids
+(`bench.auto.refinement_rows`, "Commit growth with width" in
+scd_core/bench/README.md).  REFINEMENT = 0.35 lies between: replaying whole
+processes under fixed cost profiles (`bench.auto.process_replay_rows`) it took
+auto from 1.08x to 1.05x the best pinned window on average over eight model and
+profile cases, and the worst case from 1.30x to 1.12x, against 0.25.  The
+exponent belongs to the model and is not learned.
 
 Only whole-call commit counts are used: the acceptance of slots after the first
 rejection is correlated with the drafts they carry into the next call and would
@@ -74,7 +77,7 @@ TRUSTED = 3            # comparisons a width needs before they alone tell its co
 EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls ...
 EARLY_CALLS, EARLY_EVERY = 100, 5  # ... one in 5 of a cost key's first 100, whose seeds are only a timed pass
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
-REFINEMENT = 0.25      # commits grow like width**REFINEMENT beyond what the counts at one width show
+REFINEMENT = 0.35      # commits grow like width**REFINEMENT beyond what the counts at one width show
 
 # model -> {cost_key: CallCosts}; a model that cannot be weakly referenced is not cached
 _COSTS: "weakref.WeakKeyDictionary[Any, dict[tuple, CallCosts]]" = weakref.WeakKeyDictionary()
