@@ -167,13 +167,21 @@ PROCESS_COLUMNS = ("process", "burst", "timed_64_vs_1", "first_vs_best", "first_
                    "auto_s", "auto_vs_best", "widths")
 
 
-def replay_models() -> list[tuple[str, Any, Any]]:
-    """(name, model, cond) of the models replayed under fixed costs: the demo and three synthetic grids."""
+def replay_models(side: int = 24, entropies: Sequence[tuple[str, float]] = SHARPNESS) -> list[tuple[str, Any, Any]]:
+    """(name, model, cond) of the models replayed under fixed costs: the demo, and a synthetic `side` x `side`
+    grid at each (name, sharpness) of `entropies`."""
     from ..models.loading import load_model
 
     demo = load_model("demo")
     return [("demo", demo, demo.encode("7"))] + [
-        (f"grid 24x24, {name} entropy", GridModel(24, 24, 16384, sharpness), None) for name, sharpness in SHARPNESS]
+        (f"grid {side}x{side}, {name} entropy", GridModel(side, side, 16384, sharpness), None)
+        for name, sharpness in entropies]
+
+
+def replayed_cost(model: Any, cond: Any, costs: dict[int, float], window: Any, seed: int) -> float:
+    """One image's time under the cost profile `costs`: the sum of its calls' costs by width (no timing)."""
+    result = generate(model, cond, SamplerConfig(window=window, seed=seed))
+    return sum(auto_window.cost_of_width(costs, w) for w in result.windows[1:])
 
 
 def refinement_rows(models: Sequence[tuple[str, Any, Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
@@ -211,9 +219,7 @@ def profile_rows(models: Sequence[tuple[str, Any, Any]], seeds: Sequence[int]) -
         for name, model, cond in models:
             def replay(window: Any) -> float:
                 auto_window.remember_costs(model, 1, costs)  # the profile, and exploration's clock from 0
-                results = [generate(model, cond, SamplerConfig(window=window, seed=seed)) for seed in seeds]
-                return statistics.mean(sum(auto_window.cost_of_width(costs, w) for w in r.windows[1:])
-                                       for r in results)
+                return statistics.mean(replayed_cost(model, cond, costs, window, seed) for seed in seeds)
 
             seconds = {window: replay(window) for window in PROFILE_WINDOWS}
             explore_every, auto_window.EXPLORE_EVERY = auto_window.EXPLORE_EVERY, 10 ** 9
@@ -239,8 +245,7 @@ def process_replay_rows(models: Sequence[tuple[str, Any, Any]], profiles: dict[s
     for profile, costs in profiles.items():
         for name, model, cond in models:
             def cost(window: Any, seed: int) -> float:
-                result = generate(model, cond, SamplerConfig(window=window, seed=seed))
-                return sum(auto_window.cost_of_width(costs, w) for w in result.windows[1:])
+                return replayed_cost(model, cond, costs, window, seed)
 
             auto_window.remember_costs(model, 1, costs)
             pinned = {w: statistics.mean(cost(w, seed) for seed in range(1000, 1000 + 2 * images))
@@ -264,11 +269,7 @@ def process_replay_rows(models: Sequence[tuple[str, Any, Any]], profiles: dict[s
 def process_replay_table(exponents: Sequence[float] = (0.25, 0.3, 0.35), processes: int = 4, images: int = 5
                          ) -> str:
     """`process_replay_rows` as the README's table."""
-    from ..models.loading import load_model
-
-    demo = load_model("demo")
-    models = [("demo", demo, demo.encode("7")),
-              ("grid 12x12, medium entropy (the stand-in's)", GridModel(12, 12, 16384, MEDIUM_SHARPNESS), None)]
+    models = replay_models(12, [("medium", MEDIUM_SHARPNESS)])  # the stand-in's grid
     rows = process_replay_rows(models, {**HERE, **PROFILES}, exponents, processes, images)
     return (f"**Whole processes under fixed costs** (REFINEMENT = {auto_window.REFINEMENT} chosen; {processes} "
             f"processes of {images} automatic images each: mean_R / worst_R = the mean / worst over the processes "
