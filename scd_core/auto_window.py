@@ -19,7 +19,11 @@ device) is followed within a few dozen calls.  Widths a run does not use would
 drift out of date, so one call in EXPLORE_EVERY tries a neighbour of the best
 width (one step narrower or wider, whichever was called least recently): a
 bounded cost (5% of the calls, at a width close to the best) that keeps the
-costs and commit counts around the best known.
+costs and commit counts around the best known.  While a neighbour of the best
+has not yet been compared TRUSTED times (its cost is still only the timed
+pass's), one call in EARLY_EVERY explores instead, so a process learns the
+widths around its best within its first few dozen calls, and again when the
+best moves next to a width it has not compared.
 
 A call at width L commits c = min(K, L) tokens, K being the slot of the first
 rejection plus one, so a call that accepted every draft only says K >= L (a
@@ -75,7 +79,7 @@ COST_AGE = 60          # ... made within this many calls of the process: older o
 PAIR_SPAN = 4          # a call is compared with the calls this many before and after it
 TRUSTED = 3            # comparisons a width needs before they alone tell its cost (its seed votes till then)
 EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls ...
-EARLY_CALLS, EARLY_EVERY = 100, 5  # ... one in 5 of a cost key's first 100, whose seeds are only a timed pass
+EARLY_EVERY = 5        # ... one in 5 while a neighbour's cost is only its timed seed (compared < TRUSTED times)
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
 REFINEMENT = 0.35      # commits grow like width**REFINEMENT beyond what the counts at one width show
 
@@ -144,9 +148,10 @@ class CallCosts:
     The load around a call is the (lower) median of the calls of other widths within PAIR_SPAN of it, each
     divided by its width's relative cost, so a width is compared with the calls made around its own and load
     that comes and goes weighs on both sides alike; a width's relative cost is the median of its last
-    COST_WINDOW calls over the load around them, the width called most of late being the anchor (its seed).  Until a width has TRUSTED such comparisons its seed makes up the rest of the
-    votes, scaled as the nearest other width measured differs from its seed (a burst during the timed pass
-    skews a range of widths); a width whose calls aged out keeps what they said as its seed.  cost = load now x
+    COST_WINDOW calls over the load around them, the width called most of late being the anchor (its seed).
+    Until a width has TRUSTED such comparisons its seed makes up the rest of the votes, scaled as the nearest
+    other width measured differs from its seed (a burst during the timed pass skews a range of widths); a width
+    whose calls aged out keeps what they said as its seed (and stays in `compared`).  cost = load now x
     relative cost.  `fixed` costs are not learned from (a cost profile to replay, `remember_costs`).  `clock`
     counts the widths chosen under this key, so that exploration keeps its rhythm from one run to the next.
     """
@@ -157,6 +162,7 @@ class CallCosts:
         self.fixed = fixed
         self.calls: collections.deque = collections.deque(maxlen=COST_AGE)  # (clock, width, seconds)
         self.last_called: dict[int, int] = {}  # width -> the clock at its last call
+        self.compared: set[int] = set()  # widths compared TRUSTED times: their seeds are what calls said
         self.clock = 0
         self.hazard: Optional[float] = None  # the pooled rejection hazard of the last run's calls (`survival`)
         self._estimates: Optional[dict[int, float]] = None  # cached until the next call is learned ...
@@ -207,6 +213,7 @@ class CallCosts:
         measured = {width: lower_median(values[-COST_WINDOW:]) for width, values in ratios.items()
                     if len(values) >= TRUSTED}
         measured[reference] = self.seeds[reference]
+        self.compared.add(reference)  # the others are compared with it
         relative = {reference: self.seeds[reference]}
         for width, seed in self.seeds.items():
             if width != reference:
@@ -216,6 +223,7 @@ class CallCosts:
         for width, votes in ratios.items():
             if len(votes) >= TRUSTED:
                 self.seeds[width] = relative[width]  # what the calls said outlives them
+                self.compared.add(width)
         load_now = lower_median([seconds / relative[width] for width, seconds in fresh[-COST_WINDOW:]])
         return {width: load_now * cost for width, cost in relative.items()}
 
@@ -238,11 +246,12 @@ class CallCosts:
         nearest = [ratio[w] for w in ratio if distance[w] == min(distance.values())]
         return sum(nearest) / len(nearest)
 
-    def explores(self) -> bool:
-        """Advance the clock by one choice; True for the one in EXPLORE_EVERY that tries a neighbour (one in
-        EARLY_EVERY at first, unless the costs are a fixed profile rather than a timed pass's)."""
+    def explores(self, neighbours: Sequence[int]) -> bool:
+        """Advance the clock by one choice; True for the one in EXPLORE_EVERY that tries one of the best width's
+        `neighbours` (one in EARLY_EVERY while one of them was not compared TRUSTED times, unless the costs are a
+        fixed profile rather than a timed pass's: then there is nothing to compare)."""
         self.clock += 1
-        early = self.clock <= EARLY_CALLS and not self.fixed
+        early = not self.fixed and not self.compared.issuperset(neighbours)
         return self.clock % (EARLY_EVERY if early else EXPLORE_EVERY) == 0
 
     def stalest(self, widths: Sequence[int]) -> int:
@@ -261,10 +270,13 @@ def cost_key(model: Any, batch_size: int, branches: int = 1) -> tuple:
             str(getattr(model, "offload", None)))
 
 
-def remember_costs(model: Any, batch_size: int, costs: dict[int, float], branches: int = 1) -> None:
+def remember_costs(model: Any, batch_size: int, costs: "dict[int, float] | CallCosts", branches: int = 1
+                   ) -> None:
     """Use `costs` (seconds per call by width) for `model` from now on instead of measuring and learning
-    them, e.g. costs measured on another model of the same shape: the runs' own calls do not move them."""
-    _COSTS.setdefault(model, {})[cost_key(model, batch_size, branches)] = CallCosts(costs, fixed=True)
+    them, e.g. costs measured on another model of the same shape: the runs' own calls do not move them.  A
+    `CallCosts` is used as it is (it may learn)."""
+    known = costs if isinstance(costs, CallCosts) else CallCosts(costs, fixed=True)
+    _COSTS.setdefault(model, {})[cost_key(model, batch_size, branches)] = known
 
 
 def call_costs(model: Any, key: tuple, widths: Sequence[int], call: Callable[[int], torch.Tensor]
@@ -371,10 +383,10 @@ class WindowChooser:
         EXPLORE_EVERY its neighbour called least recently instead."""
         expected, costs = self.expected_commits(remaining), self.costs
         best = max(self.widths, key=lambda w: (expected[w] / costs[w], -w))
-        if not self.call_costs.explores():
-            return best
         index = self.widths.index(best)
         neighbours = self.widths[max(index - 1, 0):index]
         if index + 1 < len(self.widths) and (remaining is None or best < remaining):
             neighbours.append(self.widths[index + 1])  # wider only while it could commit more
-        return self.call_costs.stalest(neighbours) if neighbours else best
+        if not self.call_costs.explores(neighbours) or not neighbours:
+            return best
+        return self.call_costs.stalest(neighbours)

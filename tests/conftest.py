@@ -45,5 +45,5 @@ def unlearned_auto_window(monkeypatch: pytest.MonkeyPatch) -> None:
     from scd_core import auto_window
 
     monkeypatch.setattr(auto_window.CallCosts, "learn", lambda self, width, seconds: None)
-    monkeypatch.setattr(auto_window.CallCosts, "explores", lambda self: False)
+    monkeypatch.setattr(auto_window.CallCosts, "explores", lambda self, neighbours: False)
     monkeypatch.setattr(auto_window.CallCosts, "learn_hazard", lambda self, hazard: None)

@@ -70,8 +70,8 @@ def test_commits_grow_with_the_width_beyond_what_one_width_s_counts_show():
 
 
 def test_whole_processes_replay_under_fixed_costs_without_timing():
-    """`bench.auto.process_replay_rows`, the evidence for REFINEMENT: fixed costs make it a function of the
-    seeds alone, and the exponent tried is put back."""
+    """`bench.auto.process_replay_rows`, the evidence for REFINEMENT: fixed costs, or costs learned from calls
+    that cost exactly the profile, make it a function of the seeds alone, and the exponent tried is put back."""
     from scd_core.bench.auto import PROFILES, process_replay_rows
 
     models = [("grid", GridModel(6, 6, 64, 1.5), None)]
@@ -82,7 +82,7 @@ def test_whole_processes_replay_under_fixed_costs_without_timing():
     assert auto_window.REFINEMENT == chosen
     (row,) = rows
     assert row["best_pinned"] in (4, 8, 16, 32, 64)
-    assert all(0.5 < row[f"mean_{r}"] <= row[f"worst_{r}"] < 3 for r in ("0.25", "0.4"))
+    assert all(0.5 < row[f"mean_{r}"] <= row[f"worst_{r}"] < 3 for r in ("0.25", "0.4", "learning"))
 
 
 def test_a_call_that_accepted_everything_is_censored_not_a_rejection():
@@ -363,11 +363,24 @@ def test_exploration_is_one_call_in_twenty_at_a_neighbour_of_the_best():
     assert [call for call, _ in explored] == list(range(every, 1001, every))  # fixed by the call count alone
     learning = WindowChooser(CPU_LIKE)
     widths = run_calls(learning, noisy(CPU_LIKE), 1000, hazard=0.12)
-    early = auto_window.EARLY_CALLS
-    assert sum(w != best for w in widths[2:early]) <= early // auto_window.EARLY_EVERY  # then timed costs
+    # one call in 5 till both neighbours are compared TRUSTED times (3 each: by call 30), then one in 20
+    early = 2 * auto_window.TRUSTED * auto_window.EARLY_EVERY
+    assert sum(w != best for w in widths[2:early]) <= early // auto_window.EARLY_EVERY
+    assert {best // 2, best * 2} <= learning.call_costs.compared
     assert sum(w != best for w in widths[early:]) <= (1000 - early) // every + 2
     assert {w for _, w in explored[-4:]} == {best * 2, best // 2} and explored[-1][1] != explored[-2][1]  # in turn
     assert time_factor(widths[early:], CPU_LIKE, learning) < 1.02  # what exploring costs here
+
+
+def test_exploration_is_early_again_where_the_best_width_moves_next_to_one_never_compared():
+    costs = auto_window.CallCosts(CPU_LIKE)
+    for width in (8, 4, 8, 16) * 3:  # 8 called most: the anchor; 4 and 16 compared around it three times each
+        costs.learn(width, CPU_LIKE[width])
+    costs.estimates()
+    assert costs.compared == {4, 8, 16}
+    calls = auto_window.EXPLORE_EVERY
+    assert sum(costs.explores([4, 16]) for _ in range(calls)) == 1  # around 8: all compared
+    assert sum(costs.explores([8, 32]) for _ in range(calls)) == calls // auto_window.EARLY_EVERY  # 32 never
 
 
 def test_a_run_teaches_the_process_what_its_calls_cost(monkeypatch):

@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -236,16 +236,39 @@ def profile_rows(models: Sequence[tuple[str, Any, Any]], seeds: Sequence[int]) -
     return rows
 
 
+class ProfileCosts(auto_window.CallCosts):
+    """Costs learned as in a process, from calls that cost exactly what the profile says: the timed pass and
+    the early explorations run as on a device, without a device's noise."""
+
+    def __init__(self, profile: dict[int, float]) -> None:
+        super().__init__(profile)
+        self.profile = profile
+
+    def learn(self, width: int, seconds: float) -> None:
+        super().learn(width, auto_window.cost_of_width(self.profile, width))
+
+
 def process_replay_rows(models: Sequence[tuple[str, Any, Any]], profiles: dict[str, dict[int, float]],
                         exponents: Sequence[float], processes: int = 4, images: int = 5) -> list[dict[str, Any]]:
     """Whole processes replayed under fixed cost profiles, for each REFINEMENT in `exponents`: a process makes
     `images` automatic images; the mean cost of all but its first over the best pinned window's (mean over
-    2 x `images` seeds), as the mean and the worst over `processes` processes."""
+    2 x `images` seeds), as the mean and the worst over `processes` processes.  With fixed costs nothing is
+    learned (and no call explores early); `mean_learning` / `worst_learning`: the chosen REFINEMENT with costs
+    learned from the calls as in a process (`ProfileCosts`)."""
     chosen, rows = auto_window.REFINEMENT, []
     for profile, costs in profiles.items():
         for name, model, cond in models:
             def cost(window: Any, seed: int) -> float:
                 return replayed_cost(model, cond, costs, window, seed)
+
+            def later_images(fresh_costs: Callable[[], auto_window.CallCosts]) -> list[float]:
+                """Each process's later images' mean cost over the best pinned window's."""
+                ratios = []
+                for process in range(processes):
+                    auto_window.remember_costs(model, 1, fresh_costs())  # a fresh process: nothing learned yet
+                    made = [cost("auto", 100 * process + image) for image in range(images)]
+                    ratios.append(statistics.mean(made[1:]) / pinned[best])
+                return ratios
 
             auto_window.remember_costs(model, 1, costs)
             pinned = {w: statistics.mean(cost(w, seed) for seed in range(1000, 1000 + 2 * images))
@@ -253,15 +276,14 @@ def process_replay_rows(models: Sequence[tuple[str, Any, Any]], profiles: dict[s
             best = min(pinned, key=pinned.get)
             row: dict[str, Any] = dict(profile=profile, model=name, best_pinned=best)
             for exponent in exponents:
-                auto_window.REFINEMENT, ratios = exponent, []
+                auto_window.REFINEMENT = exponent
                 try:
-                    for process in range(processes):
-                        auto_window.remember_costs(model, 1, costs)  # a fresh process: nothing learned yet
-                        made = [cost("auto", 100 * process + image) for image in range(images)]
-                        ratios.append(statistics.mean(made[1:]) / pinned[best])  # after the first image
+                    ratios = later_images(lambda: auto_window.CallCosts(costs, fixed=True))
                 finally:
                     auto_window.REFINEMENT = chosen
                 row[f"mean_{exponent:g}"], row[f"worst_{exponent:g}"] = statistics.mean(ratios), max(ratios)
+            ratios = later_images(lambda: ProfileCosts(costs))
+            row["mean_learning"], row["worst_learning"] = statistics.mean(ratios), max(ratios)
             rows.append(row)
     return rows
 
