@@ -237,8 +237,9 @@ def profile_rows(models: Sequence[tuple[str, Any, Any]], seeds: Sequence[int]) -
 
 
 class ProfileCosts(auto_window.CallCosts):
-    """Costs learned as in a process, from calls that cost exactly what the profile says: the timed pass and
-    the early explorations run as on a device, without a device's noise."""
+    """Costs seeded with the profile (as an exact timed pass would seed them), then learned as in a process
+    from calls that cost exactly what the profile says: early exploration and learning run as on a device,
+    without a device's noise."""
 
     def __init__(self, profile: dict[int, float]) -> None:
         super().__init__(profile)
