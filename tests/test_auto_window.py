@@ -85,6 +85,18 @@ def test_whole_processes_replay_under_fixed_costs_without_timing():
     assert all(0.5 < row[f"mean_{r}"] <= row[f"worst_{r}"] < 3 for r in ("0.25", "0.4", "learning"))
 
 
+def test_the_wall_time_benchmark_prices_auto_calls_at_the_pinned_windows_seconds_per_call():
+    from scd_core.bench.auto import PROCESS_COLUMNS, fresh_processes, per_call_vs_pinned
+
+    run = dict(seconds={"auto": [0.33, 0.33], "8": [1.0], "16": [2.0], "32": [3.0], "64": [4.0]},
+               calls={"auto": 3, "8": 10, "16": 10, "32": 10, "64": 10}, auto_widths=[4, 16, 20])
+    assert per_call_vs_pinned(run) == pytest.approx(0.66 / (0.1 + 0.2 + 0.3))  # 4 as 8, 20 as 32
+    (row,) = fresh_processes("demo", processes=1, images=2, layers=1, side=12)  # a real process, disturbed
+    assert set(row) == set(PROCESS_COLUMNS) and row["burst"] == "1 s"
+    assert row["auto_vs_best"] == pytest.approx(row["auto_s"] / row["best_s"])
+    assert 0.2 < row["calls_vs_best"] < 5 and 0.2 < row["per_call_vs_pinned"] < 5
+
+
 def test_a_call_that_accepted_everything_is_censored_not_a_rejection():
     chooser = WindowChooser(FLAT)
     for _ in range(20):

@@ -124,19 +124,30 @@ def one_process(name: str, layers: int, side: int, images: int, burst: bool) -> 
     for process in bursts:
         process.wait()  # the images compared come after the burst
     seconds: dict[str, list[float]] = {str(w): [] for w in ("auto",) + PINNED}
+    calls = dict.fromkeys(seconds, 0)
     used: list[int] = []
     for seed in range(1, images):
         for window in ("auto",) + PINNED:
             result = generate(model, cond, SamplerConfig(window=window, seed=seed))
             seconds[str(window)].append(result.total_s)
+            calls[str(window)] += result.nfe - 1
             if window == "auto":
                 used += result.windows[1:]
     def commonest(windows: list[int]) -> str:
         return ", ".join(auto_window.widths_used(windows).split(", ")[:3])
 
     return dict(first_s=first.total_s, first_widths=commonest(first.windows), widths=commonest([1] + used),
-                seconds=seconds,
+                seconds=seconds, calls=calls, auto_widths=used,
                 timed={str(w): c for w, c in timed[0].items()})
+
+
+def per_call_vs_pinned(run: dict[str, Any]) -> float:
+    """The automatic images' seconds over what their calls would have taken at the pinned windows' seconds per
+    call (a call of a width between pinned ones at the next wider one's, the narrowest's below it): what auto
+    mode costs beyond its choice of widths, the chooser's bookkeeping and the timing noise between runs."""
+    per_call = {int(w): sum(run["seconds"][w]) / run["calls"][w] for w in map(str, PINNED)}
+    pinned = sum(auto_window.cost_of_width(per_call, width) for width in run["auto_widths"])
+    return sum(run["seconds"]["auto"]) / pinned
 
 
 def fresh_processes(name: str, processes: int, images: int, layers: int, side: int) -> list[dict[str, Any]]:
@@ -158,13 +169,15 @@ def fresh_processes(name: str, processes: int, images: int, layers: int, side: i
                          timed_64_vs_1=timed[max(timed, key=int)] / timed["1"],
                          first_vs_best=run["first_s"] / mean[best], first_widths=run["first_widths"],
                          best_pinned=best, best_s=mean[best], auto_s=mean["auto"],
-                         auto_vs_best=mean["auto"] / mean[best], widths=run["widths"]))
+                         auto_vs_best=mean["auto"] / mean[best],
+                         calls_vs_best=run["calls"]["auto"] / run["calls"][best],
+                         per_call_vs_pinned=per_call_vs_pinned(run), widths=run["widths"]))
         print(f"  {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)  # what a cut-short run leaves
     return rows
 
 
 PROCESS_COLUMNS = ("process", "burst", "timed_64_vs_1", "first_vs_best", "first_widths", "best_pinned", "best_s",
-                   "auto_s", "auto_vs_best", "widths")
+                   "auto_s", "auto_vs_best", "calls_vs_best", "per_call_vs_pinned", "widths")
 
 
 def replay_models(side: int = 24, entropies: Sequence[tuple[str, float]] = SHARPNESS) -> list[tuple[str, Any, Any]]:
