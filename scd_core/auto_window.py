@@ -251,6 +251,7 @@ class CallCosts:
         `neighbours` (one in EARLY_EVERY while one of them was not compared TRUSTED times, unless the costs are a
         fixed profile rather than a timed pass's: then there is nothing to compare)."""
         self.clock += 1
+        self.estimates()  # `compared` as of the calls so far (cached: the chooser has just read the costs)
         early = not self.fixed and not self.compared.issuperset(neighbours)
         return self.clock % (EARLY_EVERY if early else EXPLORE_EVERY) == 0
 

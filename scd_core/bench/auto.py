@@ -145,7 +145,7 @@ def per_call_vs_pinned(run: dict[str, Any]) -> float:
     """The automatic images' seconds over what their calls would have taken at the pinned windows' seconds per
     call (a call of a width between pinned ones at the next wider one's, the narrowest's below it): what auto
     mode costs beyond its choice of widths, the chooser's bookkeeping and the timing noise between runs."""
-    per_call = {int(w): sum(run["seconds"][w]) / run["calls"][w] for w in map(str, PINNED)}
+    per_call = {w: sum(run["seconds"][str(w)]) / run["calls"][str(w)] for w in PINNED}
     pinned = sum(auto_window.cost_of_width(per_call, width) for width in run["auto_widths"])
     return sum(run["seconds"]["auto"]) / pinned
 
@@ -275,6 +275,11 @@ def process_replay_rows(models: Sequence[tuple[str, Any, Any]], profiles: dict[s
             def cost(window: Any, seed: int) -> float:
                 return replayed_cost(model, cond, costs, window, seed)
 
+            auto_window.remember_costs(model, 1, costs)
+            pinned = {w: statistics.mean(cost(w, seed) for seed in range(1000, 1000 + 2 * images))
+                      for w in PINNED_REPLAYED}
+            best = min(pinned, key=pinned.get)
+
             def later_images(fresh_costs: Callable[[], auto_window.CallCosts]) -> list[float]:
                 """Each process's later images' mean cost over the best pinned window's."""
                 ratios = []
@@ -284,10 +289,6 @@ def process_replay_rows(models: Sequence[tuple[str, Any, Any]], profiles: dict[s
                     ratios.append(statistics.mean(made[1:]) / pinned[best])
                 return ratios
 
-            auto_window.remember_costs(model, 1, costs)
-            pinned = {w: statistics.mean(cost(w, seed) for seed in range(1000, 1000 + 2 * images))
-                      for w in PINNED_REPLAYED}
-            best = min(pinned, key=pinned.get)
             row: dict[str, Any] = dict(profile=profile, model=name, best_pinned=best)
             for exponent in exponents:
                 auto_window.REFINEMENT = exponent
