@@ -63,7 +63,9 @@ call's verification is exact for any width given that history.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
+import operator
 import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
@@ -165,8 +167,7 @@ class CallCosts:
         self.compared: set[int] = set()  # widths compared TRUSTED times: their seeds are what calls said
         self.clock = 0
         self.hazard: Optional[float] = None  # the pooled rejection hazard of the last run's calls (`survival`)
-        self._estimates: Optional[dict[int, float]] = None  # cached until the next call is learned ...
-        self._counted = 0  # ... or one ages out
+        self._estimates: Optional[dict[int, float]] = None  # cached until the next call is learned
 
     def add_seeds(self, seeds: dict[int, float]) -> None:
         """Timed costs of (more) widths."""
@@ -182,6 +183,8 @@ class CallCosts:
         self.last_called[width] = self.clock
         if self.fixed or not seconds > 0:
             return
+        while self.calls and self.clock - self.calls[0][0] >= COST_AGE:
+            self.calls.popleft()  # made under other conditions
         self.calls.append((self.clock, width, seconds))
         self._estimates = None
 
@@ -190,61 +193,61 @@ class CallCosts:
         self.hazard = hazard
 
     def estimates(self) -> dict[int, float]:
-        """cost(width) for every seeded width, from the calls where there are any."""
-        if self.fixed:
+        """cost(width) for every seeded width, from the calls where there are any (read again only once a call
+        was learned since: the chooser asks on every call)."""
+        if self.fixed or not self.calls:
             return dict(self.seeds)
-        fresh = [(width, seconds) for clock, width, seconds in self.calls if self.clock - clock < COST_AGE]
-        if self._estimates is None or len(fresh) != self._counted:
-            self._estimates, self._counted = self._read(fresh), len(fresh)
+        if self._estimates is None:
+            self._estimates = self._read()
         return self._estimates
 
-    def _read(self, fresh: list[tuple[int, float]]) -> dict[int, float]:
-        """Costs from the recent calls `fresh` ((width, seconds), oldest first) and the seeds; the widths
-        compared TRUSTED times or more keep their relative cost as their seed."""
-        if not fresh:
-            return dict(self.seeds)
-        count = collections.Counter(width for width, _ in fresh[-COST_WINDOW:])
+    def _read(self) -> dict[int, float]:
+        """Costs from the recent calls and the seeds; the widths compared TRUSTED times or more keep their
+        relative cost as their seed."""
+        widths = [width for _, width, _ in self.calls]
+        seconds = [taken for _, _, taken in self.calls]
+        count = collections.Counter(widths[-COST_WINDOW:])
         reference = max(count, key=lambda w: (count[w], w))  # called most of late: its relative cost is its seed
+        load = [taken / self.seeds[width] for width, taken in zip(widths, seconds)]
         ratios: dict[int, list[float]] = {}
-        for index, (width, seconds) in enumerate(fresh):
-            load = None if width == reference else self._load_around(index, fresh, self.seeds)
-            if load is not None:
-                ratios.setdefault(width, []).append(seconds / load)
+        for index, width in enumerate(widths):
+            if width == reference:
+                continue
+            # the load around a call: the calls of other widths within PAIR_SPAN of it (a call compared with
+            # calls of its own width says nothing of its width)
+            near = [load[i] for i in range(max(index - PAIR_SPAN, 0), min(index + PAIR_SPAN + 1, len(widths)))
+                    if widths[i] != width]
+            if near:
+                ratios.setdefault(width, []).append(seconds[index] / lower_median(near))
         measured = {width: lower_median(values[-COST_WINDOW:]) for width, values in ratios.items()
                     if len(values) >= TRUSTED}
         measured[reference] = self.seeds[reference]
         self.compared.add(reference)  # the others are compared with it
         relative = {reference: self.seeds[reference]}
+        skew = {w: cost / self.seeds[w] for w, cost in measured.items()}  # measured over seed
         for width, seed in self.seeds.items():
             if width != reference:
                 votes = ratios.get(width, [])[-COST_WINDOW:]
-                votes += [seed * self._nearest_ratio(width, measured)] * max(TRUSTED - len(votes), 0)
+                if len(votes) < TRUSTED:
+                    votes += [seed * self._nearest_skew(width, skew)] * (TRUSTED - len(votes))
                 relative[width] = lower_median(votes)
         for width, votes in ratios.items():
             if len(votes) >= TRUSTED:
                 self.seeds[width] = relative[width]  # what the calls said outlives them
                 self.compared.add(width)
-        load_now = lower_median([seconds / relative[width] for width, seconds in fresh[-COST_WINDOW:]])
+        load_now = lower_median([taken / relative[width]
+                                 for width, taken in zip(widths[-COST_WINDOW:], seconds[-COST_WINDOW:])])
         return {width: load_now * cost for width, cost in relative.items()}
 
     @staticmethod
-    def _load_around(index: int, fresh: list[tuple[int, float]], relative: dict[int, float]) -> Optional[float]:
-        """The (lower) median load of the calls of other widths within PAIR_SPAN of call `index` (a call compared
-        with calls of its own width says nothing of its width); None when there are none."""
-        width = fresh[index][0]
-        near = [seconds / relative[other] for other, seconds in fresh[max(index - PAIR_SPAN, 0):index + PAIR_SPAN + 1]
-                if other != width]
-        return lower_median(near) if near else None
-
-    def _nearest_ratio(self, width: int, measured: dict[int, float]) -> float:
+    def _nearest_skew(width: int, skew: dict[int, float]) -> float:
         """How much the nearest other measured width's relative cost differs from its seed (the mean of two as
-        near; 1 before another width was measured).  A width's own calls cannot vouch for its seed."""
-        ratio = {w: cost / self.seeds[w] for w, cost in measured.items() if w != width}
-        if not ratio:
-            return 1.0
-        distance = {w: abs(math.log(w / width)) for w in ratio}
-        nearest = [ratio[w] for w in ratio if distance[w] == min(distance.values())]
-        return sum(nearest) / len(nearest)
+        near; 1 before another width was measured): a burst during the timed pass skews a range of widths, and
+        a width's own calls cannot vouch for its seed."""
+        distance = {w: abs(math.log(w / width)) for w in skew if w != width}
+        closest = min(distance.values(), default=None)
+        nearest = [skew[w] for w in distance if distance[w] == closest]
+        return sum(nearest) / len(nearest) if nearest else 1.0
 
     def explores(self, neighbours: Sequence[int]) -> bool:
         """Advance the clock by one choice; True for the one in EXPLORE_EVERY that tries one of the best width's
@@ -360,21 +363,18 @@ class WindowChooser:
         pooled = self.pooled_hazard()
         if pooled is None:
             pooled = self.call_costs.hazard or 0.0
-        survival, alive = [1.0], 1.0
-        for k in range(1, self.largest):
-            hazard = (self.events[k] + PRIOR_WEIGHT * pooled) / (self.at_risk[k] + PRIOR_WEIGHT)
-            alive *= 1.0 - hazard
-            survival.append(alive)
-        return survival
+        alive = (1.0 - (events + PRIOR_WEIGHT * pooled) / (at_risk + PRIOR_WEIGHT)  # 1 - the slot's hazard
+                 for events, at_risk in zip(self.events[1:self.largest], self.at_risk[1:self.largest]))
+        return [1.0, *itertools.accumulate(alive, operator.mul)]
 
     def expected_commits(self, remaining: Optional[int] = None) -> dict[int, float]:
         """E[min(K, width, remaining)] for each candidate width, K's law scaled to the width (REFINEMENT)."""
-        survival = self.survival()
+        up_to = list(itertools.accumulate(self.survival()))  # up_to[k] = S(0) + ... + S(k)
         limit = self.largest if remaining is None else remaining
         seen = math.exp(self.log_width_sum / self.observed) if self.observed else None
         expected = {}
         for width in self.widths:
-            counted = sum(survival[:min(width, limit)])
+            counted = up_to[min(width, limit) - 1]
             scale = (width / seen) ** REFINEMENT if seen else 1.0
             expected[width] = min(counted * scale, width, limit)
         return expected
