@@ -150,6 +150,19 @@ def per_call_vs_pinned(run: dict[str, Any]) -> float:
     return sum(run["seconds"]["auto"]) / pinned
 
 
+def held_out_vs_best(seconds: dict[str, list[float]]) -> Optional[float]:
+    """Auto's time over the best pinned window's, the best picked on the other half of the seeds (the odd
+    ones pick for the even ones and the reverse, the two ratios averaged): the best of four noisy means is
+    biased low, a window picked on other images is not.  None with fewer than two compared seeds."""
+    if len(seconds["auto"]) < 2:
+        return None
+    ratios = []
+    for pick, judge in ((slice(0, None, 2), slice(1, None, 2)), (slice(1, None, 2), slice(0, None, 2))):
+        best = min((w for w in seconds if w != "auto"), key=lambda w: statistics.mean(seconds[w][pick]))
+        ratios.append(statistics.mean(seconds["auto"][judge]) / statistics.mean(seconds[best][judge]))
+    return statistics.mean(ratios)
+
+
 def fresh_processes(name: str, processes: int, images: int, layers: int, side: int) -> list[dict[str, Any]]:
     """`one_process` in `processes` fresh interpreters one after the other, the first one disturbed."""
     rows = []
@@ -164,20 +177,22 @@ def fresh_processes(name: str, processes: int, images: int, layers: int, side: i
         run = json.loads(done.stdout.strip().splitlines()[-1])
         mean = {window: statistics.mean(times) for window, times in run["seconds"].items()}
         best = min((w for w in mean if w != "auto"), key=mean.get)
-        timed = run["timed"]
+        timed, held_out = run["timed"], held_out_vs_best(run["seconds"])
         rows.append(dict(process=index + 1, burst=f"{BURST_S:g} s" if index == 0 else "-",
                          timed_64_vs_1=timed[max(timed, key=int)] / timed["1"],
                          first_vs_best=run["first_s"] / mean[best], first_widths=run["first_widths"],
                          best_pinned=best, best_s=mean[best], auto_s=mean["auto"],
                          auto_vs_best=mean["auto"] / mean[best],
+                         held_out_vs_best="-" if held_out is None else held_out,
                          calls_vs_best=run["calls"]["auto"] / run["calls"][best],
                          per_call_vs_pinned=per_call_vs_pinned(run), widths=run["widths"]))
-        print(f"  {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)  # what a cut-short run leaves
+        # what a cut-short run leaves, and each seed's seconds for another look at them
+        print(f"  {name}: {json.dumps({**rows[-1], 'seconds': run['seconds']})}", file=sys.stderr, flush=True)
     return rows
 
 
 PROCESS_COLUMNS = ("process", "burst", "timed_64_vs_1", "first_vs_best", "first_widths", "best_pinned", "best_s",
-                   "auto_s", "auto_vs_best", "calls_vs_best", "per_call_vs_pinned", "widths")
+                   "auto_s", "auto_vs_best", "held_out_vs_best", "calls_vs_best", "per_call_vs_pinned", "widths")
 
 
 def replay_models(side: int = 24, entropies: Sequence[tuple[str, float]] = SHARPNESS) -> list[tuple[str, Any, Any]]:
