@@ -150,6 +150,11 @@ def per_call_vs_pinned(run: dict[str, Any]) -> float:
     return sum(run["seconds"]["auto"]) / pinned
 
 
+def fastest_pinned(seconds: dict[str, list[float]], part: slice = slice(None)) -> str:
+    """The pinned window whose images took the least time on average over the seeds `part` picks."""
+    return min((w for w in seconds if w != "auto"), key=lambda w: statistics.mean(seconds[w][part]))
+
+
 def held_out_vs_best(seconds: dict[str, list[float]]) -> Optional[float]:
     """Auto's time over the best pinned window's, the best picked on the other half of the seeds (the odd
     ones pick for the even ones and the reverse, the two ratios averaged): the best of four noisy means is
@@ -158,7 +163,7 @@ def held_out_vs_best(seconds: dict[str, list[float]]) -> Optional[float]:
         return None
     ratios = []
     for pick, judge in ((slice(0, None, 2), slice(1, None, 2)), (slice(1, None, 2), slice(0, None, 2))):
-        best = min((w for w in seconds if w != "auto"), key=lambda w: statistics.mean(seconds[w][pick]))
+        best = fastest_pinned(seconds, pick)
         ratios.append(statistics.mean(seconds["auto"][judge]) / statistics.mean(seconds[best][judge]))
     return statistics.mean(ratios)
 
@@ -176,7 +181,7 @@ def fresh_processes(name: str, processes: int, images: int, layers: int, side: i
             raise RuntimeError(f"benchmark process {index + 1} failed:\n{done.stderr[-3000:]}")
         run = json.loads(done.stdout.strip().splitlines()[-1])
         mean = {window: statistics.mean(times) for window, times in run["seconds"].items()}
-        best = min((w for w in mean if w != "auto"), key=mean.get)
+        best = fastest_pinned(run["seconds"])
         timed, held_out = run["timed"], held_out_vs_best(run["seconds"])
         rows.append(dict(process=index + 1, burst=f"{BURST_S:g} s" if index == 0 else "-",
                          timed_64_vs_1=timed[max(timed, key=int)] / timed["1"],
