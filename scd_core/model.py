@@ -103,6 +103,20 @@ def compute_device(model: Any, weight: torch.Tensor) -> torch.device:
     return getattr(model, "compute_device", None) or weight.device
 
 
+def check_start(cond: Any, prompt_type: type, source: str, batch_size: Any) -> None:
+    """What a family's `start` checks first: `cond` is the `prompt_type` that `source` makes (e.g.
+    "JanusModel.encode()"), and `batch_size` is a positive integer."""
+    if not isinstance(cond, prompt_type):
+        raise ValueError(f"cond must come from {source}, got {type(cond).__name__}")
+    check_batch_size(batch_size)
+
+
+def check_batch_size(batch_size: Any) -> None:
+    """A session's batch: a positive integer."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
 def model_default(model: Any, name: str, fallback: Any) -> Any:
     """A model's recommended sampling value, or the generic fallback."""
     value = getattr(model, name, None)

@@ -32,6 +32,16 @@ def cfg_prefix(cond: Sequence[int], uncond: Sequence[int], pad: int, batch_size:
             torch.tensor(masks, device=device).repeat_interleave(batch_size, dim=0))
 
 
+def check_positions(cond: Sequence[int], uncond: Sequence[int], image_tokens: int, limit: int, advice: str
+                    ) -> None:
+    """The prompt's longer branch and the image must fit the model's `limit` positions; `advice` says what to
+    change when they do not."""
+    width = max(len(cond), len(uncond))
+    if width + image_tokens > limit:
+        raise ValueError(f"prompt ({width} tokens) plus image ({image_tokens}) exceed the model's {limit} "
+                         f"positions: {advice}")
+
+
 class CFGSession:
     rows_per_cache = 1
 

@@ -44,7 +44,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..model import compute_device
+from ..model import check_start, compute_device
 from .checkpoints import ModelLoadError, read_torch_checkpoint
 from .quantize import quantize_linears, quantize_then_move
 from .row_cache import RowCache, joined_call, left_padded
@@ -457,10 +457,7 @@ class CosmosSession:
     rows_per_cache = 1
 
     def __init__(self, model: "CosmosModel", cond: VideoContext, batch_size: int):
-        if not isinstance(cond, VideoContext):
-            raise ValueError(f"Cosmos needs a VideoContext from encode_video(), got {type(cond).__name__}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_start(cond, VideoContext, "CosmosModel.encode_video()", batch_size)
         net = model.module["transformer"]
         cfg = net.config
         self.net, self.batch = net, batch_size

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from .cfg_session import CFGSession, cfg_prefix
+from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import ModelLoadError
 from .generation_only import code_rows_head
 from .hf_folders import check_safetensors_weights
@@ -30,7 +30,7 @@ from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
 from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nulls
-from ..model import compute_device
+from ..model import check_start, compute_device
 from ..static_step import Compilable
 
 MODEL_TYPE = "emu3"
@@ -145,17 +145,11 @@ class Emu3Model(Compilable):
                 *self._tokenizer.encode(f"{rows}*{cols}"), self._image_wrapper)
 
     def start(self, cond: Emu3Prompt, batch_size: int) -> CFGSession:
-        if not isinstance(cond, Emu3Prompt):
-            raise ValueError(f"cond must come from Emu3Model.encode(), got {type(cond).__name__}")
+        check_start(cond, Emu3Prompt, "Emu3Model.encode()", batch_size)
         if cond.size != self.size:  # the size the prompt was encoded for wins
             self._set_grid(*cond.size)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        width = max(len(cond.cond), len(cond.uncond))
-        limit = self.module.config.text_config.max_position_embeddings
-        if width + self.num_tokens > limit:
-            raise ValueError(f"prompt ({width} tokens) plus image ({self.num_tokens}) exceed the model's "
-                             f"{limit} positions: use a shorter prompt or a smaller image_area")
+        check_positions(cond.cond, cond.uncond, self.num_tokens, self.module.config.text_config.max_position_embeddings,
+                        "use a shorter prompt or a smaller image_area")
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._bos, batch_size, self.device)
         net = self.module
         return CFGSession(prefix, mask, self.num_tokens,

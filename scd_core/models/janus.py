@@ -32,7 +32,7 @@ from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
 from .row_cache import RowCache
 from .streaming import HFNetwork, read_hf_network
-from ..model import compute_device
+from ..model import check_start, compute_device
 from ..static_step import Compilable
 from .tokenizer_files import TextTokenizer, read_json
 
@@ -169,10 +169,7 @@ class JanusModel(Compilable):
         return (self._bos, *body, self._boi)
 
     def start(self, cond: JanusPrompt, batch_size: int) -> CFGSession:
-        if not isinstance(cond, JanusPrompt):
-            raise ValueError(f"cond must come from JanusModel.encode(), got {type(cond).__name__}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_start(cond, JanusPrompt, "JanusModel.encode()", batch_size)
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._pad, batch_size, self.device)
         net = self.module
         language_model = net.model.language_model

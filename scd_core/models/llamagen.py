@@ -47,7 +47,7 @@ from .quantize import quantize_linears, quantize_then_move
 from .row_cache import LayerSlots, RowCache, joined_call, paired_order
 from .t5_encoder import load_t5_encoder
 from .tokenizer_files import positive_int, without_nulls
-from ..model import compute_device
+from ..model import check_batch_size, compute_device
 from ..static_step import Compilable
 from .vq16 import VQModel, vq_from_state_dict
 
@@ -371,8 +371,7 @@ class LlamaGenSession:
         """With `compiled_layer` the session has static shapes (`static_shapes`): each window call reads the
         whole pre-sized cache through that compiled block (see scd_core.static_step).  `device`: where to
         compute (the model's `device`); by default where the token embeddings lie."""
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_batch_size(batch_size)
         cfg = gpt.config
         self.gpt, self.batch = gpt, batch_size
         self.device = device or gpt.tok_embeddings.weight.device

@@ -50,8 +50,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..model import compute_device
-from .cfg_session import CFGSession, cfg_prefix
+from ..model import check_start, compute_device
+from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
 from .generation_only import code_rows_head
 from .hf_folders import load_or_refuse
@@ -211,17 +211,11 @@ class LuminaModel:
         return (self._bos, *self._tokenizer.encode(body + END_OF_TURN))
 
     def start(self, cond: LuminaPrompt, batch_size: int) -> CFGSession:
-        if not isinstance(cond, LuminaPrompt):
-            raise ValueError(f"cond must come from LuminaModel.encode(), got {type(cond).__name__}")
+        check_start(cond, LuminaPrompt, "LuminaModel.encode()", batch_size)
         if cond.image_size != self.image_size:  # the size the prompt was encoded for wins
             self.set_image_size(*cond.image_size)
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        width = max(len(cond.cond), len(cond.uncond))
-        limit = self.module["lm"].config.max_position_embeddings
-        if width + self.num_tokens > limit:
-            raise ValueError(f"prompt ({width} tokens) plus image ({self.num_tokens}) exceed the model's {limit} "
-                             "positions: use a shorter prompt")
+        check_positions(cond.cond, cond.uncond, self.num_tokens, self.module["lm"].config.max_position_embeddings,
+                        "use a shorter prompt")
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._boi, batch_size, self.device)
         lm = self.module["lm"]
         return CFGSession(prefix, mask, self.num_tokens,
