@@ -1,5 +1,7 @@
-"""Checks shared by the family tests for samples that advance at their own pace.
+"""Checks shared by the family tests: a window's logits against tokens fed one at a time, and samples that
+advance at their own pace.
 
+`window_and_stepwise_logits` feeds a window of tokens, then the same tokens one at a time after a rewind;
 `staggered_logits` feeds windows to batch rows that sit at different positions
 and returns, next to each call's logits, what a batch-1 session gives for the
 same row fed one token at a time; `assert_own_pace_gives_ar_tokens` checks whole
@@ -14,6 +16,17 @@ from typing import Any, Sequence
 import torch
 from scd_core import SamplerConfig, generate
 from scd_core.bench.pace import PaceRecorder
+
+
+def window_and_stepwise_logits(model: Any, cond: Any, tokens: torch.Tensor) -> tuple:
+    """(cond, uncond) logits of `tokens` (batch, T) fed as one window after the prefill, and of the same
+    tokens fed one at a time after rewinding them."""
+    session = model.start(cond, batch_size=tokens.shape[0])
+    session.prefill()
+    window = session.forward(tokens)
+    session.rewind(tokens.shape[1])
+    stepwise = _cat([session.forward(tokens[:, i:i + 1]) for i in range(tokens.shape[1])], dim=1)
+    return window, stepwise
 
 
 def _cat(parts: Sequence[tuple], dim: int) -> tuple:

@@ -11,7 +11,8 @@ import pytest
 import torch
 from emu3_fixture import EOF, EOI, EOL, EOS, IMAGE_CODES, SPATIAL_FACTOR, VISUAL_TOKENS
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture, one checkpoint per session)
-from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits, tree_logits
+from pace import (assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits, tree_logits,
+                  window_and_stepwise_logits)
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import emu3
@@ -148,26 +149,20 @@ def test_decode_is_transformers_decode_image_tokens(model32: emu3.Emu3Model) -> 
     assert model32.decode(partial).shape == expected.shape
 
 
-def window_and_stepwise_logits(model: emu3.Emu3Model, negative: str | None = None) -> tuple:
+def window_and_stepwise(model: emu3.Emu3Model, negative: str | None = None) -> tuple:
     """Logits of an 8-token window, then of the same tokens fed one at a time after a rewind."""
     pick = torch.randint(0, IMAGE_CODES, (2, 8), generator=torch.Generator().manual_seed(0))
     tokens = model.code_ids[pick]
     tokens[:, 4] = model.forced_tokens[4]  # a row end inside the window, as the engine feeds it
-    session = model.start(model.encode(PROMPT, negative), batch_size=2)
-    session.prefill()
-    window = session.forward(tokens)
-    session.rewind(8)
-    steps = [session.forward(tokens[:, i:i + 1]) for i in range(8)]
-    stepwise = tuple(torch.cat([step[branch] for step in steps], dim=1) for branch in (0, 1))
-    return window, stepwise
+    return window_and_stepwise_logits(model, model.encode(PROMPT, negative), tokens)
 
 
 def test_window_forward_equals_token_by_token(model32: emu3.Emu3Model, model64: emu3.Emu3Model) -> None:
-    window, stepwise = window_and_stepwise_logits(model32)
+    window, stepwise = window_and_stepwise(model32)
     for branch in (0, 1):
         assert window[branch].shape == (2, 8, IMAGE_CODES) and window[branch].dtype == torch.float32
         torch.testing.assert_close(window[branch], stepwise[branch], atol=1e-4, rtol=1e-4)
-    window, stepwise = window_and_stepwise_logits(model64, negative="blurry")
+    window, stepwise = window_and_stepwise(model64, negative="blurry")
     for branch in (0, 1):
         assert float((window[branch] - stepwise[branch]).abs().max()) <= 1e-12
 
@@ -276,6 +271,10 @@ def test_bad_arguments_raise_value_errors(model32: emu3.Emu3Model) -> None:
         model32.encode(42)
     with pytest.raises(ValueError, match="batch_size"):
         model32.start(model32.encode(PROMPT), 0)
+    with pytest.raises(ValueError, match=r"cond must come from Emu3Model\.encode\(\), got str"):
+        model32.start(PROMPT, 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exceed the model's 512 positions: use a shorter prompt or a smaller"):
+        model32.start(model32.encode(" ".join(["word"] * 600)), 1)
     with pytest.raises(ValueError, match=rf"\(batch, {N}\)"):
         model32.decode(torch.zeros(1, N - 1, dtype=torch.long))
     session = model32.start(model32.encode(PROMPT), 1)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from janus_fixture import BOI, BOS, CFG_PAD, IMAGE_CODES, IMAGE_SIZE
-from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits, tree_logits
+from pace import (assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits, tree_logits,
+                  window_and_stepwise_logits)
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import janus
@@ -66,24 +67,18 @@ def test_generate_and_decode_with_every_coupler(model32: janus.JanusModel, coupl
     assert 0 <= float(images.min()) and float(images.max()) <= 1 and float(images.std()) > 0
 
 
-def window_and_stepwise_logits(model: janus.JanusModel, negative: str | None = None) -> tuple:
+def window_and_stepwise(model: janus.JanusModel, negative: str | None = None) -> tuple:
     """Logits of an 8-token window, then of the same tokens fed one at a time after a rewind."""
     tokens = torch.randint(0, IMAGE_CODES, (2, 8), generator=torch.Generator().manual_seed(0))
-    session = model.start(model.encode(PROMPT, negative), batch_size=2)
-    session.prefill()
-    window = session.forward(tokens)
-    session.rewind(8)
-    steps = [session.forward(tokens[:, i:i + 1]) for i in range(8)]
-    stepwise = tuple(torch.cat([step[branch] for step in steps], dim=1) for branch in (0, 1))
-    return window, stepwise
+    return window_and_stepwise_logits(model, model.encode(PROMPT, negative), tokens)
 
 
 def test_window_forward_equals_token_by_token(model32: janus.JanusModel, model64: janus.JanusModel) -> None:
-    window, stepwise = window_and_stepwise_logits(model32)
+    window, stepwise = window_and_stepwise(model32)
     for branch in (0, 1):
         assert window[branch].shape == (2, 8, IMAGE_CODES)
         torch.testing.assert_close(window[branch], stepwise[branch], atol=1e-4, rtol=1e-4)
-    window, stepwise = window_and_stepwise_logits(model64, negative="blurry, low quality")
+    window, stepwise = window_and_stepwise(model64, negative="blurry, low quality")
     for branch in (0, 1):
         assert window[branch].dtype == torch.float64
         assert float((window[branch] - stepwise[branch]).abs().max()) <= 1e-12
@@ -169,6 +164,8 @@ def test_bad_arguments_raise_value_errors(model32: janus.JanusModel) -> None:
         model32.encode(42)
     with pytest.raises(ValueError, match="batch_size"):
         model32.start(model32.encode(PROMPT), 0)
+    with pytest.raises(ValueError, match=r"cond must come from JanusModel\.encode\(\), got str"):
+        model32.start(PROMPT, 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"\(batch, 16\)"):
         model32.decode(torch.zeros(1, 15, dtype=torch.long))
     with pytest.raises(ValueError, match="0..127"):

@@ -12,7 +12,7 @@ from lumina_fixture import (BOI, CODES_1, CODES_2, END_OF_TURN, EOI, HEAD_DIM, H
                             RESOLUTION_1, RESOLUTION_2, ROW_END, SHARDS, SIDE, SPECIAL_IDS_1, SPECIAL_IDS_2,
                             fork_config, tiny_lumina2_dir, tiny_lumina_dir, write_tokenizer)  # noqa: F401
 
-from pace import assert_each_row_matches, staggered_logits, tree_logits
+from pace import assert_each_row_matches, staggered_logits, tree_logits, window_and_stepwise_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import lumina
@@ -127,22 +127,17 @@ def test_session_equals_plain_forward_of_each_branch(model64: lumina.LuminaModel
         assert torch.allclose(got, expected, atol=1e-9, rtol=1e-9), (got - expected).abs().max()
 
 
-def window_and_stepwise_logits(model: lumina.LuminaModel) -> tuple:
+def window_and_stepwise(model: lumina.LuminaModel) -> tuple:
+    """Logits of an 8-token window, then of the same tokens fed one at a time after a rewind."""
     codes = torch.randint(0, model.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
     tokens = model.code_ids[codes]
     tokens[:, SIDE] = model.forced_tokens[SIDE]  # a row-end inside the window, as the engine feeds it
-    session = model.start(model.encode(PROMPT), batch_size=2)
-    session.prefill()
-    window = session.forward(tokens)
-    session.rewind(8)
-    steps = [session.forward(tokens[:, i:i + 1]) for i in range(8)]
-    stepwise = tuple(torch.cat([step[branch] for step in steps], dim=1) for branch in (0, 1))
-    return window, stepwise
+    return window_and_stepwise_logits(model, model.encode(PROMPT), tokens)
 
 
 def test_window_forward_equals_token_by_token(model32: lumina.LuminaModel, model64: lumina.LuminaModel) -> None:
     for model, tolerance in ((model32, 1e-4), (model64, 1e-10)):
-        window, stepwise = window_and_stepwise_logits(model)
+        window, stepwise = window_and_stepwise(model)
         for branch in (0, 1):
             assert window[branch].shape == (2, 8, CODES_1) and window[branch].dtype == model.module["lm"].dtype
             assert torch.allclose(window[branch], stepwise[branch], atol=tolerance, rtol=0)
