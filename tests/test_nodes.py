@@ -63,6 +63,10 @@ def pack(comfy: SimpleNamespace) -> ModuleType:
     """The repository loaded as a custom node package, as ComfyUI's load_custom_node does."""
     spec = importlib.util.spec_from_file_location("comfyui_scd_under_test", REPO_ROOT / "__init__.py",
                                                   submodule_search_locations=[str(REPO_ROOT)])
+    # a module loaded before (another test module's) would lend this one its submodules without binding them
+    # as attributes (`pack.nodes`): load the whole package afresh, as a new ComfyUI process does
+    for name in [name for name in sys.modules if name == spec.name or name.startswith(spec.name + ".")]:
+        del sys.modules[name]
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -104,15 +108,21 @@ def fake_server(comfy: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Fake
     return fake
 
 
+def list_in_comfyui(comfy: SimpleNamespace, root_name: str, folder: Path, name: str) -> None:
+    """Make `folder` the model folder `name` under ComfyUI's models/`root_name`: a link in a models root beside
+    the tiny checkpoint, registered with ComfyUI's folder paths."""
+    root = Path(folder).parent / f"models_{root_name.lower()}"
+    root.mkdir(exist_ok=True)
+    link = root / name
+    if not link.exists():
+        link.symlink_to(folder, target_is_directory=True)
+    comfy.folder_paths.add_model_folder_path(root_name, str(root))
+
+
 @pytest.fixture(scope="module")
 def janus(node_classes: dict[str, Any], comfy: SimpleNamespace, tiny_janus_dir: Path) -> Any:
     """The tiny Janus loaded through the loader node (models/scd/tiny-janus)."""
-    models = Path(tiny_janus_dir).parent / "models_scd"
-    models.mkdir(exist_ok=True)
-    link = models / "tiny-janus"
-    if not link.exists():
-        link.symlink_to(tiny_janus_dir, target_is_directory=True)
-    comfy.folder_paths.add_model_folder_path("scd", str(models))
+    list_in_comfyui(comfy, "scd", tiny_janus_dir, "tiny-janus")
     return node_classes["SCDModelLoader"].execute("tiny-janus", "auto", "auto").result[0]
 
 
@@ -574,12 +584,7 @@ def test_sampling_settings_and_stats_explain_themselves(node_classes: dict[str, 
 def test_tiny_lumina_runs_through_the_nodes(node_classes: dict[str, Any], comfy: SimpleNamespace,
                                             tiny_lumina_dir: Path, fake_server: FakeServer) -> None:
     """Loader lists and loads the folder; forced row-end/end-of-image ids survive; previews decode mid-run."""
-    models = Path(tiny_lumina_dir).parent / "models_scd"
-    models.mkdir(exist_ok=True)
-    link = models / tiny_lumina_dir.name
-    if not link.exists():
-        link.symlink_to(tiny_lumina_dir, target_is_directory=True)
-    comfy.folder_paths.add_model_folder_path("scd", str(models))
+    list_in_comfyui(comfy, "scd", tiny_lumina_dir, tiny_lumina_dir.name)
     (model,) = node_classes["SCDModelLoader"].execute(tiny_lumina_dir.name, "auto", "auto").result
     assert model.model.family == "lumina-mgpt"
     (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a red square", negative_prompt="")
@@ -596,12 +601,7 @@ def test_tiny_lumina_runs_through_the_nodes(node_classes: dict[str, Any], comfy:
 def test_tiny_emu3_runs_through_the_nodes(node_classes: dict[str, Any], comfy: SimpleNamespace,
                                           tiny_emu3_dir: Path, fake_server: FakeServer) -> None:
     """Listed under models/Emu3/, loaded, sampled with forced row-end and closing ids, previewed and decoded."""
-    root = Path(tiny_emu3_dir).parent / "models_emu3"
-    root.mkdir(exist_ok=True)
-    link = root / "Emu3-Gen-hf"
-    if not link.exists():
-        link.symlink_to(tiny_emu3_dir, target_is_directory=True)
-    comfy.folder_paths.add_model_folder_path("Emu3", str(root))
+    list_in_comfyui(comfy, "Emu3", tiny_emu3_dir, "Emu3-Gen-hf")
     assert "Emu3/Emu3-Gen-hf" in inputs_of(node_classes["SCDModelLoader"])["model"][1]["options"]
     (model,) = node_classes["SCDModelLoader"].execute("Emu3/Emu3-Gen-hf", "auto", "auto").result
     assert model.model.family == "emu3" and model.model.num_tokens == 8193  # 720 px by default
