@@ -43,11 +43,9 @@ NVIDIA_MODEL_CONFIG = {
 FRAME_SIZE = (32, 48)  # pixels: 2 x 3 codes of 16 x 16
 
 
-class TinyEncoder(nn.Module):
-    """First frame alone, then groups of 8; 16 x 16 patches averaged; 4 levels per colour -> 64 codes.
-
-    `chunk` > 0 refuses any other number of video frames, like a file traced for one length.
-    """
+class _TinyCodec(nn.Module):
+    """An identity colour projection (a weight for the tokenizer files to hold); `chunk` > 0 refuses any other
+    number of frames, like a file traced for one length."""
 
     def __init__(self, chunk: int = 0) -> None:
         super().__init__()
@@ -55,6 +53,10 @@ class TinyEncoder(nn.Module):
         self.proj = nn.Conv3d(3, 3, 1, bias=False)
         with torch.no_grad():
             self.proj.weight.copy_(torch.eye(3).view(3, 3, 1, 1, 1))
+
+
+class TinyEncoder(_TinyCodec):
+    """First frame alone, then groups of 8; 16 x 16 patches averaged; 4 levels per colour -> 64 codes."""
 
     def forward(self, video: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.chunk > 0 and video.shape[2] != self.chunk:
@@ -68,13 +70,8 @@ class TinyEncoder(nn.Module):
         return indices.int(), latent, torch.zeros(1)
 
 
-class TinyDecoder(nn.Module):
-    def __init__(self, chunk: int = 0) -> None:
-        super().__init__()
-        self.chunk = chunk
-        self.proj = nn.Conv3d(3, 3, 1, bias=False)
-        with torch.no_grad():
-            self.proj.weight.copy_(torch.eye(3).view(3, 3, 1, 1, 1))
+class TinyDecoder(_TinyCodec):
+    """The encoder's codes back to frames: 4 levels per colour, 16 x 16 patches, groups of 8 frames."""
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
         if self.chunk > 0 and indices.shape[1] != self.chunk:
