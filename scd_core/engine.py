@@ -27,7 +27,7 @@ from . import rng
 from . import auto_window
 from . import static_step
 from .config import AUTO_WINDOW, MAX_CANDIDATES, SamplerConfig
-from .model import Logits, Session, TokenModel, model_default
+from .model import Logits, Session, TokenModel, check_batch_size, model_default
 from .sampling import (block_verify, gumbel_argmax, modified_rejection, recursive_rejection, sample, to_probs,
                        without_replacement)
 
@@ -707,8 +707,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     window.  `sync_timing` synchronises the device after each forward so that the
     forward/sampling split is exact (slower; for benchmarks).
     """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    check_batch_size(batch_size)
     started = time.perf_counter()
     run = _Run(model, model.start(cond, batch_size), config, batch_size, sync_timing)
     while run.done < run.n:
