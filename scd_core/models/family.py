@@ -34,7 +34,7 @@ class Family:
     top_p: str = ""  # its recommended top-p where it has one (the others' is 1: no top-p)
     class_index: str = ""  # which of its models take a class index as the prompt
     sizes: tuple[str, ...] = ()  # the other image sizes it takes: "Emu3 (any aspect, 8 px steps)"
-    video: str = ""  # a video family: the context frames it continues (image prompts); "" for image families
+    video: str = ""  # a video family: the context frames (its image prompts) it continues; "" for image families
     compile: bool = False  # static-shape window calls: load_model(..., compile=True)
     quantize: bool = True  # its backbone stored in int8 / nf4
 
@@ -46,8 +46,8 @@ class Family:
 
 @functools.lru_cache(maxsize=None)
 def family_modules() -> tuple[ModuleType, ...]:
-    """The family modules in MODULES' order.  Imported on first use, not with this module: only the family
-    modules import torch's model code."""
+    """The family modules in MODULES' order, imported on first use (this module imports nothing heavy; a family
+    module imports torch but not transformers)."""
     return tuple(importlib.import_module(f"{__package__}.{name}") for name in MODULES)
 
 
@@ -56,11 +56,11 @@ def families() -> tuple[Family, ...]:
 
 
 def joined(words: Iterable[str], last: str = "and") -> str:
-    """"a, b and c"."""
+    """The words as prose: "a, b and c"."""
     items = list(words)
     return f" {last} ".join(filter(None, [", ".join(items[:-1]), *items[-1:]]))
 
 
 def compilable() -> str:
-    """What loads with compile=True: "demo/LlamaGen, Janus-Pro and Emu3"."""
+    """What loads with compile=True: "Janus-Pro, demo/LlamaGen and Emu3"."""
     return joined(family.title for family in families() if family.compile)
