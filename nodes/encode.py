@@ -7,12 +7,16 @@ from typing import Optional
 from comfy_api.latest import io
 
 from scd_core.model import set_image_size
+from scd_core.models.family import families, joined
 
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
 
-SIZE_TOOLTIP = ("Image {side} in pixels; 0 = the model's own size. Emu3 (any aspect, 8 px steps), Lumina-mGPT 2.0 "
-                "(any aspect, multiples of 32) and Lumina-mGPT 1 (square, multiples of 32) take other sizes; the "
-                "prompt carries the size, as these models expect.")
+
+
+def size_tooltip(side: str) -> str:
+    sizes = joined(size for family in families() for size in family.sizes)
+    return (f"Image {side} in pixels; 0 = the model's own size. {sizes} take other sizes; the prompt carries the "
+            "size, as these models expect.")
 
 
 class SCDPromptEncode(io.ComfyNode):
@@ -23,7 +27,8 @@ class SCDPromptEncode(io.ComfyNode):
             display_name="SCD Prompt Encode",
             category="SCD",
             description="Turns a prompt into conditioning for the SCD Sampler. Class-conditional models "
-                         "(demo, LlamaGen c2i) take a class index such as 7.",
+                        f"({', '.join(filter(None, (family.class_index for family in families())))}) take a "
+                        "class index such as 7.",
             inputs=[
                 SCDModel.Input("model"),
                 io.String.Input("prompt", multiline=True, default="7",
@@ -31,9 +36,9 @@ class SCDPromptEncode(io.ComfyNode):
                 io.String.Input("negative_prompt", multiline=True, default="", optional=True,
                                 tooltip="Used as the unconditional branch of CFG where the model supports it."),
                 io.Int.Input("width", default=0, min=0, max=4096, step=8, optional=True,
-                             tooltip=SIZE_TOOLTIP.format(side="width")),
+                             tooltip=size_tooltip("width")),
                 io.Int.Input("height", default=0, min=0, max=4096, step=8, optional=True,
-                             tooltip=SIZE_TOOLTIP.format(side="height")),
+                             tooltip=size_tooltip("height")),
             ],
             outputs=[SCDCond.Output(display_name="conditioning")],
         )

@@ -12,6 +12,7 @@ import torch
 from comfy.cli_args import args
 from comfy_api.latest import io
 from scd_core import load_model
+from scd_core.models.family import compilable, families
 from scd_core.models.loading import estimate_memory, pick_device
 from scd_core.models.checkpoints import ModelLoadError
 from scd_core.models.memory import auto_precision
@@ -20,7 +21,7 @@ from server import PromptServer
 
 from .checks import CheckedCombo, choice_error
 from .lowvram import follow_loads, make_streamable
-from .model_folders import DEMO, model_choices, unknown_model_message
+from .model_folders import DEMO, MODEL_ROOTS, model_choices, unknown_model_message
 from .sockets import LoadedModel, SCDModel
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -113,14 +114,15 @@ class SCDModelLoader(io.ComfyNode):
             node_id="SCDModelLoader",
             display_name="SCD Model Loader",
             category="SCD",
-            description="Loads an autoregressive image or video model (Janus-Pro, LlamaGen, Cosmos, ..., or the "
-                        "small demo model) for speculative coupled decoding.",
+            description=f"Loads an autoregressive image or video model "
+                        f"({', '.join(family.label for family in families())}, or the small demo model) for "
+                        "speculative coupled decoding.",
             inputs=[
                 io.Combo.Input("model", options=list(model_choices()), default=DEMO,
-                               tooltip="A folder under models/scd/ or a family folder (models/Janus-Pro/, "
-                                       "models/LlamaGen/, models/Cosmos/, ...); only folders that hold a "
-                                       "model this pack recognises are listed (press R to refresh). "
-                                       "'demo' is the small digit model shipped with the pack."),
+                               tooltip="A folder under models/scd/ or a family folder "
+                                       f"({', '.join(f'models/{root}/' for root in MODEL_ROOTS[1:])}); only "
+                                       "folders that hold a model this pack recognises are listed (press R to "
+                                       "refresh). 'demo' is the small digit model shipped with the pack."),
                 CheckedCombo("device", options=list(DEVICES), default="auto",
                              tooltip="auto: ComfyUI's device (respects --cpu)."),
                 CheckedCombo("dtype", options=list(DTYPES), default="auto",
@@ -133,7 +135,7 @@ class SCDModelLoader(io.ComfyNode):
                 io.Boolean.Input("compile", default=False, optional=True,
                                  tooltip="Static-shape window calls through torch.compile (CUDA graphs on "
                                          "CUDA); the first call of each window width compiles (minutes on "
-                                         "CPU). demo/LlamaGen, Janus-Pro and Emu3; candidates must be 1."),
+                                         f"CPU). {compilable()}; candidates must be 1."),
             ],
             outputs=[SCDModel.Output(display_name="model")],
             hidden=[io.Hidden.unique_id],

@@ -1,5 +1,5 @@
-"""Where the loader finds models: ComfyUI's models/scd/ and the family folders models/Janus-Pro/,
-models/LlamaGen/, models/Cosmos/ and models/Emu3/.
+"""Where the loader finds models: ComfyUI's models/scd/ and each family's own folders (`Family.roots`, e.g.
+models/Janus-Pro/).
 
 Hugging Face style models are folders, which folder_paths.get_filename_list does not
 list, so the folders under each registered path are enumerated here; only those a model
@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import folder_paths
+from scd_core.models.family import families
 from scd_core.models.loading import detect_family, download_hint, unrecognised_message
 
 DEMO = "demo"
 # folder_paths names; each is models/<name>/ by default (extra_model_paths.yaml may add more paths).
-MODEL_ROOTS = ("scd", "Janus-Pro", "LlamaGen", "Cosmos", "Emu3")
+MODEL_ROOTS = ("scd", *(root for family in families() for root in family.roots))
 
 
 def register_model_roots() -> None:

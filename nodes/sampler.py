@@ -9,6 +9,7 @@ from comfy_api.latest import io
 from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate
 from scd_core.config import AUTO_WINDOW, MAX_CANDIDATES, MAX_SEED, MAX_WINDOW
 from scd_core.model import FAR_CFG_FACTOR, FAR_TEMPERATURE_FACTOR, unusual_settings
+from scd_core.models.family import families, joined
 
 from .checks import CheckedCombo, check_same_model
 from .progress import ProgressReporter
@@ -44,6 +45,22 @@ def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, tempe
                          draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init, candidates=candidates)
 
 
+def cfg_tooltip() -> str:
+    """The recommended scales and notes the families declare."""
+    recommended = ", ".join(family.cfg for family in families() if family.cfg)
+    unguided = [family.label for family in families() if not family.cfg]
+    if unguided:
+        recommended += f"; {joined(unguided)} {'has' if len(unguided) == 1 else 'have'} none"
+    notes = " ".join(family.cfg_note for family in families() if family.cfg_note)
+    return (f"Classifier-free guidance scale; -1 uses the model's recommended value ({recommended}). Far above it "
+            f"(more than {FAR_CFG_FACTOR:g}x) images turn to noise: the status line warns. {notes}").rstrip()
+
+
+def top_p_tooltip() -> str:
+    declared = "; ".join(family.top_p for family in families() if family.top_p)
+    return f"0 uses the model's recommended value ({declared + ', ' if declared else ''}else 1: no top-p)."
+
+
 def check_draft_init(model: LoadedModel, config: SamplerConfig) -> None:
     """previous_frame copies a token one video frame back, so it needs a model with frames."""
     if config.draft_init == "previous_frame" and len(getattr(model.model, "grid", None) or ()) != 3:
@@ -72,12 +89,7 @@ class SCDSampler(io.ComfyNode):
                                      "call costs on this device and how many tokens the calls so far committed. "
                                      "Pin a number for seeds that give the same image on every machine."),
                 io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
-                               tooltip="Classifier-free guidance scale; -1 uses the model's recommended value "
-                                       "(demo 2, Janus-Pro 5, LlamaGen 4 / text 7.5, Lumina-mGPT 3 / 2.0: 4, "
-                                       f"Emu3 3; Cosmos has none). Far above it (more than {FAR_CFG_FACTOR:g}x) "
-                                       "images turn to noise: the status line warns. Lumina-mGPT 2.0 follows its "
-                                       "authors: 1 turns CFG off; any other scale acts as at least 4 and decays "
-                                       "to 4 within the first image row."),
+                               tooltip=cfg_tooltip()),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
                              tooltip="Random seed: with a pinned window, the same seed and settings give the same "
                                      "image on every machine. In a batch, row i uses seed + i."),
@@ -89,8 +101,7 @@ class SCDSampler(io.ComfyNode):
                 io.Int.Input("top_k", default=RECOMMENDED_TOP_K, min=0, max=MAX_TOP_K,
                              tooltip="0 uses the model's recommended value."),
                 io.Float.Input("top_p", default=RECOMMENDED_TOP_P, min=0.0, max=1.0, step=0.01,
-                               tooltip="0 uses the model's recommended value (0.8 / 0.9 for Cosmos, else 1: "
-                                       "no top-p)."),
+                               tooltip=top_p_tooltip()),
                 CheckedCombo("draft_init", options=list(DRAFT_INIT_CHOICES), default=MODEL_DRAFT_INIT,
                              tooltip="First guess for tokens entering the window: auto (previous_frame for "
                                      "video, else above), random, the token to the left, the token above "

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 from comfy_api.latest import io
+from scd_core.models.family import families
 
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
 
@@ -17,8 +18,9 @@ class SCDVideoContext(io.ComfyNode):
             node_id="SCDVideoContext",
             display_name="SCD Video Context",
             category="SCD",
-            description="Turns the frames a video model continues (Cosmos: 1 or 9 frames, resized to the "
-                        "model's frame size) into conditioning for the SCD Sampler.",
+            description="Turns the frames a video model continues "
+                        f"({'; '.join(f'{family.label}: {family.video}' for family in families() if family.video)}) "
+                        "into conditioning for the SCD Sampler.",
             inputs=[
                 SCDModel.Input("model"),
                 io.Image.Input("frames", tooltip="Context frames in order, e.g. from Load Video + Get Video "

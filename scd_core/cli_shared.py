@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
+from .models.family import compilable, families
 from .models.loading import load_model, pick_device
 from .models.quantize import PRECISIONS
 from .model import set_image_size
@@ -49,11 +50,12 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
                        help="store the backbone's weights in 8 or 4 bits (nf4 needs bitsandbytes); exact either way")
     group.add_argument("--compile", action="store_true",
                        help="static-shape window calls through torch.compile (CUDA graphs on CUDA); the first "
-                            "call of each window width compiles (demo/LlamaGen, Janus-Pro, Emu3; candidates 1)")
+                            f"call of each window width compiles ({compilable()}; candidates 1)")
+    sized = ", ".join(family.label for family in families() if family.sizes)
     group.add_argument("--width", type=_pixels, default=0,
-                       help="image width in pixels (Emu3, Lumina-mGPT); 0: the model's size")
+                       help=f"image width in pixels ({sized}); 0: the model's size")
     group.add_argument("--height", type=_pixels, default=0,
-                       help="image height in pixels (Emu3, Lumina-mGPT); 0: the model's size")
+                       help=f"image height in pixels ({sized}); 0: the model's size")
 
 
 def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

@@ -17,8 +17,8 @@ the verification or the coupling reads a value back to the host.  So each bucket
 Either falls back to eager, with one warning, when it fails.  Compiled code is kept for the process (and in
 inductor's on-disk cache); graphs belong to one generation (they hold its cache's addresses).
 
-Families (`Compilable`, `STATIC_SHAPES` in the family module): demo/LlamaGen through its own blocks, Janus-Pro
-and Emu3 through the row attention (`models.row_attention.attention_layer`).  Trees of candidates are refused
+Families that declare `compile` (`models.family.Family`) are `Compilable`: through their own blocks or the row
+attention (`models.row_attention.attention_layer`).  Trees of candidates are refused
 (they would grow the cache); rows that finish stay in the batch (regrouping would change the shapes).
 """
 

@@ -46,12 +46,18 @@ import torch.nn.functional as F
 
 from ..model import check_start, compute_device
 from .checkpoints import ModelLoadError, read_torch_checkpoint
+from .family import Family
 from .quantize import quantize_linears, quantize_then_move
 from .row_cache import RowCache, joined_call, left_padded
 from .tokenizer_files import positive_int, read_json
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
 WEIGHTS = "model.pt"
+FAMILY = Family(
+    label="Cosmos", holds="a Cosmos-1.0 autoregressive folder (model.pt)",
+    downloads=(("cosmos", "NVIDIA's nvidia/Cosmos-1.0-Autoregressive-4B (or another size) with the tokenizer folder "
+                          "nvidia/Cosmos-1.0-Tokenizer-DV8x16x16 next to it"),),
+    roots=("Cosmos",), top_p="0.8 / 0.9 for Cosmos", video="1 or 9 frames, resized to the model's frame size")
 CACHE_TOKENS = 12800  # 9 context frames and 24 generated ones: 5 latent frames (memory estimates)
 ENCODER, DECODER = "encoder.jit", "decoder.jit"
 TOKENIZER_FOLDER = "Cosmos-1.0-Tokenizer-DV8x16x16"

@@ -24,6 +24,7 @@ import torch
 
 from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import ModelLoadError
+from .family import Family
 from .generation_only import code_rows_head
 from .hf_folders import check_safetensors_weights
 from .quantize import quantize_then_move
@@ -34,7 +35,10 @@ from ..model import check_start, compute_device
 from ..static_step import Compilable
 
 MODEL_TYPE = "emu3"
-STATIC_SHAPES = True  # load_model(..., compile=True) works: sessions offer static-shape calls
+FAMILY = Family(
+    label="Emu3", holds="an Emu3-Gen folder (BAAI/Emu3-Gen-hf: model_type 'emu3')",
+    downloads=(("emu3", "the Hugging Face repository BAAI/Emu3-Gen-hf (the transformers format)"),),
+    roots=("Emu3",), cfg="Emu3 3", sizes=("Emu3 (any aspect, 8 px steps)",), compile=True)
 HF_FORMAT_HINT = ("download the transformers-format repository BAAI/Emu3-Gen-hf instead (BAAI/Emu3-Gen holds "
                   "the original layout, which needs its own custom code)")
 BOS, EOS = "<|extra_203|>", "<|extra_204|>"

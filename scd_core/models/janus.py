@@ -27,6 +27,7 @@ import torch
 
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
+from .family import Family
 from .hf_folders import check_safetensors_weights
 from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
@@ -37,7 +38,13 @@ from ..static_step import Compilable
 from .tokenizer_files import TextTokenizer, read_json
 
 MODEL_TYPE = "janus"
-STATIC_SHAPES = True  # load_model(..., compile=True) works: sessions offer static-shape calls
+FAMILY = Family(
+    label="Janus-Pro",
+    holds="a Janus-Pro folder in the transformers format (config.json with model_type 'janus', *.safetensors, "
+          "tokenizer.json)",
+    downloads=(("janus", "the Hugging Face repository deepseek-community/Janus-Pro-1B or "
+                         "deepseek-community/Janus-Pro-7B (the transformers format)"),),
+    roots=("Janus-Pro",), cfg="Janus-Pro 5", compile=True)
 # The deepseek-ai repositories hold the original code's layout (config model_type "multi_modality").
 ORIGINAL_MODEL_TYPE = "multi_modality"
 HF_FORMAT_HINT = ("download the transformers-format checkpoint deepseek-community/Janus-Pro-1B or "

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
+from .family import Family
 from .quantize import quantize_linears, quantize_then_move
 from .row_cache import LayerSlots, RowCache, joined_call, paired_order
 from .t5_encoder import load_t5_encoder
@@ -58,7 +59,11 @@ PRESETS = {"GPT-B": (768, 12), "GPT-L": (1024, 16), "GPT-XL": (1280, 20), "GPT-X
            "GPT-XXXL": (2560, 40), "GPT-1B": (2048, 32), "GPT-3B": (3200, 32), "GPT-7B": (4096, 32)}
 HEADS_BY_WIDTH = {dim: heads for dim, heads in PRESETS.values()}
 T5_MAX_TOKENS = 120
-STATIC_SHAPES = True  # load_model(..., compile=True) works: sessions offer static-shape calls
+FAMILY = Family(
+    label="LlamaGen", also="demo", holds="a LlamaGen folder (GPT and VQ checkpoints)",
+    downloads=(("llamagen", "a LlamaGen GPT checkpoint such as c2i_B_256.pt and the VQ checkpoint vq_ds16_c2i.pt "
+                            "(Hugging Face FoundationVision/LlamaGen)"),),
+    roots=("LlamaGen",), cfg="demo 2, LlamaGen 4 / text 7.5", class_index="demo, LlamaGen c2i", compile=True)
 
 
 # ----------------------------------------------------------------------------- network

@@ -1,12 +1,11 @@
 """`load_model`: a model folder on disk (or "demo") to a ready TokenModel.
 
-Each family module offers `detect(folder) -> bool` and
+Each family module (`family.MODULES`) declares itself (`FAMILY`) and offers `detect(folder) -> bool` and
 `load(folder, device, dtype, quantize)`; the first family that recognises the folder loads it.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional, Union
@@ -14,31 +13,11 @@ from typing import Any, Optional, Union
 import torch
 
 from .checkpoints import ModelLoadError
+from .family import compilable, families, family_modules, joined
 from .memory import MemoryEstimate, folder_estimate, t5_folder_estimate
 from .quantize import check_precision, normalize_precision
 
-# Family modules, asked in order.  Imported lazily: transformers is slow to import.
-FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.models.emu3",
-            "scd_core.models.cosmos", "scd_core.models.lumina")
 DEMO_DIR = Path(__file__).parents[1] / "demo"
-# What to download for a folder named after a published model: (a word of the name, lower case; what).
-DOWNLOADS = (
-    ("janus", "the Hugging Face repository deepseek-community/Janus-Pro-1B or deepseek-community/Janus-Pro-7B "
-              "(the transformers format)"),
-    ("emu3", "the Hugging Face repository BAAI/Emu3-Gen-hf (the transformers format)"),
-    ("lumina-mgpt-2", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0 plus MoVQGAN's movqgan_270M.ckpt"),
-    ("lumina", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-7B-768 (or -512, -1024) plus Chameleon's "
-               "vqgan.ckpt and vqgan.yaml"),
-    ("cosmos", "NVIDIA's nvidia/Cosmos-1.0-Autoregressive-4B (or another size) with the tokenizer folder "
-               "nvidia/Cosmos-1.0-Tokenizer-DV8x16x16 next to it"),
-    ("llamagen", "a LlamaGen GPT checkpoint such as c2i_B_256.pt and the VQ checkpoint vq_ds16_c2i.pt "
-                 "(Hugging Face FoundationVision/LlamaGen)"),
-)
-
-
-def static_families() -> list[str]:
-    """The families whose models load with compile=True."""
-    return [name.rsplit(".", 1)[-1] for name in FAMILIES if hasattr(importlib.import_module(name), "STATIC_SHAPES")]
 
 
 def pick_device(device: Union[str, torch.device, None]) -> torch.device:
@@ -76,28 +55,20 @@ def pick_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) -> to
 def download_hint(name: str) -> Optional[str]:
     """What to download for a model folder called `name`, when the name says which published model it is."""
     lowered = name.lower()
-    return next((what for word, what in DOWNLOADS if word in lowered), None)
+    return next((what for family in families() for word, what in family.downloads if word in lowered), None)
 
 
 def detect_family(folder: Path) -> Optional[ModuleType]:
     """The family module that recognises `folder` (a model folder, perhaps incomplete), or None."""
-    for name in FAMILIES:
-        family = importlib.import_module(name)
-        if family.detect(folder):
-            return family
-    return None
+    return next((family for family in family_modules() if family.detect(folder)), None)
 
 
 def unrecognised_message(folder: Path) -> str:
     """Why no family takes `folder`: what it holds and what each family expects."""
     found = ", ".join(sorted(p.name for p in folder.iterdir())[:12]) or "nothing"
-    return (
-        f"{folder} is not a model folder this pack can load (found: {found}). Expected a Janus-Pro folder in "
-        "the transformers format (config.json with model_type 'janus', *.safetensors, tokenizer.json), an "
-        "Emu3-Gen folder (BAAI/Emu3-Gen-hf: model_type 'emu3'), a Lumina-mGPT folder (model_type 'chameleon' "
-        "plus vqgan.ckpt or movqgan_270M.ckpt), a "
-        "LlamaGen folder (GPT and VQ checkpoints) or a Cosmos-1.0 autoregressive folder (model.pt); see the "
-        "README's 'Model folders' section")
+    expected = joined((family.holds for family in families()), last="or")
+    return (f"{folder} is not a model folder this pack can load (found: {found}). Expected {expected}; see the "
+            "README's 'Model folders' section")
 
 
 def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = None,
@@ -119,10 +90,13 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
     precision = normalize_precision(quantize)
     check_precision(precision, device, dtype)  # before anything is read
     family = _family(folder)
-    if compile and not hasattr(family, "STATIC_SHAPES"):
-        raise ModelLoadError(f"compile=True is not available for {folder} ({family.__name__.rsplit('.', 1)[-1]} "
-                             f"family) yet: only {', '.join(static_families())} have static-shape calls; load it "
-                             "with compile=False")
+    name = family.__name__.rsplit(".", 1)[-1]
+    if compile and not family.FAMILY.compile:
+        raise ModelLoadError(f"compile=True is not available for {folder} ({name} family) yet: only "
+                             f"{compilable()} have static-shape calls; load it with compile=False")
+    if precision != "none" and not family.FAMILY.quantize:
+        raise ModelLoadError(f"quantize={precision!r} is not available for {folder} ({name} family) yet: load it "
+                             "at full precision (quantize='none')")
     model = family.load(folder, device, dtype, quantize=precision)
     if compile:
         model.enable_compile()

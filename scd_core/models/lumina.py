@@ -53,6 +53,7 @@ import torch
 from ..model import check_start, compute_device
 from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from .family import Family
 from .generation_only import code_rows_head
 from .hf_folders import load_or_refuse
 from .quantize import assign_quantizing, quantize_then_move
@@ -64,6 +65,17 @@ from .movqgan import CHECKPOINT as MOVQGAN_CHECKPOINT, load_movqgan
 from .taming import VQDecoder
 
 MODEL_TYPE = "chameleon"
+FAMILY = Family(
+    label="Lumina-mGPT",
+    holds="a Lumina-mGPT folder (model_type 'chameleon' plus vqgan.ckpt or movqgan_270M.ckpt)",
+    downloads=(("lumina-mgpt-2", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0 plus MoVQGAN's "
+                                 "movqgan_270M.ckpt"),
+               ("lumina", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-7B-768 (or -512, -1024) plus "
+                          "Chameleon's vqgan.ckpt and vqgan.yaml")),
+    cfg="Lumina-mGPT 3 / 2.0: 4",
+    cfg_note="Lumina-mGPT 2.0 follows its authors: 1 turns CFG off; any other scale acts as at least 4 and decays "
+             "to 4 within the first image row.",
+    sizes=("Lumina-mGPT 2.0 (any aspect, multiples of 32)", "Lumina-mGPT 1 (square, multiples of 32)"))
 BOI, EOI, ROW_END, END_OF_TURN, BOS = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<s>"
 PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
 GRID_CELL = 32  # pixels per height/width token

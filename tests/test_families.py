@@ -1,0 +1,83 @@
+"""Each family declares itself once (scd_core.models.family): loading, the folder lists, the messages, the node
+tooltips and the CLI read the declarations, so a family added to the registry is recognised and named everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import types
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from scd_core import ModelLoadError, load_model
+from scd_core.cli_shared import add_model_arguments
+from scd_core.models import family as registry
+from scd_core.models.family import Family, compilable, families, joined
+from scd_core.models.loading import detect_family, download_hint, unrecognised_message
+
+REPO = Path(__file__).resolve().parents[1]
+# what reads the declarations instead of naming families
+DERIVED = ("nodes/sampler.py", "nodes/loader.py", "nodes/encode.py", "scd_core/cli_shared.py",
+           "scd_core/static_step.py")
+TOY = Family(label="Toy-GPT", holds="a Toy-GPT folder (toy.json)", downloads=(("toy-gpt", "the toy repository"),),
+             roots=("Toy-GPT",), cfg="Toy-GPT 2", sizes=("Toy-GPT (any size)",), quantize=False)
+
+
+def test_every_registered_module_declares_a_family() -> None:
+    declared = families()
+    assert len(declared) == len(registry.MODULES) and all(isinstance(family, Family) for family in declared)
+    roots = [root for family in declared for root in family.roots]
+    assert len(roots) == len(set(roots)) and "scd" not in roots
+
+
+def test_the_front_ends_name_no_family() -> None:
+    names = re.compile("|".join(re.escape(name) for name in (*registry.MODULES, *(f.label for f in families()))),
+                       re.IGNORECASE)
+    found = {path: names.findall((REPO / path).read_text()) for path in DERIVED}
+    assert not any(found.values()), found
+
+
+def test_joined() -> None:
+    assert [joined([]), joined(["a"]), joined(["a", "b"]), joined("abc", last="or")] == \
+        ["", "a", "a and b", "a, b or c"]
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    """A family module registered as a new family is: its module plus its name in MODULES."""
+    module = types.ModuleType(f"{registry.__package__}.toy")
+    module.FAMILY = TOY
+    module.detect = lambda folder: (Path(folder) / "toy.json").is_file()
+    module.load = lambda folder, device, dtype, quantize="none": ("toy model", folder, quantize)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(registry, "MODULES", (*registry.MODULES, "toy"))
+    registry.family_modules.cache_clear()
+    yield module
+    registry.family_modules.cache_clear()  # before MODULES is restored: the next call reads the real list
+
+
+def test_a_registered_family_is_recognised_and_named(toy: types.ModuleType, tmp_path: Path) -> None:
+    folder = tmp_path / "Toy-GPT-small"
+    folder.mkdir()
+    assert detect_family(folder) is None
+    assert f"or {TOY.holds}; see the README" in unrecognised_message(folder)
+    assert download_hint(folder.name) == "the toy repository"
+    (folder / "toy.json").write_text("{}")
+    assert detect_family(folder) is toy
+    assert load_model(folder, device="cpu") == ("toy model", folder, "none")
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser.add_argument_group("model"))
+    assert "(Emu3, Lumina-mGPT, Toy-GPT)" in parser.format_help()
+
+
+def test_what_a_family_does_not_support_is_refused(toy: types.ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "toy.json").write_text("{}")
+    assert "Toy-GPT" not in compilable()
+    with pytest.raises(ModelLoadError, match=rf"compile=True is not available .*\(toy family\) yet: only "
+                                             rf"{re.escape(compilable())} have"):
+        load_model(tmp_path, device="cpu", compile=True)
+    with pytest.raises(ModelLoadError, match=r"quantize='int8' is not available .*\(toy family\)"):
+        load_model(tmp_path, device="cpu", quantize="int8")
