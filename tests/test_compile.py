@@ -9,6 +9,7 @@ real inductor on the smallest model at windows 1 and 8.
 from __future__ import annotations
 
 import dataclasses
+import types
 import warnings
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from torch._dynamo.utils import counters
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
-from scd_core import ModelLoadError, SamplerConfig, generate, generate_many, load_model, static_step
+from scd_core import ModelLoadError, SamplerConfig, generate, generate_many, load_model, sampling, static_step
 from scd_core.auto_window import candidate_widths
 
 COUPLINGS = [dict(coupler="maximal"), dict(coupler="gumbel"), dict(coupler="independent"),
@@ -220,3 +221,46 @@ def test_generate_many_runs_batches_of_consecutive_seeds(folders, traced, monkey
     for index, (cond, seed) in enumerate(jobs):
         alone = generate(eager, cond, dataclasses.replace(config, seed=seed))
         assert torch.equal(results[index].tokens, alone.tokens), (index, seed)
+
+
+def test_sampler_tensors_give_the_same_probabilities() -> None:
+    """The numbers a compiled step reads from the device: bit-equal probabilities to the host numbers, top-k
+    from the sorted logits included (ties at the k-th value kept, as topk's threshold keeps them)."""
+    generator = torch.Generator().manual_seed(0)
+    cond, uncond = (torch.randn(2, 3, 50, generator=generator) * 4 for _ in range(2))
+    cond[0, 0, :6] = cond[0, 0, 0]  # a tie across the k-th value
+    for numbers in [(3.5, 0.7, 5, 1.0), (1.0, 1.3, None, 0.9), (7.0, 0.45, 1, 0.5), (2.0, 1.0, 49, 1.0),
+                    (1.0, 1.0, 50, 1.0)]:
+        on_device = sampling.sampler_tensors(*numbers, vocab=50, device=torch.device("cpu"))
+        assert torch.equal(sampling.to_probs(cond, uncond, *on_device), sampling.to_probs(cond, uncond, *numbers))
+    # what changes nothing stays a host constant: applying it would be another graph, not another value
+    assert sampling.sampler_tensors(1.0, 1.0, 50, 1.0, 50, torch.device("cpu"))[::2] == (1.0, None)
+
+
+def test_sampler_numbers_match_eager(folders, traced) -> None:
+    eager, compiled = pair(folders["t2i"])
+    cond = eager.encode("a red cat")
+    for numbers in (dict(cfg_scale=3.5, temperature=0.7, top_k=5), dict(cfg_scale=1.0, top_k=12, top_p=0.8)):
+        assert_same_run(eager, compiled, cond, SamplerConfig(window=4, seed=8, **numbers), batch_size=2)
+
+
+def test_recompile_limit_of_every_torch() -> None:
+    """torch 2.4-2.6 name the limit cache_size_limit, later ones recompile_limit; it is only ever raised."""
+    for name in ("recompile_limit", "cache_size_limit"):
+        for before, after in ((8, static_step.RECOMPILE_LIMIT), (1000, 1000)):
+            config = types.SimpleNamespace(**{name: before})
+            static_step.raise_recompile_limit(config)
+            assert vars(config) == {name: after}
+
+
+def test_untested_torch_runs_eagerly_with_one_warning(folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(static_step, "_WARNED", set())
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
+    with pytest.warns(RuntimeWarning, match=r"compile=True needs torch 2\.13 or newer \(this is 2\.6\.0\+cu124\); "
+                                            "running eagerly") as caught:
+        eager, compiled = pair(folders["c2i"])
+        load_model(folders["c2i"], device="cpu", compile=True)
+    assert len(caught) == 1 and not compiled.compiled
+    assert_same_run(eager, compiled, eager.encode("2"), SamplerConfig(window=8, seed=1))
+    assert [static_step.torch_tested(v) for v in ("2.4.1", "2.12.0a0+git", "2.13.0", "2.14.1+cu130", "3.0")] == [
+        False, False, True, True, True]
