@@ -9,6 +9,7 @@ real inductor on the smallest model at windows 1 and 8.
 from __future__ import annotations
 
 import dataclasses
+import random
 import types
 import warnings
 from pathlib import Path
@@ -21,8 +22,10 @@ from torch._dynamo.utils import counters
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
-from scd_core import ModelLoadError, SamplerConfig, generate, generate_many, load_model, sampling, static_step
+from scd_core import (ModelLoadError, SamplerConfig, auto_window, generate, generate_many, load_model, sampling,
+                      static_step)
 from scd_core.auto_window import candidate_widths
+from scd_core.config import AUTO_WINDOW
 
 COUPLINGS = [dict(coupler="maximal"), dict(coupler="gumbel"), dict(coupler="independent"),
              dict(coupler="faithful"), dict(coupler="independent", verification="block"),
@@ -264,3 +267,47 @@ def test_untested_torch_runs_eagerly_with_one_warning(folders, monkeypatch: pyte
     assert_same_run(eager, compiled, eager.encode("2"), SamplerConfig(window=8, seed=1))
     assert [static_step.torch_tested(v) for v in ("2.4.1", "2.12.0a0+git", "2.13.0", "2.14.1+cu130", "3.0")] == [
         False, False, True, True, True]
+
+
+def _session_settings(count: int, windows: list, seed: int, vocab: int) -> list[tuple[int, SamplerConfig]]:
+    """`count` (prompt words, config) pairs as a ComfyUI user makes them: new prompts, guidance scales,
+    temperatures and top-k values (`vocab`: none), at the windows given in turn."""
+    rng = random.Random(seed)
+    return [(rng.randrange(12), SamplerConfig(window=windows[index % len(windows)], seed=index,
+                                              cfg_scale=round(rng.uniform(1.5, 8.0), 2),
+                                              temperature=round(rng.uniform(0.5, 1.5), 2),
+                                              top_k=rng.choice([vocab, rng.randrange(2, vocab)])))
+            for index in range(count)]
+
+
+@pytest.mark.parametrize("family", ["demo"])  # janus: with the prompt bucket (see the report)
+def test_a_long_comfyui_session_stops_compiling(request: pytest.FixtureRequest, folders, traced,
+                                                unlearned_auto_window, family: str) -> None:
+    """One loaded model, many generations as a ComfyUI session makes them: once the first few have compiled
+    every width (with and without top-k, pinned and automatic), new prompt lengths (Janus-Pro), guidance
+    scales, temperatures and top-k values compile nothing more (dynamo's own graph count), and nothing fails (a
+    failed compile would warn: an error here).  The automatic window runs on costs that make it call width 4
+    only and explores no other (`unlearned_auto_window`), so that which widths it picks is known: each further
+    width it may pick is one more graph per region and top-k use, bounded as the pinned widths are (its
+    buffers are sized for its widest width, so its graphs are not the pinned window's)."""
+    torch._dynamo.reset()
+    folder = request.getfixturevalue("tiny_janus_dir") if family == "janus" else folders["c2i"]
+    model = load_model(folder, device="cpu", compile=True)
+    widths = candidate_widths(model.num_tokens)
+    auto_window.remember_costs(model, 1, {width: 1.0 if width == 4 else 1000.0 for width in widths})
+    prompt = (lambda words: model.encode(" ".join(["cat"] * words))) if family == "janus" else (
+        lambda words: model.encode(str(words % 10)))
+    pinned = widths if family == "janus" else [4]
+    for window in [*pinned, AUTO_WINDOW]:
+        for top_k in (model.vocab_size, 7):  # without top-k, with it
+            generate(model, prompt(0), SamplerConfig(window=window, seed=0, top_k=top_k))
+    compiled_graphs = counters["stats"]["unique_graphs"]
+    session = _session_settings(20 if family == "janus" else 6, [4, AUTO_WINDOW, 2 if family == "janus" else 4],
+                                seed=len(family), vocab=model.vocab_size)
+    prompt_lengths = set()
+    for words, config in session:
+        cond = prompt(words)
+        prompt_lengths.add(len(getattr(cond, "cond", ())))
+        generate(model, cond, config)
+        assert counters["stats"]["unique_graphs"] == compiled_graphs, config
+    assert family == "demo" or len(prompt_lengths) > 5
