@@ -79,9 +79,9 @@ class CompiledRegion:
             return self.fn(*args)
         try:
             if BACKEND not in self.compiled:
-                import torch._dynamo
+                from torch import _dynamo  # (not `import torch._dynamo`: that would make `torch` a local name)
 
-                raise_recompile_limit(torch._dynamo.config)
+                raise_recompile_limit(_dynamo.config)
                 self.compiled[BACKEND] = torch.compile(self.fn, dynamic=False, fullgraph=True, backend=BACKEND)
             return self.compiled[BACKEND](*args)
         except torch.cuda.OutOfMemoryError:  # not a compile failure: the eager call would need the memory too

@@ -269,6 +269,25 @@ def test_untested_torch_runs_eagerly_with_one_warning(folders, monkeypatch: pyte
         False, False, True, True, True]
 
 
+def test_recompile_limit_runs_eagerly_with_one_warning(folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past dynamo's limit, fullgraph=True raises a plain Exception (FailOnRecompileLimitHit): each region
+    warns once and runs eagerly from then on, with the eager tokens."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(static_step, "BACKEND", "eager")
+    monkeypatch.setattr(static_step, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(static_step, "_WARNED", set())
+    monkeypatch.setattr(static_step.SAMPLING_STEP, "failed", False)
+    eager, compiled = pair(folders["c2i"])
+    cond = eager.encode("6")
+    with torch._dynamo.config.patch(**{static_step.recompile_limit_name(torch._dynamo.config): 1}):
+        with pytest.warns(RuntimeWarning, match="torch.compile of .* failed, running it eagerly: .*[Rr]ecompile"
+                          ) as caught:
+            for window in (4, 2, 8):  # one graph per region and width: past the limit at the second
+                assert_same_run(eager, compiled, cond, SamplerConfig(window=window, seed=6))
+    assert len([w for w in caught if "torch.compile" in str(w.message)]) == 2  # the block, the sampling step
+    torch._dynamo.reset()
+
+
 def _session_settings(count: int, windows: list, seed: int, vocab: int) -> list[tuple[int, SamplerConfig]]:
     """`count` (prompt words, config) pairs as a ComfyUI user makes them: new prompts, guidance scales,
     temperatures and top-k values (`vocab`: none), at the windows given in turn."""
