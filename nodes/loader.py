@@ -12,6 +12,7 @@ import torch
 from comfy.cli_args import args
 from comfy_api.latest import io
 from scd_core import load_model
+from scd_core.auto_window import CANDIDATES
 from scd_core.models.family import compilable, families
 from scd_core.models.loading import estimate_memory, pick_device
 from scd_core.models.checkpoints import ModelLoadError
@@ -28,7 +29,7 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("auto",) + PRECISIONS
 PROMPT_ALLOWANCE = 256  # prompt tokens the memory estimate sets aside next to the image
-DISTRIBUTION_BYTES = 64 * 4 * 8  # per vocabulary entry: a 64-wide window's float32 distributions, ~8 copies
+SLOT_BYTES = 4 * 8  # per window slot and vocabulary entry: a float32 distribution, ~8 working copies
 
 
 class _ModuleHolder(torch.nn.Module):
@@ -84,7 +85,8 @@ def available_memory(device: torch.device) -> int:
 
 def memory_note(model: Any, precision: str, weights: int, cache: int) -> str:
     return (f"{model.family}, weights {precision if precision != 'none' else 'full precision'}: "
-            f"{weights / 2**30:.2f} GiB + KV cache and distributions ~{cache / 2**30:.2f} GiB (batch 1)")
+            f"{weights / 2**30:.2f} GiB + KV cache and distributions ~{cache / 2**30:.2f} GiB per image (the "
+            "sampler reserves its batch's)")
 
 
 def fit_note(weights: int, cache: int, free: int, streamable: bool) -> str:
@@ -171,8 +173,9 @@ class SCDModelLoader(io.ComfyNode):
         streamable = not compile  # see LoadedModel.to_compute_device
         if streamable:
             make_streamable(loaded.module)
-        cache = (estimate_memory(path).cache_bytes(PROMPT_ALLOWANCE + loaded.num_tokens, 2, compute_dtype)
-                 + DISTRIBUTION_BYTES * loaded.vocab_size)
+        image_cache = estimate_memory(path).cache_bytes(PROMPT_ALLOWANCE + loaded.num_tokens, 2, compute_dtype)
+        slot = SLOT_BYTES * loaded.vocab_size
+        cache = image_cache + CANDIDATES[-1] * slot  # one image at the automatic window's widest call
         patcher = comfy.model_patcher.ModelPatcher(module_holder(loaded.module, model),
                                                    load_device=load_device, offload_device=offload_device,
                                                    size=weights)
@@ -183,4 +186,4 @@ class SCDModelLoader(io.ComfyNode):
         if node_id is not None:
             PromptServer.instance.send_progress_text(note, str(node_id))
         return io.NodeOutput(LoadedModel(name=model, model=loaded, patcher=patcher, memory_required=cache,
-                                         streamable=streamable))
+                                         streamable=streamable, image_cache_bytes=image_cache, slot_bytes=slot))

@@ -68,6 +68,12 @@ def check_draft_init(model: LoadedModel, config: SamplerConfig) -> None:
                          f"'{model.name}' makes single images; choose auto, above, left or random")
 
 
+def reservation_note(reserved: int, batch_size: int) -> str:
+    """What the sampler asked ComfyUI's memory management to free for its run."""
+    size = f"{reserved / 2**30:.2f} GiB" if reserved >= 2**30 else f"{reserved / 2**20:.2f} MiB"
+    return f"reserved {size} for the KV cache and distributions of {batch_size} image{'s' if batch_size > 1 else ''}"
+
+
 class SCDSampler(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -131,7 +137,13 @@ class SCDSampler(io.ComfyNode):
         warnings = unusual_settings(model.model, config.cfg_scale, config.temperature)
         for warning in warnings:
             logging.warning("SCD Sampler (model '%s'): %s", model.name, warning)
-        model.to_compute_device()
+        # ComfyUI frees what this run's batch will allocate before it loads the weights beside it
+        reserved = model.run_memory(batch_size, config.window, config.candidates)
+        model.to_compute_device(reserved)
+        reservation = reservation_note(reserved, batch_size)
+        logging.info("SCD Sampler (model '%s'): %s", model.name, reservation)
+        if not mm.is_device_cpu(model.patcher.load_device):  # the status line says it (on the CPU ComfyUI
+            warnings = [*warnings, reservation]                # reserves nothing: the log only)
         streamed = streamed_bytes(model.patcher)
         if streamed:
             warnings = [*warnings, f"streaming {streamed / 2**30:.2f} GiB of weights from the CPU"]

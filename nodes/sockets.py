@@ -8,6 +8,8 @@ from typing import Any
 import comfy.model_management as mm
 from comfy_api.latest import io
 from scd_core import GenerationResult, SamplerConfig
+from scd_core.auto_window import CANDIDATES
+from scd_core.config import AUTO_WINDOW
 
 SCDModel = io.Custom("SCD_MODEL")
 SCDCond = io.Custom("SCD_COND")
@@ -24,13 +26,24 @@ class LoadedModel:
     patcher: Any
     memory_required: int = 0  # beyond the weights: KV cache and distributions, so ComfyUI frees that much too
     streamable: bool = False  # its layers cast their weights per call (nodes/lowvram.py): it may load partially
+    image_cache_bytes: int = 0  # the KV cache of one sampled image (its CFG rows), at the loader's prompt allowance
+    slot_bytes: int = 0  # the distributions of one window slot of one image, with their working copies
 
-    def to_compute_device(self) -> None:
+    def run_memory(self, batch_size: int, window: int | str, candidates: int = 1) -> int:
+        """What a sampler run allocates besides the weights: each image's KV cache and the distributions of
+        its widest call (the automatic window's widest, 64, or the pinned one; a tree of candidates feeds k
+        chains)."""
+        width = min(CANDIDATES[-1] if window == AUTO_WINDOW else int(window), self.model.num_tokens)
+        return batch_size * (self.image_cache_bytes + candidates * width * self.slot_bytes)
+
+    def to_compute_device(self, memory_required: int | None = None) -> None:
+        """Load the weights for a node's use, asking ComfyUI to free `memory_required` bytes beside them
+        (default: one image's run)."""
         # A streamable model may load partially: what does not fit stays on the CPU and is copied in per call.
         # Others load fully: a compiled model's CUDA graphs hold its weights' addresses, which casting
         # copies made anew per call would not be.
-        mm.load_models_gpu([self.patcher], memory_required=self.memory_required,
-                           force_full_load=not self.streamable)
+        mm.load_models_gpu([self.patcher], memory_required=self.memory_required if memory_required is None
+                           else memory_required, force_full_load=not self.streamable)
 
 
 @dataclass(eq=False)

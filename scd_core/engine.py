@@ -28,8 +28,8 @@ from . import auto_window
 from . import static_step
 from .config import AUTO_WINDOW, MAX_CANDIDATES, SamplerConfig
 from .model import Logits, Session, TokenModel, check_batch_size, model_default
-from .sampling import (block_verify, gumbel_argmax, modified_rejection, recursive_rejection, sample, to_probs,
-                       without_replacement)
+from .sampling import (block_verify, gumbel_argmax, modified_rejection, recursive_rejection, sample,
+                       sampler_tensors, to_probs, without_replacement)
 
 
 class GenerationCancelled(RuntimeError):
@@ -217,6 +217,7 @@ class _Decoder:
                          else config.cfg_scale, config.temperature,
                          config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
                          model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
+        self.sampler = sampler_tensors(*self.sampling, self.vocab, device)  # what the sampling step reads
         schedule = getattr(model, "cfg_schedule", None)  # a guidance scale per position, where the model has one
         self.cfg_scales = schedule(self.sampling[0]) if callable(schedule) else None
         if self.cfg_scales is not None:
@@ -261,10 +262,10 @@ class _Decoder:
             if value is not None and tuple(value.shape) != expected:
                 raise ModelOutputError(f"model returned {name} logits of shape {tuple(value.shape)}, "
                                        f"expected {expected}")
-        scale = self.sampling[0] if self.cfg_scales is None else self.cfg_scales[
+        scale = self.sampler[0] if self.cfg_scales is None else self.cfg_scales[
             slot_positions(self.committed, width, branches).clamp(max=self.n - 1)].unsqueeze(-1)
         return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), scale,
-                        *self.sampling[1:])
+                        *self.sampler[1:])
 
     def window_inputs(self, width: int, pad: int = 0) -> torch.Tensor:
         """The last committed token and the drafts after it, (B, pad + width), after the `pad` committed

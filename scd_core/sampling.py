@@ -11,22 +11,29 @@ from typing import Optional, Union
 import torch
 
 
-def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], cfg_scale: Union[float, torch.Tensor],
-             temperature: float, top_k: Optional[int], top_p: float) -> torch.Tensor:
+Number = Union[float, torch.Tensor]
+
+
+def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], cfg_scale: Number, temperature: Number,
+             top_k: Union[int, torch.Tensor, None], top_p: Number) -> torch.Tensor:
     """Raw (batch, T, V) logits to float32 probabilities (batch, T, V).
 
     `cfg_scale` is one number, or a float32 tensor of scales per position that broadcasts against the logits
-    ((batch, T, 1) or (T, 1)).
+    ((batch, T, 1) or (T, 1)).  Every number may also be a device tensor (`sampler_tensors`): the same
+    probabilities, and a compiled step is not specialised on its value.
     """
     logits = cond.float()
     if uncond is not None and (isinstance(cfg_scale, torch.Tensor) or cfg_scale != 1.0):
         logits = torch.lerp(uncond.float(), logits, cfg_scale)  # u + s (c - u)
     logits = logits / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
+    if isinstance(top_k, torch.Tensor):  # k as an index into the sorted logits: no shape follows k
+        kth = torch.sort(logits, dim=-1, descending=True).values.index_select(-1, top_k - 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    elif top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:
+    if isinstance(top_p, torch.Tensor) or top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         # keep the smallest prefix of the sorted tokens whose mass reaches top_p
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
@@ -35,6 +42,18 @@ def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], cfg_scale: Unio
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def sampler_tensors(cfg_scale: float, temperature: float, top_k: Optional[int], top_p: float, vocab: int,
+                    device: torch.device) -> tuple[Number, torch.Tensor, Optional[torch.Tensor], Number]:
+    """`to_probs`'s numbers as float32 / int64 device tensors (0-d; top-k's of shape (1,)), so that one compiled
+    or captured step serves every value.  A setting that changes nothing stays a host constant (no CFG at
+    1, no top-k at None or the whole vocabulary, no top-p at 1): whether a step applies it is a shape, and
+    skipping it keeps the probabilities bit-equal to before."""
+    number = lambda value: torch.tensor(value, dtype=torch.float32, device=device)
+    k = None if top_k is None or top_k >= vocab else torch.tensor([top_k], dtype=torch.long, device=device)
+    return (1.0 if cfg_scale == 1.0 else number(cfg_scale), number(temperature), k,
+            1.0 if top_p >= 1.0 else number(top_p))
 
 
 def sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,12 @@ the verification or the coupling reads a value back to the host.  So each bucket
   - on CUDA, the whole step (forward, distributions, verification, coupling) is captured as one CUDA graph
     per width and replayed with its inputs copied into a static buffer.
 
-Either falls back to eager, with one warning, when it fails.  Compiled code is kept for the process (and in
-inductor's on-disk cache); graphs belong to one generation (they hold its cache's addresses).
+Either falls back to eager, with one warning, when it fails (whatever it raises: dynamo's and inductor's errors,
+the recompile limit's plain Exception, a missing C++ compiler); on a torch older than the oldest the tests run
+(OLDEST_TESTED_TORCH), compile=True runs eagerly with one warning.  Compiled code is kept for the process (and in
+inductor's on-disk cache); graphs belong to one generation (they hold its cache's addresses).  What a graph is
+specialised on is kept to shapes: the sampler's numbers are device tensors (`sampling.sampler_tensors`) and the
+KV cache of Janus-Pro and Emu3 is sized for a prompt bucket (`cfg_session.cache_capacity`), not for the prompt.
 
 Families that declare `compile` (`models.family.Family`) are `Compilable`: through their own blocks or the row
 attention (`models.row_attention.attention_layer`).  Trees of candidates are refused
@@ -29,9 +33,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-# dynamo compiles one graph per width bucket and sampler setting for each compiled function; its default
-# limit (8 per function, then silently eager) would be reached by a process that switches couplers
+# dynamo compiles one graph per width bucket, batch size, prompt bucket and coupler for each compiled function;
+# its default limit (8 per function) would be reached by a process that switches couplers
 RECOMPILE_LIMIT = 64
+OLDEST_TESTED_TORCH = (2, 13)  # tests/run.sh's oldest tier: compile=True runs eagerly on anything older
 WARMUP_CALLS = 2  # eager calls of a width before its graph is captured (they are real calls, not repeats)
 BACKEND = "inductor"
 _WARNED: set[str] = set()
@@ -43,16 +48,22 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _compile_errors() -> tuple[type[BaseException], ...]:
-    from torch._dynamo.exc import TorchDynamoException
+def recompile_limit_name(config: Any) -> str:
+    """The name of dynamo's per-function graph limit in `config` (torch._dynamo.config): `recompile_limit`
+    from torch 2.7 on, `cache_size_limit` before."""
+    return "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
 
-    errors: tuple[type[BaseException], ...] = (TorchDynamoException,)
-    try:
-        from torch._inductor.exc import InductorError
-        errors += (InductorError,)
-    except ImportError:  # older torch: inductor's failures arrive as dynamo's BackendCompilerFailed
-        pass
-    return errors
+
+def raise_recompile_limit(config: Any) -> None:
+    """Lift dynamo's per-function graph limit in `config` to RECOMPILE_LIMIT (never lower it)."""
+    name = recompile_limit_name(config)
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+
+
+def torch_tested(version: str) -> bool:
+    """Whether torch `version` ("2.13.0+cu130") is at least the oldest one the compiled tests run on."""
+    major, minor = (int("".join(ch for ch in part if ch.isdigit()) or 0) for part in version.split(".")[:2])
+    return (major, minor) >= OLDEST_TESTED_TORCH
 
 
 class CompiledRegion:
@@ -66,18 +77,22 @@ class CompiledRegion:
     def __call__(self, *args: Any) -> Any:
         if self.failed:
             return self.fn(*args)
-        if BACKEND not in self.compiled:
-            import torch._dynamo
-
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-            self.compiled[BACKEND] = torch.compile(self.fn, dynamic=False, fullgraph=True, backend=BACKEND)
         try:
+            if BACKEND not in self.compiled:
+                from torch import _dynamo  # (not `import torch._dynamo`: that would make `torch` a local name)
+
+                raise_recompile_limit(_dynamo.config)
+                self.compiled[BACKEND] = torch.compile(self.fn, dynamic=False, fullgraph=True, backend=BACKEND)
             return self.compiled[BACKEND](*args)
-        except _compile_errors() as err:
+        except torch.cuda.OutOfMemoryError:  # not a compile failure: the eager call would need the memory too
+            raise
+        except Exception as err:  # compile failures have no common type; they raise before the graph runs
+            # an error of `fn` itself raises again here, as it would have without compile
+            result = self.fn(*args)
             self.failed = True
             _warn_once(f"compile:{self.name}", f"torch.compile of {self.name} failed, running it eagerly: "
-                       f"{' '.join(str(err).split())[:300]}")
-            return self.fn(*args)
+                       f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
+            return result
 
 
 def compile_region(fn: Callable[..., Any], name: str) -> CompiledRegion:
@@ -115,11 +130,11 @@ class GraphedSteps:
                 return self._on_side_stream(width)
             try:
                 self.graphs[width] = self._capture(width)
-            except RuntimeError as err:
+            except Exception as err:  # nothing ran: a capture records the step without running it
                 self.failed = True
                 torch.cuda.synchronize(self.weights.device)
                 _warn_once("cuda-graph", "CUDA graph capture of the window call failed, running it eagerly: "
-                           f"{' '.join(str(err).split())[:300]}")
+                           f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
                 return self.step(width)
         graph, outputs = self.graphs[width]
         graph.replay()
@@ -200,6 +215,10 @@ class Compilable:
     layer_step: Callable[..., torch.Tensor]
 
     def enable_compile(self) -> None:
+        if not torch_tested(torch.__version__):
+            _warn_once("old-torch", f"compile=True needs torch {'.'.join(map(str, OLDEST_TESTED_TORCH))} or newer "
+                       f"(this is {torch.__version__}); running eagerly (the same images, uncompiled)")
+            return
         self.compiled = True
         self.compiled_layer = compile_region(type(self).layer_step,
                                              f"the {getattr(self, 'family', 'model')} decoder layer")

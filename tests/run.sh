@@ -3,12 +3,15 @@
 #   1. .venv-test: torch + torchvision (ComfyUI needs both), the project's requirements, test extras,
 #      a real ComfyUI from the package registry, Debian's chromium; the whole suite runs there
 #      with the newest supported transformers.
-#   2. .venv-test-oldest: the oldest supported transformers, for the tests that touch transformers.
+#   2. .venv-test-oldest: the oldest supported transformers, for the tests that touch transformers, and the
+#      oldest torch compile=True runs on (static_step.OLDEST_TESTED_TORCH; older ones run eagerly), for the
+#      compiled tests.
 # Extra arguments go to both pytest runs (e.g. `bash tests/run.sh -k janus`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
 OLDEST_TRANSFORMERS=4.52.1  # keep in step with requirements.txt
+OLDEST_TORCH=2.13.0  # keep in step with OLDEST_TESTED_TORCH in scd_core/static_step.py (compile=True)
 
 pip_install() { "$1/bin/pip" install --quiet --disable-pip-version-check "${@:2}"; }
 
@@ -21,6 +24,6 @@ bash tests/install_browser.sh
 .venv-test/bin/python -m pytest tests "$@"
 
 if [[ ! -x .venv-test-oldest/bin/python ]]; then "$PYTHON" -m venv .venv-test-oldest; fi
-pip_install .venv-test-oldest torch==2.13.0 "transformers==$OLDEST_TRANSFORMERS" -r requirements.txt -r tests/requirements.txt
+pip_install .venv-test-oldest "torch==$OLDEST_TORCH" "transformers==$OLDEST_TRANSFORMERS" -r requirements.txt -r tests/requirements.txt
 .venv-test-oldest/bin/python -c "import torch, transformers; print('torch', torch.__version__, '- transformers', transformers.__version__)"
-.venv-test-oldest/bin/python -m pytest tests/test_janus.py tests/test_emu3.py tests/test_lumina.py tests/test_bad_folders.py tests/test_cosmos.py tests/test_engine.py tests/test_device_check.py "$@"
+.venv-test-oldest/bin/python -m pytest tests/test_janus.py tests/test_emu3.py tests/test_lumina.py tests/test_bad_folders.py tests/test_cosmos.py tests/test_engine.py tests/test_device_check.py tests/test_compile.py "$@"

@@ -9,6 +9,8 @@ real inductor on the smallest model at windows 1 and 8.
 from __future__ import annotations
 
 import dataclasses
+import random
+import types
 import warnings
 from pathlib import Path
 
@@ -20,8 +22,10 @@ from torch._dynamo.utils import counters
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
-from scd_core import ModelLoadError, SamplerConfig, generate, generate_many, load_model, static_step
+from scd_core import (ModelLoadError, SamplerConfig, auto_window, generate, generate_many, load_model, sampling,
+                      static_step)
 from scd_core.auto_window import candidate_widths
+from scd_core.config import AUTO_WINDOW
 
 COUPLINGS = [dict(coupler="maximal"), dict(coupler="gumbel"), dict(coupler="independent"),
              dict(coupler="faithful"), dict(coupler="independent", verification="block"),
@@ -220,3 +224,109 @@ def test_generate_many_runs_batches_of_consecutive_seeds(folders, traced, monkey
     for index, (cond, seed) in enumerate(jobs):
         alone = generate(eager, cond, dataclasses.replace(config, seed=seed))
         assert torch.equal(results[index].tokens, alone.tokens), (index, seed)
+
+
+def test_sampler_tensors_give_the_same_probabilities() -> None:
+    """The numbers a compiled step reads from the device: bit-equal probabilities to the host numbers, top-k
+    from the sorted logits included (ties at the k-th value kept, as topk's threshold keeps them)."""
+    generator = torch.Generator().manual_seed(0)
+    cond, uncond = (torch.randn(2, 3, 50, generator=generator) * 4 for _ in range(2))
+    cond[0, 0, :6] = cond[0, 0, 0]  # a tie across the k-th value
+    for numbers in [(3.5, 0.7, 5, 1.0), (1.0, 1.3, None, 0.9), (7.0, 0.45, 1, 0.5), (2.0, 1.0, 49, 1.0),
+                    (1.0, 1.0, 50, 1.0)]:
+        on_device = sampling.sampler_tensors(*numbers, vocab=50, device=torch.device("cpu"))
+        assert torch.equal(sampling.to_probs(cond, uncond, *on_device), sampling.to_probs(cond, uncond, *numbers))
+    # what changes nothing stays a host constant: applying it would be another graph, not another value
+    assert sampling.sampler_tensors(1.0, 1.0, 50, 1.0, 50, torch.device("cpu"))[::2] == (1.0, None)
+
+
+def test_sampler_numbers_match_eager(folders, traced) -> None:
+    eager, compiled = pair(folders["t2i"])
+    cond = eager.encode("a red cat")
+    for numbers in (dict(cfg_scale=3.5, temperature=0.7, top_k=5), dict(cfg_scale=1.0, top_k=12, top_p=0.8)):
+        assert_same_run(eager, compiled, cond, SamplerConfig(window=4, seed=8, **numbers), batch_size=2)
+
+
+def test_recompile_limit_of_every_torch() -> None:
+    """torch 2.4-2.6 name the limit cache_size_limit, later ones recompile_limit; it is only ever raised."""
+    for name in ("recompile_limit", "cache_size_limit"):
+        for before, after in ((8, static_step.RECOMPILE_LIMIT), (1000, 1000)):
+            config = types.SimpleNamespace(**{name: before})
+            static_step.raise_recompile_limit(config)
+            assert vars(config) == {name: after}
+
+
+def test_untested_torch_runs_eagerly_with_one_warning(folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(static_step, "_WARNED", set())
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
+    with pytest.warns(RuntimeWarning, match=r"compile=True needs torch 2\.13 or newer \(this is 2\.6\.0\+cu124\); "
+                                            "running eagerly") as caught:
+        eager, compiled = pair(folders["c2i"])
+        load_model(folders["c2i"], device="cpu", compile=True)
+    assert len(caught) == 1 and not compiled.compiled
+    assert_same_run(eager, compiled, eager.encode("2"), SamplerConfig(window=8, seed=1))
+    assert [static_step.torch_tested(v) for v in ("2.4.1", "2.12.0a0+git", "2.13.0", "2.14.1+cu130", "3.0")] == [
+        False, False, True, True, True]
+
+
+def test_recompile_limit_runs_eagerly_with_one_warning(folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past dynamo's limit, fullgraph=True raises a plain Exception (FailOnRecompileLimitHit): each region
+    warns once and runs eagerly from then on, with the eager tokens."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(static_step, "BACKEND", "eager")
+    monkeypatch.setattr(static_step, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(static_step, "_WARNED", set())
+    monkeypatch.setattr(static_step.SAMPLING_STEP, "failed", False)
+    eager, compiled = pair(folders["c2i"])
+    cond = eager.encode("6")
+    with torch._dynamo.config.patch(**{static_step.recompile_limit_name(torch._dynamo.config): 1}):
+        with pytest.warns(RuntimeWarning, match="torch.compile of .* failed, running it eagerly: .*[Rr]ecompile"
+                          ) as caught:
+            for window in (4, 2, 8):  # one graph per region and width: past the limit at the second
+                assert_same_run(eager, compiled, cond, SamplerConfig(window=window, seed=6))
+    assert len([w for w in caught if "torch.compile" in str(w.message)]) == 2  # the block, the sampling step
+    torch._dynamo.reset()
+
+
+def _session_settings(count: int, windows: list, seed: int, vocab: int) -> list[tuple[int, SamplerConfig]]:
+    """`count` (prompt words, config) pairs as a ComfyUI user makes them: new prompts, guidance scales,
+    temperatures and top-k values (`vocab`: none), at the windows given in turn."""
+    rng = random.Random(seed)
+    return [(rng.randrange(12), SamplerConfig(window=windows[index % len(windows)], seed=index,
+                                              cfg_scale=round(rng.uniform(1.5, 8.0), 2),
+                                              temperature=round(rng.uniform(0.5, 1.5), 2),
+                                              top_k=rng.choice([vocab, rng.randrange(2, vocab)])))
+            for index in range(count)]
+
+
+@pytest.mark.parametrize("family", ["demo"])  # janus: with the prompt bucket (see the report)
+def test_a_long_comfyui_session_stops_compiling(request: pytest.FixtureRequest, folders, traced,
+                                                unlearned_auto_window, family: str) -> None:
+    """One loaded model, many generations as a ComfyUI session makes them: once the first few have compiled
+    every width (with and without top-k, pinned and automatic), new prompt lengths (Janus-Pro), guidance
+    scales, temperatures and top-k values compile nothing more (dynamo's own graph count), and nothing fails (a
+    failed compile would warn: an error here).  The automatic window runs on costs that make it call width 4
+    only and explores no other (`unlearned_auto_window`), so that which widths it picks is known: each further
+    width it may pick is one more graph per region and top-k use, bounded as the pinned widths are (its
+    buffers are sized for its widest width, so its graphs are not the pinned window's)."""
+    torch._dynamo.reset()
+    folder = request.getfixturevalue("tiny_janus_dir") if family == "janus" else folders["c2i"]
+    model = load_model(folder, device="cpu", compile=True)
+    widths = candidate_widths(model.num_tokens)
+    auto_window.remember_costs(model, 1, {width: 1.0 if width == 4 else 1000.0 for width in widths})
+    prompt = (lambda words: model.encode(" ".join(["cat"] * words))) if family == "janus" else (
+        lambda words: model.encode(str(words % 10)))
+    pinned = widths if family == "janus" else [4]
+    for window in [*pinned, AUTO_WINDOW]:
+        for top_k in (model.vocab_size, 7):  # without top-k, with it
+            generate(model, prompt(0), SamplerConfig(window=window, seed=0, top_k=top_k))
+    compiled_graphs = counters["stats"]["unique_graphs"]
+    session = _session_settings(20 if family == "janus" else 6, [4, AUTO_WINDOW, 2 if family == "janus" else 4],
+                                seed=len(family), vocab=model.vocab_size)
+    prompt_lengths = set()
+    for words, config in session:
+        cond = prompt(words)
+        prompt_lengths.add(len(getattr(cond, "cond", ())))
+        generate(model, cond, config)
+        assert counters["stats"]["unique_graphs"] == compiled_graphs, config
+    assert family == "demo" or len(prompt_lengths) > 5

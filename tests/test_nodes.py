@@ -614,3 +614,25 @@ def test_tiny_emu3_runs_through_the_nodes(node_classes: dict[str, Any], comfy: S
     assert len(fake_server.previews) == stats.result.nfe and fake_server.previews[-1][1].size == (32, 24)
     (image,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
     assert image.shape == (2, 24, 32, 3) and 0.0 <= float(image.min()) <= float(image.max()) <= 1.0
+
+
+def test_sampler_reserves_its_batch_before_loading(node_classes: dict[str, Any], janus: Any, comfy: SimpleNamespace,
+                                                   fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ComfyUI is asked to free each image's KV cache and the distributions of the widest call before the
+    weights load (load_models_gpu's memory_required), and a GPU run's status line says how much."""
+    asked: list[int] = []
+    load = comfy.mm.load_models_gpu
+    monkeypatch.setattr(comfy.mm, "load_models_gpu",
+                        lambda models, memory_required=0, **kw: asked.append(memory_required) or load(models, **kw))
+    monkeypatch.setattr(comfy.mm, "is_device_cpu", lambda device: False)  # as on a GPU
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a red square")
+    for batch_size, window, candidates in ((1, 4, 1), (4, 4, 1), (4, 0, 1), (4, 4, 2)):
+        fake_server.texts.clear()
+        run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, batch_size=batch_size, window=window,
+                                                              candidates=candidates))
+        assert all(f"reserved {asked[-1] / 2**20:.2f} MiB for the KV cache and distributions of {batch_size} "
+                   f"image" in text for _, text in fake_server.texts)
+    one, four, automatic, trees = asked[-4:]
+    n = janus.model.num_tokens  # the automatic window's widest call is the whole image here
+    assert four == 4 * one and one == janus.image_cache_bytes + 4 * janus.slot_bytes
+    assert automatic == 4 * (janus.image_cache_bytes + n * janus.slot_bytes) and trees > four

@@ -248,3 +248,17 @@ def test_candidates_run_and_a_coupler_without_them_is_an_execution_error(comfy_s
     (error,) = run.of_type("execution_error")
     assert error["node_id"] == "3" and "candidates" in error["exception_message"]
     assert_serving(comfy_server)
+
+
+def test_the_sampler_reserves_memory_for_its_batch(comfy_server: ComfyServer) -> None:
+    """What the sampler asks ComfyUI's model management to free before loading (its log says it: on the CPU
+    nothing is freed, so the status line leaves it out) grows with the batch: batch 4 holds 4 KV caches."""
+    reserved = []
+    for batch_size in (1, 4):
+        run = comfy_server.run(pipeline("demo", "3", seed=5, batch_size=batch_size))
+        assert run.status == "success", run.events[-3:]
+        log = comfy_server.log_path.read_text(errors="replace")
+        pattern = rf"SCD Sampler \(model 'demo'\): reserved ([\d.]+) MiB for the KV cache and distributions of " \
+                  rf"{batch_size} images?\b"
+        reserved.append(float(re.findall(pattern, log)[-1]))
+    assert reserved[1] == pytest.approx(4 * reserved[0], abs=0.02) and reserved[0] > 0
