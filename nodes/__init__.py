@@ -1,13 +1,18 @@
 """The pack's ComfyUI nodes (V3 schema), thin wrappers over scd_core.  Imported only inside ComfyUI."""
 
 from comfy_api.latest import ComfyExtension, io
+from scd_core.capture_scope import set_capture_scope
 
+from .core_compat import outside_malloc_graph
 from .decode import SCDVQDecode
 from .encode import SCDPromptEncode
 from .loader import SCDModelLoader
 from .sampler import SCDSampler
 from .stats import SCDStatsNode
 from .video_context import SCDVideoContext
+
+# the compiled path captures its CUDA graphs outside the core's malloc graph (late-2026 ComfyUI's model compiler)
+set_capture_scope(outside_malloc_graph)
 
 NODES = [SCDModelLoader, SCDPromptEncode, SCDSampler, SCDVQDecode, SCDStatsNode, SCDVideoContext]
 

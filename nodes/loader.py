@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import comfy.model_management as mm
-import comfy.model_patcher
 import torch
 from comfy.cli_args import args
 from comfy_api.latest import io
@@ -21,6 +20,7 @@ from scd_core.models.quantize import NF4_DEVICES, NF4_PACKAGE, PRECISIONS, check
 from server import PromptServer
 
 from .checks import CheckedCombo, choice_error
+from .core_compat import classic_patcher_class, core_note, is_dynamic_patcher, reclaimable_bytes
 from .lowvram import follow_loads, make_streamable
 from .model_folders import DEMO, MODEL_ROOTS, model_choices, unknown_model_message
 from .sockets import LoadedModel, SCDModel
@@ -77,10 +77,13 @@ def chosen_precision(choice: str, path: Union[str, Path], device: torch.device, 
 
 
 def available_memory(device: torch.device) -> int:
-    """Free memory on `device` plus what ComfyUI's loaded models hold there (it unloads them for ours)."""
+    """Free memory on `device` plus what ComfyUI frees for ours: the models it loaded the classic way there
+    (it unloads them) and, under dynamic VRAM, the weight pages comfy-aimdo evicts on demand (all a
+    dynamically loaded model holds; counting its loaded size too would count them twice)."""
     held = sum(loaded.model_loaded_memory() for loaded in getattr(mm, "current_loaded_models", ())
-               if loaded.device == device and loaded.model is not None)
-    return mm.get_free_memory(device) + held
+               if loaded.device == device and loaded.model is not None and not is_dynamic_patcher(loaded.model))
+    evictable = reclaimable_bytes() if device.type == "cuda" else 0
+    return mm.get_free_memory(device) + held + evictable
 
 
 def memory_note(model: Any, precision: str, weights: int, cache: int) -> str:
@@ -176,12 +179,11 @@ class SCDModelLoader(io.ComfyNode):
         image_cache = estimate_memory(path).cache_bytes(PROMPT_ALLOWANCE + loaded.num_tokens, 2, compute_dtype)
         slot = SLOT_BYTES * loaded.vocab_size
         cache = image_cache + CANDIDATES[-1] * slot  # one image at the automatic window's widest call
-        patcher = comfy.model_patcher.ModelPatcher(module_holder(loaded.module, model),
-                                                   load_device=load_device, offload_device=offload_device,
-                                                   size=weights)
+        patcher = classic_patcher_class()(module_holder(loaded.module, model), load_device=load_device,
+                                          offload_device=offload_device, size=weights)
         follow_loads(patcher, loaded)
         fit = "" if load_device.type == "cpu" else fit_note(weights, cache, available_memory(load_device), streamable)
-        note = " | ".join(filter(None, [memory_note(loaded, precision, weights, cache), fit]))
+        note = " | ".join(filter(None, [memory_note(loaded, precision, weights, cache), fit, core_note(load_device)]))
         node_id = getattr(getattr(cls, "hidden", None), "unique_id", None)
         if node_id is not None:
             PromptServer.instance.send_progress_text(note, str(node_id))

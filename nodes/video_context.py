@@ -10,6 +10,8 @@ from scd_core.models.family import families
 
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
 
+MAX_NEW_FRAMES = 64  # the widget's bound; the model refuses more than its positions hold (Cosmos: 32)
+
 
 class SCDVideoContext(io.ComfyNode):
     @classmethod
@@ -27,15 +29,20 @@ class SCDVideoContext(io.ComfyNode):
                                                  "Components + Image From Batch (9 frames) or Load Image (1)."),
                 io.String.Input("prompt", multiline=True, default="", optional=True,
                                 tooltip="What happens next; only the Video2World models read a prompt."),
+                io.Int.Input("new_frames", default=0, min=0, max=MAX_NEW_FRAMES, step=8, optional=True,
+                             tooltip="Frames to generate after the context. 0: all the model has room for, as "
+                                     "NVIDIA's pipeline does (Cosmos: 32 after 1 frame, 33 in all; 24 after 9). "
+                                     "Fewer: a multiple of 8, e.g. 24 after 1 frame (25 in all)."),
             ],
             outputs=[SCDCond.Output(display_name="conditioning")],
         )
 
     @classmethod
-    def execute(cls, model: LoadedModel, frames: torch.Tensor, prompt: Optional[str] = None) -> io.NodeOutput:
+    def execute(cls, model: LoadedModel, frames: torch.Tensor, prompt: Optional[str] = None,
+                new_frames: int = 0) -> io.NodeOutput:
         encode_video = getattr(model.model, "encode_video", None)
         if encode_video is None:
             raise ValueError(f"model '{model.name}' is not a video model; use SCD Prompt Encode for it")
         model.to_compute_device()
-        cond = encode_video(frames[..., :3].float().cpu(), prompt if prompt and prompt.strip() else None)
+        cond = encode_video(frames[..., :3].float().cpu(), prompt if prompt and prompt.strip() else None, new_frames)
         return io.NodeOutput(EncodedPrompt(model_name=model.name, cond=cond))

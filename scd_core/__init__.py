@@ -1,6 +1,8 @@
 """Exact speculative Jacobi decoding (SJD) and speculative coupled decoding (SCD)
 for autoregressive image models.  ComfyUI-free; the node pack is a thin layer on top."""
 
+__version__ = "0.1.0"  # the release; pyproject.toml's [project] version must match (tests/test_registry.py)
+
 from .batching import generate_many
 from .models.checkpoints import ModelLoadError
 from .config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -26,6 +27,7 @@ import websocket
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMFYUI_DIR = Path(os.environ.get("SCD_COMFYUI_DIR", REPO_ROOT / ".cache" / "comfyui" / "_comfyui"))
+FRONTEND_INSTALLER = REPO_ROOT / "tests" / "install_frontend.sh"
 PACK_NAME = "comfyui-scd-main"  # as a downloaded ZIP unpacks: not the project name, which must not matter
 READY_TIMEOUT_S = 180.0
 BINARY_TEXT = 3  # ComfyUI's BinaryEventTypes.TEXT (progress text on a node)
@@ -46,6 +48,16 @@ def comfyui_main() -> Path:
         raise FileNotFoundError(f"ComfyUI not found at {main}; run tests/install_comfyui.sh VENV_DIR first "
                                 "(or set SCD_COMFYUI_DIR)")
     return main
+
+
+def newest_frontend() -> tuple[str, Path]:
+    """The newest frontend the browser tests run against (pinned in tests/install_frontend.sh, the one place to
+    bump it): its version and the static folder ComfyUI serves with --front-end-root."""
+    version = re.search(r'^FRONTEND_VERSION="([^"]+)"', FRONTEND_INSTALLER.read_text(), re.MULTILINE)[1]
+    static = REPO_ROOT / ".cache" / f"frontend-{version}" / "comfyui_frontend_package" / "static"
+    if not (static / "index.html").is_file():
+        raise FileNotFoundError(f"frontend {version} not found at {static}; run tests/install_frontend.sh first")
+    return version, static
 
 
 def free_port() -> int:
@@ -127,8 +139,10 @@ class PromptRun:
 
 
 class ComfyServer:
-    def __init__(self, base_dir: Path) -> None:
+    def __init__(self, base_dir: Path, front_end_root: Optional[Path] = None) -> None:
+        """`front_end_root`: a frontend's static folder to serve instead of the one the core pins."""
         self.base_dir = base_dir
+        self.front_end_root = front_end_root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = base_dir / "comfyui.log"
@@ -146,6 +160,8 @@ class ComfyServer:
         command = [sys.executable, str(main), "--cpu", "--base-directory", str(self.base_dir),
                    "--listen", "127.0.0.1", "--port", str(self.port), "--disable-auto-launch",
                    "--database-url", "sqlite:///:memory:"]  # the default file lives in ComfyUI's own folder
+        if self.front_end_root is not None:
+            command += ["--front-end-root", str(self.front_end_root)]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, cwd=self.base_dir, stdout=log, stderr=subprocess.STDOUT,
                                             env=dict(os.environ, PYTHONUNBUFFERED="1"))

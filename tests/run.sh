@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: builds everything the tests need on a fresh machine, then runs them.
 #   1. .venv-test: torch + torchvision (ComfyUI needs both), the project's requirements, test extras,
-#      a real ComfyUI from the package registry, Debian's chromium; the whole suite runs there
+#      a real ComfyUI from the package registry, the newest ComfyUI frontend (its own folder), Debian's
+#      chromium; the whole suite runs there
 #      with the newest supported transformers.
 #   2. .venv-test-oldest: the oldest supported transformers, for the tests that touch transformers, and the
 #      oldest torch compile=True runs on (static_step.OLDEST_TESTED_TORCH; older ones run eagerly), for the
@@ -20,6 +21,7 @@ pip_install .venv-test torch==2.14.1 torchvision==0.29.1
 pip_install .venv-test -r requirements.txt -r tests/requirements.txt
 .venv-test/bin/python -c "import torch, transformers; print('torch', torch.__version__, '- transformers', transformers.__version__)"
 bash tests/install_comfyui.sh .venv-test .cache/comfyui
+bash tests/install_frontend.sh .venv-test  # the newest frontend, served beside the pinned one (test_browser.py)
 bash tests/install_browser.sh
 .venv-test/bin/python -m pytest tests "$@"
 

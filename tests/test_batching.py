@@ -245,7 +245,9 @@ def test_a_family_stream_of_mixed_prompts_gives_every_job_its_own_tokens(familie
     """Prompts of different lengths and negative prompts (contexts of 1 and 2 frames for Cosmos) in one stream."""
     model, _ = families[family]
     if family == "cosmos":
-        conds = [model.encode_video(context_frames(count, seed=seed)) for count, seed in ((1, 0), (9, 1), (1, 2))]
+        # one length for all (by default a 1-frame context fills more latent frames than a 9-frame one)
+        conds = [model.encode_video(context_frames(count, seed=seed), new_frames=16)
+                 for count, seed in ((1, 0), (9, 1), (1, 2))]
     elif family == "llamagen":
         conds = [model.encode(str(index)) for index in (1, 2, 3)]
     else:
@@ -278,7 +280,8 @@ def test_a_refill_folded_into_a_decoding_call_gives_every_row_its_own_logits(fam
     if family == "emu3":
         model.set_resolution("1:1", 100 * 64)
     if family == "cosmos":
-        conds = [model.encode_video(context_frames(count, seed=seed)) for count, seed in ((9, 0), (1, 1), (1, 2))]
+        conds = [model.encode_video(context_frames(count, seed=seed), new_frames=16)  # one length for all
+                 for count, seed in ((9, 0), (1, 1), (1, 2))]
         width = max(cond.codes.numel() for cond in conds[1:])
     elif family == "llamagen":
         conds, width = [model.encode(label) for label in ("1", "2", "3")], 1

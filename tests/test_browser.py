@@ -1,15 +1,19 @@
 """The node pack in a real browser: the served frontend loads every shipped workflow without an alert, lists
-them in its template browser with their titles, and the live chart on SCDSampler draws while the demo model
-samples, marks a cancelled run, and stays clear of the other nodes after a run.
+them in its template browser with their titles, shows the nodes' help pages, and the live chart on SCDSampler
+draws while the demo model samples, marks a cancelled run, and stays clear of the other nodes after a run.
 
+Every page test runs twice: against the frontend the core pins and against the newest one on the registry
+(pinned in tests/install_frontend.sh, served with --front-end-root), as users of a late-2026 ComfyUI see it.
 Needs Debian's chromium (tests/install_browser.sh) and the `comfy_server` fixture (a real ComfyUI with this
-pack linked in).  Screenshots go to test-artifacts/ for a human to look at.
+pack linked in).  Screenshots go to test-artifacts/<frontend>/ for a human to look at.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,10 +21,12 @@ import pytest
 import requests
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
-from comfy_server import PACK_NAME
+from comfy_server import PACK_NAME, ComfyServer, newest_frontend
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO_ROOT / "workflows"
+DOCS = REPO_ROOT / "web" / "docs"  # the nodes' help pages
+HELP_PAGE_PROBE = re.compile(r"/docs/[A-Za-z0-9]+/[a-z]{2}(-[A-Za-z]+)?\.md$")
 TEMPLATES = json.loads((REPO_ROOT / "web" / "templates.json").read_text())
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -67,6 +73,11 @@ TOASTS = """() => [...document.querySelectorAll(".p-toast-message-warn, .p-toast
     .map((t) => t.innerText)"""
 
 
+# Not yet passing with the newest frontend, left open: its template browser (1.58.1) shows "Node graph" under each
+# of the pack's templates where 1.32 shows web/templates.json's descriptions.
+pinned_frontend_only = pytest.mark.parametrize("frontend", ["pinned"], indirect=True)
+
+
 def read_workflow(name: str) -> dict[str, Any]:
     return json.loads((WORKFLOWS / name).read_text())
 
@@ -104,25 +115,62 @@ def browser() -> Iterator[Browser]:
 
 
 def is_ours(message: ConsoleMessage) -> bool:
-    """A console error from this pack's scripts or about it (a second registration, a failed fetch of ours)."""
+    """A console error from this pack's scripts or about it (a second registration, a failed fetch of ours).
+    Not the frontend's probe for a translated help page (docs/<node>/<lang>.md) before it reads docs/<node>.md."""
     text, where = message.text.lower(), message.location.get("url", "")
+    if HELP_PAGE_PROBE.search(where):
+        return False
     if "already registered" in text and "scd" in text:
         return True
     return message.type in ("error", "warning") and (f"/extensions/{PACK_NAME}/" in where or "scd" in text)
 
 
+@pytest.fixture(scope="module", params=["pinned", "newest"])
+def frontend(request: pytest.FixtureRequest) -> str:
+    """Which frontend the page tests run against: the one the core pins, or the newest on the registry."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def frontend_server(frontend: str, request: pytest.FixtureRequest,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComfyServer]:
+    """The session's server for the pinned frontend; a second one serving the newest frontend."""
+    if frontend == "pinned":
+        yield request.getfixturevalue("comfy_server")
+        return
+    _, static = newest_frontend()
+    server = ComfyServer(tmp_path_factory.mktemp("comfy_base_newest"), front_end_root=static)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def shots(frontend: str) -> Path:
+    """This frontend's screenshot folder."""
+    folder = ARTIFACTS / frontend
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @pytest.fixture
-def page(browser: Browser, comfy_server: Any) -> Iterator[Page]:
+def page(browser: Browser, frontend: str, frontend_server: ComfyServer) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1500, "height": 950})
     page = context.new_page()
     page_errors: list[str] = []
     page.on("pageerror", lambda error: page_errors.append(str(error)))
     page.on("console", lambda message: page_errors.append(message.text) if is_ours(message) else None)
     # A first visit opens the template browser over the canvas; mark the tour as done for this server.
-    requests.post(f"{comfy_server.url}/settings/Comfy.TutorialCompleted", json=True, timeout=10).raise_for_status()
-    page.goto(comfy_server.url)
+    requests.post(f"{frontend_server.url}/settings/Comfy.TutorialCompleted", json=True,
+                  timeout=10).raise_for_status()
+    page.goto(frontend_server.url)
     page.wait_for_function(f"window.app?.graph && window.app.extensions.some((e) => e.name === {EXTENSION_NAME!r})",
                            timeout=60_000)
+    served = page.evaluate("window.__COMFYUI_FRONTEND_VERSION__")
+    expected = newest_frontend()[0] if frontend == "newest" else metadata.version("comfyui-frontend-package")
+    assert served == expected, f"the {frontend} frontend should be {expected}, the page runs {served}"
     registered = page.evaluate(f"window.app.extensions.filter((e) => e.name === {EXTENSION_NAME!r}).length")
     assert registered == 1, f"{EXTENSION_NAME} registered {registered} times"
     yield page
@@ -234,9 +282,9 @@ def test_shipped_workflows_match_the_servers_node_definitions(comfy_server: Any)
                     assert value in options, f"{path.name}: {node_id}.{name}={value!r} is not one of {options}"
 
 
-def test_ui_workflows_load_in_the_frontend_as_their_api_twins(page: Page, comfy_server: Any) -> None:
+def test_ui_workflows_load_in_the_frontend_as_their_api_twins(page: Page, frontend_server: ComfyServer) -> None:
     """Loading the UI file and converting it back gives exactly the API twin (widget values and links)."""
-    object_info = requests.get(f"{comfy_server.url}/object_info", timeout=30).json()
+    object_info = requests.get(f"{frontend_server.url}/object_info", timeout=30).json()
 
     def comparable(graph: dict[str, Any]) -> dict[str, Any]:
         # Only what the server reads: the frontend adds display-only inputs (PreviewAny's "preview"),
@@ -260,10 +308,11 @@ def test_shipped_workflows_size_nodes_so_titles_and_widgets_show(page: Page) -> 
     """The sizes saved in the files, not the loaded ones: the frontend grows a node to its widgets on load,
     but a title wider than the node is cut off ("SCD VQ De...")."""
     for ui_file in ui_workflows():
-        saved = {node["id"]: node["size"] for node in read_workflow(ui_file.name)["nodes"]}
+        # frontend 1.32 keeps the file's numeric ids, newer ones turn them into strings
+        saved = {str(node["id"]): node["size"] for node in read_workflow(ui_file.name)["nodes"]}
         load_ui_workflow(page, ui_file.name)
         for node in page.evaluate(NODE_NEEDS):
-            width, height = saved[node["id"]]
+            width, height = saved[str(node["id"])]
             assert width >= node["titleWidth"], f"{ui_file.name}: title {node['title']!r} cut off at width {width}"
             assert width >= node["min"][0] and height >= node["min"][1], \
                 f"{ui_file.name}: {node['title']!r} is {width}x{height}, its widgets need {node['min']}"
@@ -283,7 +332,7 @@ def test_chart_routes_events_by_node_and_resets_on_a_new_run(page: Page) -> None
     assert state["iterations"] == "1" and state["total"] == "2", "iteration 0 did not start a new chart"
 
 
-def test_chart_draws_in_the_vue_node_renderer(page: Page) -> None:
+def test_chart_draws_in_the_vue_node_renderer(page: Page, shots: Path) -> None:
     """The frontend's newer renderer ("Nodes 2.0") breaks canvas-drawn widgets; the DOM chart must survive it."""
     page.evaluate("() => app.extensionManager.setting.set('Comfy.VueNodes.Enabled', true)")
     try:
@@ -294,13 +343,12 @@ def test_chart_draws_in_the_vue_node_renderer(page: Page) -> None:
             synthetic_progress(page, chart["id"], iteration, committed=3, total=3 * (iteration + 1))
         page.wait_for_timeout(100)  # the chart redraws on the next animation frame
         assert page.locator(CHART).evaluate(COUNT_BAR_PIXELS) > 50, "no bars in the Vue-rendered node"
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.locator(CHART).screenshot(path=ARTIFACTS / "browser_vue_node_chart.png")
+        page.locator(CHART).screenshot(path=shots / "browser_vue_node_chart.png")
     finally:
         page.evaluate("() => app.extensionManager.setting.set('Comfy.VueNodes.Enabled', false)")
 
 
-def test_demo_workflow_draws_live_acceptance_bars(page: Page) -> None:
+def test_demo_workflow_draws_live_acceptance_bars(page: Page, frontend: str, shots: Path) -> None:
     load_ui_workflow(page, "scd_demo.json")
     chart = page.locator(CHART)
     assert chart.count() == 1
@@ -318,30 +366,33 @@ def test_demo_workflow_draws_live_acceptance_bars(page: Page) -> None:
     assert int(state["callsSaved"]) == total - nfe
     assert nfe < total, "window 32 on the demo model should commit more than one token per call"
     assert chart.evaluate(COUNT_BAR_PIXELS) > 50, "no bars on the chart"
-    # the Stats summary keeps its three lines in PreviewAny's Markdown display
-    breaks = page.evaluate("""() => app.graph.nodes.find((n) => n.type === "PreviewAny")
-        .widgets.find((w) => w.name === "preview").element.querySelectorAll("br").length""")
-    assert breaks == 2, f"the summary shows {breaks + 1} lines, not 3"
+    # the Stats summary keeps its three lines: frontend 1.32 renders PreviewAny's text as Markdown in a DOM
+    # widget ("preview"), newer ones as plain text on the canvas ("preview_text")
+    summary = page.evaluate("""() => app.graph.nodes.find((n) => n.type === "PreviewAny").widgets
+        .find((w) => w.name === "preview" || w.name === "preview_text").value""")
+    assert len(summary.splitlines()) == 3 and "model calls" in summary and "NFE" not in summary, summary
+    if frontend == "pinned":
+        breaks = page.evaluate("""() => app.graph.nodes.find((n) => n.type === "PreviewAny")
+            .widgets.find((w) => w.name === "preview").element.querySelectorAll("br").length""")
+        assert breaks == 2, f"the summary shows {breaks + 1} lines, not 3"
 
     # at 100% zoom, the sampler in view: the chart at its full size, the summary's lines whole
     show_at_full_size(page, "SCDSampler")
     shown = chart.evaluate("""(canvas) => { const r = canvas.getBoundingClientRect();
         return {width: r.width, height: r.height, css: canvas.clientWidth}; }""")
     assert shown["width"] >= 300 and shown["height"] >= 140 and abs(shown["width"] - shown["css"]) < 1, shown
-    ARTIFACTS.mkdir(exist_ok=True)
-    chart.screenshot(path=ARTIFACTS / "browser_scd_chart.png")
+    chart.screenshot(path=shots / "browser_scd_chart.png")
     show_at_full_size(page, "PreviewAny")
-    summary = page.evaluate("""() => { const e = app.graph.nodes.find((n) => n.type === "PreviewAny")
-        .widgets.find((w) => w.name === "preview").element;
-        return {font: parseFloat(getComputedStyle(e).fontSize), height: e.clientHeight,
-                clipped: e.scrollHeight > e.clientHeight + 1 || e.scrollWidth > e.clientWidth + 1,
-                text: e.innerText}; }""")
-    assert summary["font"] >= 12 and summary["height"] > 0 and not summary["clipped"], summary
-    assert "model calls" in summary["text"] and "NFE" not in summary["text"], summary["text"]
-    page.screenshot(path=ARTIFACTS / "browser_scd_demo.png")
+    if frontend == "pinned":
+        summary = page.evaluate("""() => { const e = app.graph.nodes.find((n) => n.type === "PreviewAny")
+            .widgets.find((w) => w.name === "preview").element;
+            return {font: parseFloat(getComputedStyle(e).fontSize), height: e.clientHeight,
+                    clipped: e.scrollHeight > e.clientHeight + 1 || e.scrollWidth > e.clientWidth + 1}; }""")
+        assert summary["font"] >= 12 and summary["height"] > 0 and not summary["clipped"], summary
+    page.screenshot(path=shots / "browser_scd_demo.png")
 
 
-def test_ar_vs_scd_workflow_runs_and_no_node_covers_another(page: Page) -> None:
+def test_ar_vs_scd_workflow_runs_and_no_node_covers_another(page: Page, shots: Path) -> None:
     """Both samplers grow by their previews during the run; the layout leaves room for that."""
     load_ui_workflow(page, "scd_demo_ar_vs_scd.json", seed=BROWSER_TEST_SEED + 1)  # not the demo run's, cached
     assert queue_and_wait(page) == "success"
@@ -352,11 +403,10 @@ def test_ar_vs_scd_workflow_runs_and_no_node_covers_another(page: Page) -> None:
     page.evaluate("async () => { app.canvas.ds.scale = 0.5; app.canvas.ds.offset = [40, 120]; "
                   "app.canvas.setDirty(true, true); }")
     page.wait_for_timeout(300)
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=ARTIFACTS / "browser_ar_vs_scd.png")
+    page.screenshot(path=shots / "browser_ar_vs_scd.png")
 
 
-def test_cancelled_run_is_marked_on_the_chart(page: Page) -> None:
+def test_cancelled_run_is_marked_on_the_chart(page: Page, shots: Path) -> None:
     load_ui_workflow(page, "scd_demo.json")
     # plain AR on a batch: hundreds of model calls, long enough to cancel midway
     page.evaluate("""() => { const sampler = app.graph.nodes.find((n) => n.type === "SCDSampler");
@@ -378,11 +428,11 @@ def test_cancelled_run_is_marked_on_the_chart(page: Page) -> None:
     page.wait_for_timeout(300)
     state = chart.evaluate("(canvas) => ({...canvas.dataset})")
     assert state["stopped"] == "cancelled" and state["done"] == "false", state
-    ARTIFACTS.mkdir(exist_ok=True)
-    chart.screenshot(path=ARTIFACTS / "browser_cancelled_chart.png")
+    chart.screenshot(path=shots / "browser_cancelled_chart.png")
 
 
-def test_template_browser_lists_the_workflows_with_titles_and_thumbnails(page: Page) -> None:
+@pinned_frontend_only
+def test_template_browser_lists_the_workflows_with_titles_and_thumbnails(page: Page, shots: Path) -> None:
     page.evaluate("() => app.extensionManager.command.execute('Comfy.BrowseTemplates')")
     page.get_by_text(PACK_NAME, exact=True).first.click()  # the pack's entry under Extensions
     content = page.locator('[data-testid="template-workflows-content"]')
@@ -399,10 +449,54 @@ def test_template_browser_lists_the_workflows_with_titles_and_thumbnails(page: P
                            arg=len(TEMPLATES), timeout=60_000)
     widths = content.locator("img").evaluate_all("(images) => images.map((img) => img.naturalWidth)")
     assert len(widths) == len(TEMPLATES) and all(w > 0 for w in widths), f"thumbnails missing: {widths}"
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=ARTIFACTS / "browser_templates.png")
+    page.screenshot(path=shots / "browser_templates.png")
     # a click loads the workflow from the pack's folder
     content.get_by_text(TEMPLATES[0]["title"], exact=True).click()
     expected = len(read_workflow(f"{TEMPLATES[0]['name']}.json")["nodes"])
     page.wait_for_function("(count) => app.graph.nodes.length === count && "
                            "app.graph.nodes.some((n) => n.type === 'SCDSampler')", arg=expected)
+
+
+def markdown_images(text: str) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
+
+
+def test_every_node_has_a_help_page_naming_its_inputs_and_outputs(comfy_server: Any) -> None:
+    """web/docs/<node id>.md, where the frontend's help panel looks for a custom node's page; its pictures are
+    files the server serves from web/."""
+    object_info = comfy_server.get_json("/object_info")
+    ours = {name: info for name, info in object_info.items() if info["python_module"].endswith(PACK_NAME)}
+    assert ours, "no node of the pack on the server"
+    for name, info in ours.items():
+        page = DOCS / f"{name}.md"
+        assert page.is_file(), f"{name} has no help page ({page.relative_to(REPO_ROOT)})"
+        text = page.read_text()
+        assert text.startswith(f"# {info['display_name']}\n"), f"{page.name} does not open with the node's title"
+        inputs = [*info["input"].get("required", {}), *info["input"].get("optional", {})]
+        for socket in inputs + info["output_name"]:
+            assert f"`{socket}`" in text, f"{page.name} does not describe `{socket}`"
+        pictures = markdown_images(text)
+        assert pictures, f"{page.name} shows no picture"
+        for picture in pictures:
+            served = (DOCS / picture).resolve()
+            assert served.is_relative_to(REPO_ROOT / "web") and served.is_file(), f"{page.name}: {picture} missing"
+
+
+def test_node_info_opens_the_help_page_with_its_picture(page: Page, shots: Path) -> None:
+    """The selection toolbox's info button shows the node's help page (fetched from the pack), picture loaded."""
+    load_ui_workflow(page, "scd_demo.json")
+    page.evaluate("""() => { app.canvas.selectNode(app.graph.nodes.find((n) => n.type === "SCDSampler"));
+        app.canvas.setDirty(true, true); }""")
+    page.locator("button:has(i[class*='lucide--info'])").first.click()  # "Node Info" in the toolbox
+    shown = page.locator(".node-help-content").first
+    shown.wait_for(state="visible")
+    page.wait_for_function("""() => { const images = [...document.querySelectorAll(".node-help-content img")];
+        return images.length > 0 && images.every((img) => img.complete && img.naturalWidth > 0); }""")
+    doc = (DOCS / "SCDSampler.md").read_text()
+    first_sentence = doc.split("\n\n")[1].split(":")[0]  # "Samples image (or video) tokens ... decoding"
+    assert first_sentence in shown.inner_text(), "the help panel does not show web/docs/SCDSampler.md"
+    sources = shown.locator("img").evaluate_all("(images) => images.map((img) => img.src)")
+    (picture,) = markdown_images(doc)
+    origin = page.evaluate("location.origin")  # the page's URL may carry a fragment (newer frontends)
+    assert sources == [f"{origin}/extensions/{PACK_NAME}/docs/{picture}".replace("docs/../", "")]
+    page.screenshot(path=shots / "browser_node_help.png")

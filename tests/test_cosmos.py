@@ -141,6 +141,37 @@ def test_generate_and_decode(folders):
         model.decode(result.tokens[:, :5])
 
 
+def test_a_continuation_fills_every_free_latent_frame_unless_asked_for_fewer(folders):
+    """As NVIDIA's pipeline: after 1 context frame, every latent frame the positions leave (the tiny model: 3 of
+    4); after 9, 2.  new_frames asks for fewer; each context keeps its length whatever was encoded last."""
+    model = load_model(folders["4B"], "cpu", torch.float32)
+    config = SamplerConfig(coupler="maximal", window=8)
+    one, nine = model.encode_video(context_frames(1)), model.encode_video(context_frames(9))
+    short = model.encode_video(context_frames(1), new_frames=16)
+    for cond, latent_frames in ((one, 3), (nine, 2), (short, 2)):
+        tokens = generate(model, cond, config, batch_size=1).tokens
+        assert tokens.shape == (1, latent_frames * FRAME_TOKENS) and model.grid == (latent_frames, 2, 3)
+        clip = model.decode(tokens, cond)  # the context in front
+        assert clip.shape[0] == 1 + 8 * (cond.codes.numel() // FRAME_TOKENS + latent_frames - 1)
+    with pytest.raises(ValueError, match="new_frames must be 0 .* or a multiple of 8 up to 24, got 12"):
+        model.encode_video(context_frames(1), new_frames=12)
+    with pytest.raises(ValueError, match="up to 16, got 24"):
+        model.encode_video(context_frames(9), new_frames=24)
+
+
+def test_cosmos_positions_continue_one_frame_to_33_and_nine_to_33(tmp_path):
+    """Cosmos-1.0's 5 latent frames of positions (tiny rows and columns): 1 context frame + 32 new frames, or
+    9 + 24, the lengths NVIDIA's pipeline generates; new_frames=24 keeps the former 25-frame continuation."""
+    model = load_model(write_cosmos(tmp_path, "4B", video_latent_shape=[5, 2, 3], generated_frames=3), "cpu")
+    assert model.context_frame_counts == (1, 9)
+    assert (model.latent_frames_to_sample(1), model.latent_frames_to_sample(9)) == (4, 3)
+    assert model.latent_frames_to_sample(1, new_frames=24) == 3
+    for frames, new_frames, length in ((1, 0, 33), (9, 0, 33), (1, 24, 25)):
+        cond = model.encode_video(context_frames(frames), new_frames=new_frames)
+        tokens = generate(model, cond, SamplerConfig(coupler="maximal", window=16), batch_size=1).tokens
+        assert model.decode(tokens, cond).shape[0] == length
+
+
 def test_context_of_another_size_is_resized_and_bad_counts_refused(folders):
     model = load_model(folders["4B"], "cpu", torch.float32)
     resized = model.encode_video(context_frames(9, size=(40, 40)))

@@ -26,9 +26,10 @@ TorchScript; they must come from NVIDIA's official release.
 
 Token layout: latent frames x 40 rows x 64 columns (640 x 1024 pixels, 8 frames per
 latent frame after the first).  The context (1 or 9 frames -> 1 or 2 latent frames)
-is the prompt; the model then generates `generated_frames` latent frames (3 by
-default: 7680 tokens, 24 more video frames).  No CFG, temperature 1, top-p 0.8
-(4B/5B) or 0.9 (12B/13B), no top-k.
+is the prompt; the model then fills every free latent frame, as NVIDIA's pipeline
+does: 4 after 1 context frame (10240 tokens, 32 more video frames, 33 in all), 3
+after 9 (7680 tokens, 24 more).  `encode_video(..., new_frames=24)` asks for fewer.
+No CFG, temperature 1, top-p 0.8 (4B/5B) or 0.9 (12B/13B), no top-k.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class CosmosConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     latent_shape: tuple[int, int, int] = (5, 40, 64)   # (latent frames, rows, cols) the positions cover
-    generated_frames: int = 3                          # latent frames sampled after the context
+    generated_frames: int = 3                          # latent frames the longest context leaves free
     yarn_scale: Optional[float] = None                 # 12B/13B: 2
     yarn_beta_fast: float = 4.0
     yarn_beta_slow: float = 1.0
@@ -437,6 +438,7 @@ class VideoContext:
     codes: torch.Tensor                  # (latent frames * rows * cols,) long, CPU
     text: Optional[torch.Tensor] = None       # (T5_TOKENS, context_dim) float32, zero after the prompt's tokens
     text_mask: Optional[torch.Tensor] = None  # (T5_TOKENS,) bool, True at the prompt's tokens
+    latent_frames: Optional[int] = None        # latent frames to sample after it; None: every free one
 
 
 class CosmosT5(T5Captioner):
@@ -577,8 +579,7 @@ class CosmosModel:
         cfg = net.config
         self.config, self.size = cfg, size
         self.vocab_size = cfg.vocab_size
-        self.grid = (cfg.generated_frames, cfg.latent_shape[1], cfg.latent_shape[2])
-        self.num_tokens = cfg.generated_frames * cfg.frame_tokens
+        self._sample_latent_frames(cfg.generated_frames)  # until a context is encoded
         self.default_top_p = cfg.top_p
         self.frame_size = (cfg.latent_shape[1] * SPATIAL, cfg.latent_shape[2] * SPATIAL)
         parts = {"transformer": net, "encoder": encoder, "decoder": decoder}
@@ -594,6 +595,23 @@ class CosmosModel:
     def context_frame_counts(self) -> tuple[int, ...]:
         """Pixel frame counts accepted as context: 1, 9, ... (1 + 8k, up to the free latent frames)."""
         return tuple(1 + TEMPORAL * k for k in range(self.config.max_context_frames))
+
+    def _sample_latent_frames(self, count: int) -> None:
+        """Generations from now on sample `count` latent frames (the grid and token count follow; `start`
+        switches to its context's count)."""
+        self.grid = (count, *self.config.latent_shape[1:])
+        self.num_tokens = count * self.config.frame_tokens
+
+    def latent_frames_to_sample(self, context_frames: int, new_frames: int = 0) -> int:
+        """Latent frames a continuation of `context_frames` pixel frames samples: every free one for
+        `new_frames` 0 (NVIDIA's pipeline), else new_frames / 8 (a multiple of 8 up to the free frames)."""
+        free = self.config.latent_shape[0] - (1 + (context_frames - 1) // TEMPORAL)
+        if new_frames == 0:
+            return free
+        if not (isinstance(new_frames, int) and new_frames % TEMPORAL == 0 and 0 < new_frames <= TEMPORAL * free):
+            raise ValueError(f"new_frames must be 0 (every free frame: {TEMPORAL * free} after {context_frames} "
+                             f"context frames) or a multiple of {TEMPORAL} up to {TEMPORAL * free}, got {new_frames}")
+        return new_frames // TEMPORAL
 
     def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> VideoContext:
         raise ValueError("Cosmos continues a video: give it context frames (the SCD Video Context node, or "
@@ -629,10 +647,11 @@ class CosmosModel:
         return weight.dtype if weight is not None else self.module["transformer"].output.weight.dtype
 
     @torch.no_grad()
-    def encode_video(self, frames: torch.Tensor, prompt: Optional[str] = None) -> VideoContext:
+    def encode_video(self, frames: torch.Tensor, prompt: Optional[str] = None, new_frames: int = 0) -> VideoContext:
         """Context frames (F, H, W, 3) in 0..1 (F = 1 or 9) -> VideoContext; other sizes are resized.
 
-        Video2World models also need the prompt; the others refuse one, as they have no text input.
+        Video2World models also need the prompt; the others refuse one, as they have no text input.  Its
+        continuations have `new_frames` more frames (`latent_frames_to_sample`; 0: all the model has room for).
         """
         if not isinstance(frames, torch.Tensor) or frames.dim() != 4 or frames.shape[-1] != 3:
             shape = tuple(frames.shape) if isinstance(frames, torch.Tensor) else type(frames).__name__
@@ -641,6 +660,7 @@ class CosmosModel:
             counts = " or ".join(map(str, self.context_frame_counts))
             raise ValueError(f"Cosmos takes {counts} context frames, got {frames.shape[0]}; trim the clip "
                              f"(e.g. load only its last {self.context_frame_counts[-1]} frames)")
+        sampled = self.latent_frames_to_sample(frames.shape[0], new_frames)
         text = text_mask = None
         if self.config.cross_attention:
             if not prompt or not prompt.strip():
@@ -663,9 +683,13 @@ class CosmosModel:
         if tuple(codes.shape) != expected:
             raise ModelLoadError(f"the tokenizer's {ENCODER} returned codes of shape {tuple(codes.shape)}, "
                                  f"expected {expected}; it does not belong to this model")
-        return VideoContext(codes=codes.reshape(-1).cpu(), text=text, text_mask=text_mask)
+        self._sample_latent_frames(sampled)
+        return VideoContext(codes=codes.reshape(-1).cpu(), text=text, text_mask=text_mask, latent_frames=sampled)
 
     def start(self, cond: VideoContext, batch_size: int) -> CosmosSession:
+        if isinstance(cond, VideoContext):  # the length asked for with this context wins (the session checks the rest)
+            free = self.config.latent_shape[0] - cond.codes.numel() // self.config.frame_tokens
+            self._sample_latent_frames(cond.latent_frames or free)
         return CosmosSession(self, cond, batch_size)
 
     @torch.no_grad()
