@@ -49,7 +49,8 @@ from ..model import check_start, compute_device
 from .checkpoints import ModelLoadError, read_torch_checkpoint
 from .family import Family
 from .quantize import quantize_linears, quantize_then_move
-from .row_cache import RowCache, joined_call, left_padded
+from .row_cache import RowCache
+from .row_session import RowSession
 from .tokenizer_files import positive_int, read_json
 from .llamagen import FeedForward, RMSNorm, T5Captioner, _find_t5
 
@@ -454,114 +455,49 @@ class CosmosT5(T5Captioner):
 
 # ----------------------------------------------------------------------------- adapter
 
-def _joined_text(sessions: Sequence["CosmosSession"]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The cross-attention keys, values and masks of every row of `sessions`, layer by layer."""
-    return [tuple(torch.cat(parts) for parts in zip(*layers)) for layers in zip(*(s.text_kv for s in sessions))]
+class TransformerRows:
+    """The transformer as a `row_session.RowNetwork`: it embeds the codes itself; a row's extras are its
+    cross-attention keys, values and key mask, three per layer (Video2World)."""
+
+    def __init__(self, net: CosmosTransformer) -> None:
+        self.net = net
+
+    def embed_context(self, codes: torch.Tensor) -> torch.Tensor:
+        return codes
+
+    embed_tokens = embed_context
+
+    def __call__(self, cache: RowCache, inputs: torch.Tensor, extras: Sequence[torch.Tensor], branches: int,
+                 last_only: bool) -> torch.Tensor:
+        text_kv = [extras[i:i + 3] for i in range(0, len(extras), 3)] or None
+        return self.net(inputs, cache, text_kv, last_only, branches)
 
 
-class CosmosSession:
+class CosmosSession(RowSession):
     """One generation: batch rows share the context, each advances at its own pace; no CFG branch."""
-
-    rows_per_cache = 1
 
     def __init__(self, model: "CosmosModel", cond: VideoContext, batch_size: int):
         check_start(cond, VideoContext, "CosmosModel.encode_video()", batch_size)
         net = model.module["transformer"]
         cfg = net.config
-        self.net, self.batch = net, batch_size
-        self.device = model.device
+        device = model.device
         context = cond.codes
         if cfg.begin_of_video:
             context = torch.cat([torch.tensor([cfg.vocab_size]), context])
-        self.context = context.to(self.device).expand(batch_size, -1)
-        self.prefix = self.context.shape[1]
-        self.prefix_tokens = cond.codes  # the context frames: the engine copies previous-frame drafts from them
-        if self.prefix + model.num_tokens > net.rope.shape[0]:
+        if context.numel() + model.num_tokens > net.rope.shape[0]:
             raise ValueError(f"a context of {cond.codes.numel() // cfg.frame_tokens} latent frames leaves no room for "
                              f"{model.num_tokens} generated tokens in the model's {cfg.latent_shape} positions")
-        self.cache = RowCache(batch_size, self.prefix + model.num_tokens, self.prefix, self.device)
-        self.text_kv = None
+        extras: list[torch.Tensor] = []
         if cfg.cross_attention:
             if cond.text is None or cond.text_mask is None:
                 raise ValueError("this Video2World model needs a prompt: encode the context with a prompt")
             with torch.no_grad():
-                self.text_kv = net.text_keys_values(cond.text.to(self.device).expand(batch_size, -1, -1),
-                                                    cond.text_mask.to(self.device).expand(batch_size, -1))
-
-    def _run(self, tokens: torch.Tensor, last_only: bool = False, branches: int = 1) -> tuple[torch.Tensor, None]:
-        with torch.no_grad():
-            logits = self.net(tokens, self.cache, self.text_kv, last_only, branches)
-        return logits, None
-
-    def prefill(self) -> tuple[torch.Tensor, None]:
-        if self.cache.longest:
-            raise ValueError("prefill() was already called for this session")
-        return self._run(self.context, last_only=True)
-
-    def forward(self, tokens: torch.Tensor, branches: int = 1) -> tuple[torch.Tensor, None]:
-        """Feed (batch, T) codes, each row after its own cached tokens; with `branches` > 1 they are a tree
-        (`row_cache.tree_layout`)."""
-        if not self.cache.longest:
-            raise ValueError("call prefill() before forward()")
-        if tokens.dim() != 2 or tokens.shape[0] != self.batch:
-            raise ValueError(f"expected codes of shape ({self.batch}, T), got {tuple(tokens.shape)}")
-        return self._run(tokens.to(self.device), branches=branches)
-
-    def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
-        """After a tree call: keep each row's chain `branch`."""
-        self.cache.keep_branch(branch.to(self.device), width, branches)
-
-    def rewind(self, n: int | torch.Tensor) -> None:
-        """Drop the last n codes of every row (an int) or of each row (a (batch,) tensor)."""
-        self.cache.rewind(n)
-
-    def admit(self, fresh: Sequence["CosmosSession"], tokens: Optional[torch.Tensor] = None
-              ) -> tuple[Optional[tuple[torch.Tensor, None]], tuple[torch.Tensor, None]]:
-        """Prefill the rows of `fresh` (sessions of this model from `start`, not prefilled) and go on with them
-        after this session's rows; their contexts may differ in length (left padding, which takes no position).
-        With `tokens` the same call also feeds this session's rows as `forward(tokens)` would, when the contexts
-        are no longer than `tokens` (else two calls).  Returns (the logits of `tokens` or None, the new rows'
-        position-0 logits).  A session not prefilled yet runs its own context in that call too, first."""
-        if any(not isinstance(session, CosmosSession) or session.cache.longest for session in fresh):
-            raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
-        prefilled = bool(self.cache.longest)
-        everyone = [self, *fresh]
-        joining = list(fresh) if prefilled else everyone
-        context = left_padded([session.context for session in joining])
-        real = left_padded([torch.ones_like(session.context, dtype=torch.bool) for session in joining], False)
-        group = RowCache(context.shape[0], context.shape[1] + self.cache.capacity - self.cache.prefix,
-                         context.shape[1], self.device, real)
-        fed = None
-        if prefilled and tokens is not None and tokens.shape[1] < context.shape[1]:
-            fed, tokens = self.forward(tokens), None
-        batch, added = self.batch if prefilled else 0, context.shape[0]
-        order = torch.arange(batch + added, device=self.device)
-        self.text_kv = None if self.text_kv is None else _joined_text(everyone if prefilled else joining)
-        self.context = left_padded([session.context for session in everyone])
-        self.prefix_tokens = left_padded([session.prefix_tokens.reshape(-1, session.prefix_tokens.shape[-1])
-                                          .expand(session.batch, -1) for session in everyone])
-        self.batch = self.context.shape[0]
-        with torch.no_grad():
-            if not prefilled or tokens is None:
-                text_kv = None if self.text_kv is None else [tuple(part[batch:] for part in layer)
-                                                             for layer in self.text_kv]
-                logits = self.net(context, group, text_kv, last_only=True)
-                self.cache = RowCache.joined([self.cache, group], order) if prefilled else group
-                return fed, (logits, None)
-            self.cache, logits = joined_call(self.cache, group, tokens.to(self.device), context, order,
-                                             lambda cache, ids: self.net(ids, cache, self.text_kv))
-        last = context.shape[1] - 1
-        return (logits[:batch, :tokens.shape[1]], None), (logits[batch:, last:last + 1], None)
-
-    def keep_rows(self, index: torch.Tensor) -> None:
-        """Go on with rows `index` only."""
-        index = index.to(self.device)
-        self.cache.keep_rows(index)
-        self.context, self.batch = self.context[index], index.numel()
-        if self.prefix_tokens.dim() == 2:  # one context per row, since admit
-            self.prefix_tokens = self.prefix_tokens[index.to(self.prefix_tokens.device)]
-        if self.text_kv is not None:
-            self.text_kv = [tuple(part[index] for part in layer) for layer in self.text_kv]
+                extras = [part for layer in net.text_keys_values(cond.text.to(device).expand(batch_size, -1, -1),
+                                                                 cond.text_mask.to(device).expand(batch_size, -1))
+                          for part in layer]
+        # the context frames are the prefix tokens: the engine copies previous-frame drafts from them
+        super().__init__(context.to(device).expand(batch_size, -1), model.num_tokens, TransformerRows(net),
+                         cfg=False, extras=extras, prefix_tokens=cond.codes)
 
 
 class CosmosModel:

@@ -45,7 +45,8 @@ from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
 from .family import Family
 from .quantize import quantize_linears, quantize_then_move
-from .row_cache import LayerSlots, RowCache, joined_call, paired_order
+from .row_cache import LayerSlots, RowCache
+from .row_session import RowSession
 from .t5_encoder import load_t5_encoder
 from .tokenizer_files import positive_int, without_nulls
 from ..model import check_batch_size, compute_device
@@ -362,128 +363,56 @@ class T5Captioner(nn.Module):
 
 # ----------------------------------------------------------------------------- adapter
 
-class LlamaGenSession:
-    """One generation: cond rows first, then the unconditional (null class / empty caption) rows.
+class GPTRows:
+    """The GPT as a `row_session.RowNetwork`: prompts are embeddings already (class or caption rows).
 
-    Every sample advances at its own pace (`rows_per_cache = 1`): its cond and uncond
-    rows share a logical length in one pre-allocated `RowCache`.
+    With `compiled_layer` the window calls over a static cache run each block through it (see
+    scd_core.static_step); the prefill runs eagerly: its one shape is not worth a compilation.
     """
 
-    rows_per_cache = 1
+    def __init__(self, gpt: GPT, compiled_layer: Optional[Callable[..., torch.Tensor]]) -> None:
+        self.gpt, self.compiled_layer = gpt, compiled_layer
+        self.embed_tokens = gpt.tok_embeddings
+
+    def embed_context(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return embeddings
+
+    def __call__(self, cache: RowCache, inputs: torch.Tensor, extras: Sequence[torch.Tensor], branches: int,
+                 last_only: bool) -> torch.Tensor:
+        cfg = self.gpt.config
+        if not cache.keys:  # the blocks take every layer's tensors as arguments
+            cache.allocate(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, self.gpt.tok_embeddings.weight.dtype)
+        compiled = self.compiled_layer is not None and cache.static and cache.longest
+        return self.gpt(inputs, cache, branches, self.compiled_layer if compiled else call_layer)
+
+
+class LlamaGenSession(RowSession):
+    """One generation: cond rows first, then the unconditional (null class / empty caption) rows."""
 
     def __init__(self, gpt: GPT, cond: ClassLabel | Caption, batch_size: int,
                  compiled_layer: Optional[Callable[..., torch.Tensor]] = None, device: Optional[torch.device] = None):
-        """With `compiled_layer` the session has static shapes (`static_shapes`): each window call reads the
-        whole pre-sized cache through that compiled block (see scd_core.static_step).  `device`: where to
-        compute (the model's `device`); by default where the token embeddings lie."""
+        """With `compiled_layer` the session has static shapes (`static_shapes`).  `device`: where to compute
+        (the model's `device`); by default where the token embeddings lie."""
         check_batch_size(batch_size)
         cfg = gpt.config
-        self.gpt, self.batch = gpt, batch_size
-        self.device = device or gpt.tok_embeddings.weight.device
-        rows = 2 * batch_size
-        self.prefix = cfg.cls_token_num
+        device = device or gpt.tok_embeddings.weight.device
         real: Optional[torch.Tensor] = None  # attendable prefix slots; all of them without caption padding
         with torch.no_grad():
             if isinstance(cond, ClassLabel) and cfg.task == "c2i":
                 labels = [cond.index] * batch_size + [cfg.num_classes] * batch_size
-                self.prefix_embeddings = gpt.embed_labels(torch.tensor(labels, device=self.device))
+                context = gpt.embed_labels(torch.tensor(labels, device=device))
             elif isinstance(cond, Caption) and cfg.task == "t2i":
                 uncond = gpt.cls_embedding.uncond_embedding
                 features = torch.cat([cond.features.to(uncond).expand(batch_size, -1, -1),
                                       uncond.expand(batch_size, -1, -1)])
-                self.prefix_embeddings = gpt.embed_captions(features).to(gpt.tok_embeddings.weight.dtype)
+                context = gpt.embed_captions(features).to(gpt.tok_embeddings.weight.dtype)
                 # the original applies the caption's padding mask to the unconditional rows as well
-                real = cond.mask.bool().expand(rows, -1)
+                real = cond.mask.bool().expand(2 * batch_size, -1)
             else:
                 raise ValueError(f"conditioning {type(cond).__name__} does not fit a {cfg.task} LlamaGen model; "
                                  "use the model's encode()")
-        self.cache = self._new_cache(rows, real)
-        self.static_shapes = self.cache.static = compiled_layer is not None
-        self._window_layer = compiled_layer or call_layer
-
-    def _new_cache(self, rows: int, real: Optional[torch.Tensor]) -> RowCache:
-        """An empty cache of `rows` rows, every layer's tensors allocated (the blocks take them as arguments)."""
-        cfg = self.gpt.config
-        cache = RowCache(rows, self.prefix + cfg.num_tokens, self.prefix, self.device, real)
-        cache.allocate(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, self.gpt.tok_embeddings.weight.dtype)
-        return cache
-
-    def _run(self, h: torch.Tensor, branches: int = 1, run_layer: Callable[..., torch.Tensor] = call_layer
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
-            logits = self.gpt(h, self.cache, branches, run_layer)
-        return logits[:self.batch], logits[self.batch:]
-
-    def prefill(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cache.longest:
-            raise ValueError("prefill() was already called for this session")
-        cond, uncond = self._run(self.prefix_embeddings)  # eager: its one shape is not worth a compilation
-        return cond[:, -1:], uncond[:, -1:]
-
-    def forward(self, tokens: torch.Tensor, branches: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed (batch, T) ids, each sample after its own cached tokens; with `branches` > 1 they are a tree
-        (`row_cache.tree_layout`)."""
-        if not self.cache.longest:
-            raise ValueError("call prefill() before forward()")
-        if tokens.dim() != 2 or tokens.shape[0] != self.batch:
-            raise ValueError(f"expected image ids of shape ({self.batch}, T), got {tuple(tokens.shape)}")
-        ids = tokens.to(self.device).repeat(2, 1)
-        with torch.no_grad():
-            h = self.gpt.tok_embeddings(ids)
-        return self._run(h, branches, self._window_layer)
-
-    def rewind(self, n: int | torch.Tensor) -> None:
-        """Drop the last n tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
-        if isinstance(n, torch.Tensor) and n.dim() > 0:
-            n = n.repeat(2)  # a sample's cond and uncond rows move together
-        self.cache.rewind(n)
-
-    def keep_rows(self, index: torch.Tensor) -> None:
-        """Go on with samples `index` only (their cond and uncond rows)."""
-        self.cache.keep_rows(torch.cat([index, index + self.batch]).to(self.device))
-        self.batch = index.numel()
-
-    def admit(self, fresh: Sequence["LlamaGenSession"], tokens: Optional[torch.Tensor] = None
-              ) -> tuple[Optional[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
-        """Prefill the samples of `fresh` (sessions of this model from `start`, not prefilled) and go on with them
-        after this session's samples.  With `tokens` the same call also feeds this session's samples as
-        `forward(tokens)` would, when the prefix is no longer than `tokens` (else two calls).  Returns (the logits
-        of `tokens` or None, the new samples' position-0 logits).  A session not prefilled yet runs its own prefix
-        in that call too, first."""
-        prefilled = bool(self.cache.longest)
-        if any(not isinstance(session, LlamaGenSession) or session.cache.longest for session in fresh):
-            raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
-        joining = list(fresh) if prefilled else [self, *fresh]
-        halves = [(session, slice(half * session.batch, (half + 1) * session.batch))
-                  for half in (0, 1) for session in joining]
-        embeddings = torch.cat([session.prefix_embeddings[rows] for session, rows in halves])
-        real = torch.cat([session.cache.real[rows, :self.prefix] for session, rows in halves])
-        added = embeddings.shape[0] // 2
-        group = self._new_cache(2 * added, real)
-        if not prefilled:
-            self.cache, self.prefix_embeddings, self.batch = group, embeddings, added
-            return None, self.prefill()
-        fed = None
-        if tokens is not None and tokens.shape[1] < self.prefix:
-            fed, tokens = self.forward(tokens), None
-        batch, order = self.batch, paired_order(self.batch, added, self.device)
-        self.batch += added
-        with torch.no_grad():
-            if tokens is None:
-                logits = self.gpt(embeddings, group)[:, -1:]
-                self.cache = RowCache.joined([self.cache, group], order)
-                return fed, (logits[:added], logits[added:])
-            live = self.gpt.tok_embeddings(tokens.to(self.device).repeat(2, 1))
-            self.cache, logits = joined_call(self.cache, group, live, embeddings, order,
-                                            lambda cache, h: self.gpt(h, cache))
-        cond, uncond = logits[:self.batch], logits[self.batch:]
-        width, last = tokens.shape[1], self.prefix - 1
-        return ((cond[:batch, :width], uncond[:batch, :width]),
-                (cond[batch:, last:last + 1], uncond[batch:, last:last + 1]))
-
-    def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
-        """After a tree call: keep each sample's chain `branch` (both of its rows)."""
-        self.cache.keep_branch(branch.to(self.device).repeat(2), width, branches)
+        super().__init__(context, cfg.num_tokens, GPTRows(gpt, compiled_layer), cfg=True, real=real,
+                         static_shapes=compiled_layer is not None)
 
 
 class LlamaGenModel(Compilable):

@@ -52,9 +52,10 @@ class LayerSlots(NamedTuple):
 
 
 def left_padded(parts: Sequence[torch.Tensor], value: Union[int, bool] = 0) -> torch.Tensor:
-    """(rows, width) tensors of different widths stacked into one, each padded on the left with `value`."""
+    """(rows, width, ...) tensors of different widths stacked into one, each padded on the left with `value`."""
     width = max(part.shape[1] for part in parts)
-    return torch.cat([torch.nn.functional.pad(part, (width - part.shape[1], 0), value=value) for part in parts])
+    return torch.cat([torch.nn.functional.pad(part, (0, 0) * (part.dim() - 2) + (width - part.shape[1], 0),
+                                              value=value) for part in parts])
 
 
 def joined_call(live: RowCache, group: RowCache, live_inputs: torch.Tensor, group_inputs: torch.Tensor,
@@ -75,11 +76,12 @@ def joined_call(live: RowCache, group: RowCache, live_inputs: torch.Tensor, grou
     return cache, output
 
 
-def paired_order(batch: int, added: int, device: torch.device) -> torch.Tensor:
-    """Where the rows of a CFG cache of `batch` samples (cond rows, then uncond rows) followed by one of `added`
-    samples go when the two become one: cond rows old then new, then uncond rows old then new."""
-    old, new = torch.arange(batch), 2 * batch + torch.arange(added)
-    return torch.cat([old, new, batch + old, added + new]).to(device)
+def row_order(batch: int, added: int, copies: int, device: torch.device) -> torch.Tensor:
+    """Where the rows of a cache of `batch` samples with `copies` rows each (every sample's first row, then every
+    sample's second, e.g. cond then uncond rows) followed by one of `added` samples go when the two become one:
+    each copy's old rows, then its new rows."""
+    old, new = torch.arange(batch), copies * batch + torch.arange(added)
+    return torch.cat([torch.cat([old + copy * batch, new + copy * added]) for copy in range(copies)]).to(device)
 
 
 class RowCache:

@@ -1,0 +1,173 @@
+"""The one session every family shares: one or two cache rows per sample, each sample at its own pace.
+
+A generation of `batch` samples holds one RowCache of `copies x batch` rows, the
+first copy of every sample, then the second (with classifier-free guidance: the
+cond rows, then the uncond rows, so guidance costs one batched forward).  A
+sample's rows are fed the same drafts and rewound together.  Per-row `extras`
+(e.g. cross-attention keys of each row's text) follow the rows when samples
+leave (`keep_rows`) or join (`admit`).  A family supplies the network that runs
+over the cache (`RowNetwork`) and the rows' prompt inputs (`context`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, Sequence, Union
+
+import torch
+
+from ..model import Logits
+from .row_cache import RowCache, joined_call, left_padded, row_order
+
+
+class RowNetwork(Protocol):
+    """What a family runs over a session's cache."""
+
+    def embed_context(self, context: torch.Tensor) -> torch.Tensor:
+        """The session's `context` (rows, P, ...) -> the inputs of its prefill call."""
+        ...
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """(rows, T) fed ids -> the inputs of a call, of the kind `embed_context` returns."""
+        ...
+
+    def __call__(self, cache: RowCache, inputs: torch.Tensor, extras: Sequence[torch.Tensor], branches: int,
+                 last_only: bool) -> torch.Tensor:
+        """Inputs (rows, T, ...) after each row's cached slots (a tree with `branches` > 1) -> float logits
+        (rows, T, V); with `last_only` it may return the last position's only."""
+        ...
+
+
+def new_cache(rows: int, width: int, num_tokens: int, device: torch.device,
+              real: Optional[torch.Tensor] = None) -> RowCache:
+    """The cache of `rows` rows whose prompts take `width` slots (`real` marks those attended) and whose images
+    take `num_tokens`."""
+    return RowCache(rows, width + num_tokens, width, device, real=real)
+
+
+def _slice(logits: Logits, rows: slice, positions: slice) -> Logits:
+    cond, uncond = logits
+    return cond[rows, positions], None if uncond is None else uncond[rows, positions]
+
+
+class RowSession:
+    """One generation over a RowCache; see the module docstring.
+
+    `context` (copies x batch, P, ...): each row's prompt as the network's `embed_context` takes it (ids, or
+    embeddings), left-padded where `real` (rows, P) is False.  `cfg`: two rows per sample (cond, uncond),
+    else one.  `extras`: per-row tensors (rows, ...) handed to every network call.  `prefix_tokens` ((K,) or
+    (batch, K)): the image tokens before position 0 (`model.Session`), e.g. a video's context frames.
+    `static_shapes`: the cache is static (scd_core.static_step) and the network compiled.
+    """
+
+    rows_per_cache = 1
+
+    def __init__(self, context: torch.Tensor, num_tokens: int, network: RowNetwork, cfg: bool = True,
+                 real: Optional[torch.Tensor] = None, extras: Sequence[torch.Tensor] = (),
+                 prefix_tokens: Optional[torch.Tensor] = None, static_shapes: bool = False) -> None:
+        self.context, self.num_tokens, self.network = context, num_tokens, network
+        self.copies = 2 if cfg else 1
+        self.batch = context.shape[0] // self.copies
+        self.extras, self.prefix_tokens = list(extras), prefix_tokens
+        self.cache = new_cache(context.shape[0], context.shape[1], num_tokens, context.device, real)
+        self.static_shapes = self.cache.static = static_shapes
+
+    @property
+    def device(self) -> torch.device:
+        return self.context.device
+
+    @property
+    def prefix(self) -> int:
+        """Slots before the image's first position: the widest prompt's."""
+        return self.cache.prefix
+
+    @torch.no_grad()
+    def prefill(self) -> Logits:
+        if self.cache.longest:
+            raise RuntimeError("prefill() was already called for this session")
+        logits = self.network(self.cache, self.network.embed_context(self.context), self.extras, 1, True)
+        return self._split(logits[:, -1:])
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, branches: int = 1) -> Logits:
+        """Feed (batch, T) image-position ids, each sample after its own cached tokens; with `branches` > 1
+        they are a tree (`row_cache.tree_layout`)."""
+        if not self.cache.longest:
+            raise RuntimeError("call prefill() before forward()")
+        if tokens.dim() != 2 or tokens.shape[0] != self.batch or tokens.shape[1] < 1:
+            raise ValueError(f"tokens must be (batch={self.batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
+        return self._split(self.network(self.cache, self._inputs(tokens), self.extras, branches, False))
+
+    def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The network's inputs for (batch, T) ids: the same drafts in every row of a sample."""
+        return self.network.embed_tokens(tokens.to(self.device).repeat(self.copies, 1))
+
+    def _split(self, logits: torch.Tensor) -> Logits:
+        return (logits[:self.batch], logits[self.batch:]) if self.copies == 2 else (logits, None)
+
+    def rewind(self, n: Union[int, torch.Tensor]) -> None:
+        """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
+        if isinstance(n, torch.Tensor) and n.dim() > 0:
+            n = n.repeat(self.copies)  # a sample's rows move together
+        self.cache.rewind(n)
+
+    def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
+        """After a tree call: keep each sample's chain `branch` (in all of its rows)."""
+        self.cache.keep_branch(branch.to(self.device).repeat(self.copies), width, branches)
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Go on with samples `index` only (all of their rows)."""
+        rows = torch.cat([index + copy * self.batch for copy in range(self.copies)]).to(self.device)
+        self.cache.keep_rows(rows)
+        self.context, self.extras = self.context[rows], [extra[rows] for extra in self.extras]
+        if self.prefix_tokens is not None:
+            self.prefix_tokens = self._prefix_rows()[index.to(self.prefix_tokens.device)]
+        self.batch = index.numel()
+
+    def _prefix_rows(self) -> torch.Tensor:
+        """`prefix_tokens` as (batch, K)."""
+        return self.prefix_tokens.reshape(-1, self.prefix_tokens.shape[-1]).expand(self.batch, -1)
+
+    def _group(self, sessions: Sequence["RowSession"]) -> "RowSession":
+        """A session (not prefilled) of the rows of `sessions`, copy by copy, prompts left-padded to one width."""
+        parts = [(session, slice(copy * session.batch, (copy + 1) * session.batch))
+                 for copy in range(self.copies) for session in sessions]
+        extras = [torch.cat([session.extras[i][rows] for session, rows in parts]) for i in range(len(self.extras))]
+        return RowSession(left_padded([session.context[rows] for session, rows in parts]), self.num_tokens,
+                          self.network, self.copies == 2,
+                          left_padded([session.cache.real[rows, :session.prefix] for session, rows in parts], False),
+                          extras)
+
+    @torch.no_grad()
+    def admit(self, fresh: Sequence["RowSession"], tokens: Optional[torch.Tensor] = None
+              ) -> tuple[Optional[Logits], Logits]:
+        """Prefill the samples of `fresh` (sessions of this model from `start`, not prefilled) and go on with them
+        after this session's samples; their prompts may differ in length (left padding).  With `tokens` the same
+        call also feeds this session's samples as `forward(tokens)` would, when the prompts are no longer than
+        `tokens` (else two calls).  Returns (the logits of `tokens` or None, the new samples' position-0 logits).
+        A session not prefilled yet runs its own prefix in that call too, first."""
+        prefilled = bool(self.cache.longest)
+        if any(not isinstance(session, RowSession) or session.cache.longest for session in fresh):
+            raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
+        group = self._group(list(fresh) if prefilled else [self, *fresh])
+        if self.prefix_tokens is not None:
+            self.prefix_tokens = left_padded([session._prefix_rows() for session in (self, *fresh)])
+        if not prefilled:
+            self.cache, self.context, self.extras, self.batch = group.cache, group.context, group.extras, group.batch
+            return None, self.prefill()
+        fed = None
+        if tokens is not None and tokens.shape[1] < group.context.shape[1]:
+            fed, tokens = self.forward(tokens), None
+        batch, order = self.batch, row_order(self.batch, group.batch, self.copies, self.device)
+        self.context = left_padded([self.context, group.context])[order]
+        self.extras = [torch.cat(pair)[order] for pair in zip(self.extras, group.extras)]
+        self.batch += group.batch
+        if tokens is None:
+            logits = group.prefill()
+            self.cache = RowCache.joined([self.cache, group.cache], order)
+            return fed, logits
+        self.cache, logits = joined_call(self.cache, group.cache, self._inputs(tokens),
+                                         self.network.embed_context(group.context), order,
+                                         lambda cache, inputs: self.network(cache, inputs, self.extras, 1, False))
+        last = group.context.shape[1] - 1
+        return (_slice(self._split(logits), slice(None, batch), slice(None, tokens.shape[1])),
+                _slice(self._split(logits), slice(batch, None), slice(last, last + 1)))
