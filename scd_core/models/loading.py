@@ -19,7 +19,7 @@ from .quantize import check_precision, normalize_precision
 
 # Family modules, asked in order.  Imported lazily: transformers is slow to import.
 FAMILIES = ("scd_core.models.janus", "scd_core.models.llamagen", "scd_core.models.emu3",
-            "scd_core.models.cosmos", "scd_core.models.lumina")
+            "scd_core.models.cosmos", "scd_core.models.lumina", "scd_core.models.glm_image")
 DEMO_DIR = Path(__file__).parents[1] / "demo"
 # What to download for a folder named after a published model: (a word of the name, lower case; what).
 DOWNLOADS = (
