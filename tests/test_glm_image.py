@@ -306,3 +306,27 @@ def test_memory_estimate_counts_both_stages(model: glm_image.GlmImageModel, fold
     heads = model.module.config.text_config.vision_vocab_size - model.vocab_size  # rows sliced off at load
     assert estimate.other_weights == ar_other + heads * model.module.config.text_config.hidden_size + parts
     assert estimate.kv_channels == 2 * len(layers) * model.module.config.text_config.num_key_value_heads * 32
+
+
+@needs_glm_image
+def test_broken_ar_weights_and_processor_are_refused_clearly(folder: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A truncated or pickled AR checkpoint and a processor without its tokenizer: one ModelLoadError each,
+    naming the file; the pickle is never opened."""
+    broken = Path(shutil.copytree(folder, tmp_path / "GLM-Image"))
+    ar = broken / glm_image.AR_FOLDER
+    weights = ar / "model.safetensors"
+    with open(weights, "r+b") as handle:
+        handle.truncate(weights.stat().st_size // 2)
+    with pytest.raises(ModelLoadError, match="model.safetensors.*truncated"):
+        load_model(broken, device="cpu", dtype="float32")
+    weights.unlink()
+    torch.save({"w": torch.zeros(2)}, ar / "pytorch_model.bin")
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("the pickle was opened"))
+    with pytest.raises(ModelLoadError, match="pickled weights"):
+        load_model(broken, device="cpu", dtype="float32")
+    monkeypatch.undo()
+    shutil.copy(folder / glm_image.AR_FOLDER / "model.safetensors", weights)
+    (broken / glm_image.PROCESSOR_FOLDER / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match="processor is not a readable GLM-Image processor"):
+        load_model(broken, device="cpu", dtype="float32")
