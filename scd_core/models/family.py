@@ -16,7 +16,7 @@ from typing import Iterable
 
 # Asked in this order; the first family that recognises a folder loads it (llamagen claims a folder whose
 # llamagen.json it cannot read, so the transformers-format families come first).
-MODULES = ("janus", "llamagen", "emu3", "cosmos", "lumina")
+MODULES = ("janus", "llamagen", "emu3", "cosmos", "lumina", "glm_image")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,332 @@
+"""The GLM-Image adapter on a tiny random folder in the published layout, against transformers and diffusers.
+
+The oldest tier (transformers 4.x, no GLM-Image there) runs only the loader's refusal; the tests that build the
+tiny folder need transformers 5 and are skipped there by the explicit version check below.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from packaging.version import Version
+
+from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits
+
+from scd_core import ModelLoadError, SamplerConfig, TokenModel, generate, load_model
+from scd_core.models import glm_image
+
+HAS_GLM_IMAGE = Version(transformers.__version__) >= Version(glm_image.TRANSFORMERS_NEEDED)
+needs_glm_image = pytest.mark.skipif(not HAS_GLM_IMAGE, reason="GLM-Image needs transformers >= 5 (oldest tier)")
+needs_bnb = pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
+                               reason="bitsandbytes (tests/requirements.txt) is not installed")
+PROMPT = "a red cube"
+NEGATIVE = "a blue cat"  # as many tokens as PROMPT: transformers' CFG then positions the uncond pass right
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from glm_image_fixture import write_tiny_glm_image
+
+    return write_tiny_glm_image(tmp_path_factory.mktemp("tiny_glm_image"))
+
+
+def loaded(folder: Path, dtype: object) -> glm_image.GlmImageModel:
+    from glm_image_fixture import HEIGHT, WIDTH
+
+    model = load_model(folder, device="cpu", dtype=dtype)
+    model.set_image_size(WIDTH, HEIGHT)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model(folder: Path) -> glm_image.GlmImageModel:
+    return loaded(folder, "float32")
+
+
+@pytest.fixture(scope="module")
+def model64(folder: Path) -> glm_image.GlmImageModel:
+    return loaded(folder, torch.float64)
+
+
+def chat_inputs(model: glm_image.GlmImageModel, text: str) -> dict:
+    """What the pipeline's `generate_prior_tokens` gives transformers' generate for `text`."""
+    messages = [[{"role": "user", "content": [{"type": "text", "text": text}]}]]
+    height, width = model.size
+    return model.processor.apply_chat_template(messages, tokenize=True, padding=False, target_h=height,
+                                               target_w=width, return_dict=True, return_tensors="pt")
+
+
+@needs_glm_image
+def test_loaded_model_describes_itself(model: glm_image.GlmImageModel) -> None:
+    from glm_image_fixture import CODES
+
+    assert isinstance(model, TokenModel) and model.family == "glm_image"
+    assert model.grids == ((18, 13), (4, 3)) and model.grid == (4, 3)
+    assert (model.num_tokens, model.vocab_size) == (18 * 13 + 4 * 3, CODES)
+    # the folder's generation_config.json, which the pipeline samples with
+    assert (model.default_temperature, model.default_top_p, model.default_cfg_scale) == (0.9, 0.75, 1.0)
+    assert not hasattr(model.module.model, "visual")  # text-to-image never runs the source-image tower
+
+
+@needs_glm_image
+def test_prompt_and_grids_are_the_processors(model: glm_image.GlmImageModel) -> None:
+    inputs = chat_inputs(model, PROMPT)
+    prompt = model.encode(PROMPT, NEGATIVE)
+    assert list(prompt.cond) == inputs["input_ids"][0].tolist()
+    assert list(prompt.uncond) == chat_inputs(model, NEGATIVE)["input_ids"][0].tolist()
+    assert model.encode(PROMPT).uncond == tuple(chat_inputs(model, "")["input_ids"][0].tolist())
+    # the processor lists the large grid then the preview; generation runs them in reverse
+    grids = [tuple(grid[1:]) for grid in inputs["image_grid_thw"].tolist()]
+    assert tuple(reversed(grids)) == model.grids
+
+
+@needs_glm_image
+def test_positions_are_transformers_mrope(model: glm_image.GlmImageModel) -> None:
+    """Every slot of a left-padded uncond row and of a cond row gets get_rope_index's position."""
+    cond = model.encode(PROMPT)  # the uncond ("" prompt) is shorter: left-padded
+    session = model.start(cond, 1)
+    rows = session.cache
+    backbone = session._backbone
+    slots = torch.arange(rows.prefix + model.num_tokens).expand(2, -1)
+    ours = backbone.positions(slots)
+    net = model.module.model
+    for row, ids in enumerate((cond.cond, cond.uncond)):
+        inputs = chat_inputs(model, PROMPT if row == 0 else "")
+        prompt_positions, _ = net.get_rope_index(inputs["input_ids"], inputs["image_grid_thw"],
+                                                 inputs["images_per_sample"], inputs["attention_mask"])
+        decode = net._cached_decode_position_ids[0, :, :model.num_tokens]
+        pads = rows.prefix - len(ids)
+        assert torch.equal(ours[:, row, pads:rows.prefix], prompt_positions[:, 0])
+        assert torch.equal(ours[:, row, rows.prefix:], decode)
+
+
+def transformers_greedy(model: glm_image.GlmImageModel, folder: Path, cfg: float) -> torch.Tensor:
+    """transformers' own generate on the processor's prompt, greedy among the image codes, CFG through its
+    `guidance_scale` with the negative prompt's ids."""
+    from transformers import GlmImageForConditionalGeneration
+
+    reference = GlmImageForConditionalGeneration.from_pretrained(str(folder / glm_image.AR_FOLDER)).eval()
+    inputs = chat_inputs(model, PROMPT)
+    extra = {} if cfg == 1 else dict(guidance_scale=cfg,
+                                     negative_prompt_ids=chat_inputs(model, NEGATIVE)["input_ids"])
+    heads = reference.config.text_config.vision_vocab_size
+    out = reference.generate(**inputs, max_new_tokens=model.num_tokens, do_sample=False,
+                             suppress_tokens=list(range(model.vocab_size, heads)), **extra)
+    return out[0, inputs["input_ids"].shape[1]:]
+
+
+@needs_glm_image
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_greedy_tokens_equal_transformers_generate(model: glm_image.GlmImageModel, folder: Path,
+                                                   cfg: float) -> None:
+    expected = transformers_greedy(model, folder, cfg)
+    assert expected.shape == (model.num_tokens,) and len(set(expected.tolist())) > 10  # not a stuck oracle
+    cond = model.encode(PROMPT, NEGATIVE)
+    for coupler, window in (("maximal", 1), ("maximal", 8), ("faithful", 8)):
+        config = SamplerConfig(coupler=coupler, window=window, top_k=1, cfg_scale=cfg, seed=0)
+        assert torch.equal(generate(model, cond, config).tokens[0], expected), (coupler, window)
+
+
+def source_picture() -> object:
+    from PIL import Image
+
+    pixels = torch.rand(96, 64, 3, generator=torch.Generator().manual_seed(0))
+    return Image.fromarray((pixels * 255).to(torch.uint8).numpy())
+
+
+@needs_glm_image
+def test_image_to_image_greedy_tokens_equal_transformers_generate(model: glm_image.GlmImageModel,
+                                                                  folder: Path) -> None:
+    """The source image's codes in the prompt (from the AR model's own vision tower and VQ), 2-D positions for
+    them, only the large grid sampled: as transformers' generate does from the processor's pixels."""
+    from transformers import GlmImageForConditionalGeneration
+
+    picture = source_picture()
+    cond = model.encode(PROMPT, image=picture)
+    messages = [[{"role": "user", "content": [{"type": "image", "image": picture},
+                                              {"type": "text", "text": PROMPT}]}]]
+    inputs = model.processor.apply_chat_template(messages, tokenize=True, target_h=model.size[0],
+                                                 target_w=model.size[1], return_dict=True, return_tensors="pt")
+    assert cond.source.grid == tuple(inputs["image_grid_thw"][0, 1:].tolist())
+    assert len(cond.source.codes) == cond.source.grid[0] * cond.source.grid[1] > 1
+    assert len(cond.cond) == inputs["input_ids"].shape[1]
+    reference = GlmImageForConditionalGeneration.from_pretrained(str(folder / glm_image.AR_FOLDER)).eval()
+    rows, cols = glm_image.grid_sizes(*model.size)[1]
+    heads = reference.config.text_config.vision_vocab_size
+    expected = reference.generate(**inputs, max_new_tokens=rows * cols, do_sample=False,
+                                  suppress_tokens=list(range(model.vocab_size, heads)))[0, len(cond.cond):]
+    for coupler, window in (("maximal", 1), ("faithful", 8)):
+        config = SamplerConfig(coupler=coupler, window=window, top_k=1, cfg_scale=1.0, seed=0)
+        tokens = generate(model, cond, config).tokens[0]
+        assert model.grids == ((rows, cols),) and torch.equal(tokens, expected), (coupler, window)
+    model.decode_steps = 2
+    images = model.decode(tokens[None])
+    assert images.shape == (1, *model.size, 3)
+    generate(model, model.encode(PROMPT), SamplerConfig(window=8, seed=0))  # back to text-to-image
+    assert len(model.grids) == 2
+
+
+@needs_glm_image
+@pytest.mark.parametrize("negative", [None, "blurry"])
+def test_rows_at_different_positions_give_each_rows_sequential_logits(model64: glm_image.GlmImageModel,
+                                                                       negative: str | None) -> None:
+    """Rows at different lengths in one call, over slots they rejected; the uncond prompts ("" and "blurry")
+    are left-padded."""
+    tokens = torch.randint(0, model64.vocab_size, (3, 16), generator=torch.Generator().manual_seed(2))
+    calls = [(tokens[:, :6], [5, 2, 0]), (tokens[:, 6:10], [2, 5, 3]), (tokens[:, 10:13], [0, 0, 1], [2, 0]),
+             (tokens[[2, 0], 13:16], [0, 0])]  # row 1 finished: the session drops it
+    assert_each_row_matches(staggered_logits(model64, model64.encode(PROMPT, negative), calls), 1e-10)
+
+
+@needs_glm_image
+def test_faithful_rows_at_their_own_pace_give_the_window_1_and_batch_1_tokens(model64: glm_image.GlmImageModel
+                                                                              ) -> None:
+    assert_own_pace_gives_ar_tokens(model64, model64.encode(PROMPT), seed=0)
+
+
+@needs_glm_image
+def test_decode_equals_the_pipeline_for_the_same_tokens(model: glm_image.GlmImageModel, folder: Path) -> None:
+    from diffusers import GlmImagePipeline
+
+    tokens = torch.randint(0, model.vocab_size, (2, model.num_tokens), generator=torch.Generator().manual_seed(1))
+    model.decode_steps = 2
+    images = model.decode(tokens, model.encode('a sign saying "hi"'))
+    height, width = model.size
+    assert images.shape == (2, height, width, 3) and images.dtype == torch.float32
+    pipeline = GlmImagePipeline.from_pretrained(str(folder))
+    rows, cols = model.grids[-1]
+    for row in range(2):
+        large = tokens[row, -rows * cols:].view(1, 1, rows, cols).float()
+        prior = torch.nn.functional.interpolate(large, scale_factor=2, mode="nearest").long().view(1, -1)
+        out = pipeline(prompt='a sign saying "hi"', prior_token_ids=prior, height=height, width=width,
+                       num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="pt")
+        torch.testing.assert_close(images[row], out.images[0].permute(1, 2, 0).float(), atol=1e-5, rtol=0)
+    assert not torch.equal(images[0], images[1])
+
+
+@needs_glm_image
+def test_missing_diffusers_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def without_diffusers(name: str, *args, **kwargs):
+        if name.split(".")[0] == "diffusers":
+            raise ImportError("No module named 'diffusers'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_diffusers)
+    with pytest.raises(ModelLoadError, match=r"diffusers 0\.37 or newer.*'glm' extra"):
+        glm_image.require_diffusers()
+
+
+def published_layout(root: Path) -> Path:
+    """The published folder's files without weights: enough for the checks that come before reading them."""
+    folder = root / "GLM-Image"
+    for name in (glm_image.AR_FOLDER, glm_image.PROCESSOR_FOLDER, *glm_image.DECODER_FOLDERS):
+        (folder / name).mkdir(parents=True)
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "GlmImagePipeline"}))
+    (folder / glm_image.AR_FOLDER / "config.json").write_text(json.dumps({"model_type": "glm_image"}))
+    return folder
+
+
+@pytest.mark.skipif(HAS_GLM_IMAGE, reason="transformers here has GLM-Image (the oldest tier runs this)")
+def test_old_transformers_is_told_the_version_it_needs(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match=rf"needs transformers 5\.0 or newer.*{transformers.__version__}"):
+        load_model(published_layout(tmp_path), device="cpu", dtype="float32")
+
+
+def test_missing_parts_are_named(tmp_path: Path) -> None:
+    folder = published_layout(tmp_path)
+    shutil.rmtree(folder / "vae")
+    with pytest.raises(ModelLoadError, match="lacks the GLM-Image subfolder.*vae.*zai-org/GLM-Image"):
+        load_model(folder, device="cpu", dtype="float32")
+    (folder / "vae").mkdir()
+    (folder / glm_image.AR_FOLDER / "config.json").write_text(json.dumps({"model_type": "glm4v"}))
+    with pytest.raises(ModelLoadError, match="model_type 'glm4v', not 'glm_image'"):
+        load_model(folder, device="cpu", dtype="float32")
+
+
+@needs_glm_image
+def test_progress_preview_is_a_token_map_of_the_grid_being_sampled(model: glm_image.GlmImageModel) -> None:
+    (preview_rows, preview_cols), (rows, cols) = model.grids
+    codes = torch.arange(model.num_tokens).remainder(model.vocab_size).unsqueeze(0)
+    early = model.preview_frame(codes[:, :5])
+    side = glm_image.PREVIEW_PIXELS // preview_rows
+    assert early.shape == (preview_rows * side, preview_cols * side, 3)
+    assert (early[:side, 5 * side:] == glm_image.PENDING_GRAY).all()  # cells not sampled yet
+    assert not (early[:side, :5 * side] == glm_image.PENDING_GRAY).all()
+    late = model.preview_frame(codes[:, :preview_rows * preview_cols + cols])  # the first large row
+    side = glm_image.PREVIEW_PIXELS // rows
+    assert late.shape == (rows * side, cols * side, 3)
+    assert (late[side:] == glm_image.PENDING_GRAY).all() and not (late[:side] == glm_image.PENDING_GRAY).all()
+
+
+@needs_glm_image
+@pytest.mark.parametrize("precision", ["int8", pytest.param("nf4", marks=needs_bnb)])
+def test_quantized_rows_see_their_own_prefix_only_and_faithful_keeps_its_tokens(folder: Path,
+                                                                                precision: str) -> None:
+    """The decoder layers at `precision`: a window's first logits ignore later drafts and the other sample,
+    and faithful window 8 gives the window-1 tokens."""
+    from glm_image_fixture import HEIGHT, WIDTH
+
+    quantized = load_model(folder, device="cpu", dtype="float32", quantize=precision)
+    quantized.set_image_size(WIDTH, HEIGHT)
+    cond = quantized.encode(PROMPT, NEGATIVE)
+    drafts = torch.randint(0, quantized.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    changed = drafts.clone()
+    changed[0, 3:], changed[1] = drafts[0, 3:].flip(0), drafts[1].roll(1)
+
+    def window(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        session = quantized.start(cond, 2)
+        session.prefill()
+        return session.forward(tokens)
+
+    for before, after in zip(window(drafts), window(changed)):
+        assert torch.equal(before[0, :3], after[0, :3])
+    tokens = [generate(quantized, cond, SamplerConfig(coupler="faithful", window=w, seed=3)).tokens for w in (1, 8)]
+    assert torch.equal(tokens[0], tokens[1])
+
+
+@needs_glm_image
+def test_memory_estimate_counts_both_stages(model: glm_image.GlmImageModel, folder: Path) -> None:
+    estimate = glm_image.memory_estimate(folder)
+    layers = model.module.model.language_model.layers
+    linear = sum(m.weight.numel() for m in layers.modules() if isinstance(m, torch.nn.Linear))
+    assert estimate.block_weights == linear
+    decoder = model.decoder()
+    parts = sum(p.numel() for part in (decoder.transformer, decoder.vae, decoder.text_encoder)
+                for p in part.parameters())
+    ar_other = sum(p.numel() for p in model.module.parameters()) - linear
+    heads = model.module.config.text_config.vision_vocab_size - model.vocab_size  # rows sliced off at load
+    assert estimate.other_weights == ar_other + heads * model.module.config.text_config.hidden_size + parts
+    assert estimate.kv_channels == 2 * len(layers) * model.module.config.text_config.num_key_value_heads * 32
+
+
+@needs_glm_image
+def test_broken_ar_weights_and_processor_are_refused_clearly(folder: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A truncated or pickled AR checkpoint and a processor without its tokenizer: one ModelLoadError each,
+    naming the file; the pickle is never opened."""
+    broken = Path(shutil.copytree(folder, tmp_path / "GLM-Image"))
+    ar = broken / glm_image.AR_FOLDER
+    weights = ar / "model.safetensors"
+    with open(weights, "r+b") as handle:
+        handle.truncate(weights.stat().st_size // 2)
+    with pytest.raises(ModelLoadError, match="model.safetensors.*truncated"):
+        load_model(broken, device="cpu", dtype="float32")
+    weights.unlink()
+    torch.save({"w": torch.zeros(2)}, ar / "pytorch_model.bin")
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("the pickle was opened"))
+    with pytest.raises(ModelLoadError, match="pickled weights"):
+        load_model(broken, device="cpu", dtype="float32")
+    monkeypatch.undo()
+    shutil.copy(folder / glm_image.AR_FOLDER / "model.safetensors", weights)
+    (broken / glm_image.PROCESSOR_FOLDER / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match="processor is not a readable GLM-Image processor"):
+        load_model(broken, device="cpu", dtype="float32")
