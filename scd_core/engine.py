@@ -23,13 +23,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import rng
-from . import auto_window
-from . import static_step
-from .config import AUTO_WINDOW, MAX_CANDIDATES, SamplerConfig
+from . import auto_window, couplers, rng, static_step, verify
+from .config import MAX_CANDIDATES, SamplerConfig
 from .model import Logits, Session, TokenModel, check_batch_size, model_default
-from .sampling import (block_verify, gumbel_argmax, modified_rejection, recursive_rejection, sample, to_probs,
-                       without_replacement)
+from .sampling import recursive_rejection, to_probs, without_replacement
 
 
 class GenerationCancelled(RuntimeError):
@@ -72,21 +69,6 @@ class GenerationResult:
         return self.tokens.shape[1] / self.nfe
 
 
-@dataclass
-class _Window:
-    """What one model call produced and the drafts it was fed."""
-
-    probs: torch.Tensor      # (B, T, V) sampling distribution of positions c .. c+T-1
-    positions: torch.Tensor  # (B, T) absolute positions of those slots
-    drafts: torch.Tensor     # (B, T-1) drafts that were fed for positions c .. c+T-2
-    proposals: torch.Tensor  # (B, T-1, V) the distributions those drafts were drawn from
-    gumbel: Optional[torch.Tensor]  # (B, T, V) position-fixed noise, for the gumbel and faithful couplers
-    free: torch.Tensor       # (B, T) False at forced slots
-    keys: torch.Tensor       # (B, 1) each row's seed key (rng.seed_keys)
-    calls: torch.Tensor      # (B, 1) the calls each row took part in before this one: its draws' counter
-    drafts_left: torch.Tensor  # (B,) drafts before each row's last position; later slots lie past it
-
-
 def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(code index -> model id, model id -> code index) for a model's sampled sub-vocabulary.
@@ -100,53 +82,6 @@ def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
     size = max([int(codes.max()) + 1] + [int(i) + 1 for i in forced_ids])
     index = torch.zeros(size, dtype=torch.long).scatter_(0, codes, torch.arange(vocab))
     return codes.to(device), index.to(device)
-
-
-def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Verify the drafts and make every slot's next token.
-
-    Returns (accepted (B, T-1), verified (B, T), coupled (B, T)): `verified` holds
-    what each slot commits if no earlier slot was rejected; `coupled` is the next
-    draft for slots after a row's first rejection.  Both are distributed as
-    `window.probs`, which becomes the proposal of every carried draft.  Block verification ends each row's
-    block at `window.drafts_left`, which also cuts a static call padded past its true width (token
-    verification is slot by slot, and commits never pass the last position anyway).
-    """
-    p, pos, x, keys, calls = window.probs, window.positions, window.drafts, window.keys, window.calls
-    n_drafts = x.shape[1]
-    if config.coupler == "faithful":
-        y = gumbel_argmax(p, window.gumbel)
-        return x == y[:, :n_drafts], y, y
-
-    def fresh(first: int = 0) -> torch.Tensor:
-        """Independent draws from p for the slots from `first` on."""
-        return sample(p[:, first:], noise.uniform(rng.FRESH, keys, pos[:, first:], calls))
-
-    accepted, kept = modified_rejection(
-        p[:, :n_drafts], window.proposals, x,
-        noise.uniform(rng.ACCEPT, keys, pos[:, :n_drafts], calls),
-        noise.uniform(rng.RESIDUAL, keys, pos[:, :n_drafts], calls))
-    verified = torch.cat([kept, fresh(n_drafts)], dim=1)  # the last slot has no draft: a bonus draw
-    if config.coupler == "maximal":
-        coupled = verified
-    elif config.coupler == "gumbel":
-        coupled = gumbel_argmax(p, window.gumbel)
-    else:
-        coupled = fresh()
-    if config.alpha < 1.0:
-        use_coupled = noise.uniform(rng.ALPHA, keys, pos, calls) < config.alpha
-        coupled = torch.where(use_coupled, coupled, fresh())
-    if config.verification == "block":
-        # the joint decision draws on streams of its own, apart from the independent next drafts
-        tau, replacement = block_verify(p, window.proposals, x, window.free,
-                                        noise.uniform(rng.BLOCK, keys, pos, calls),
-                                        noise.uniform(rng.BLOCK_RESIDUAL, keys, pos, calls), window.drafts_left)
-        slots = torch.arange(p.shape[1], device=p.device).unsqueeze(0)
-        accepted = slots[:, :n_drafts] < tau.unsqueeze(1)
-        verified = torch.where(slots < tau.unsqueeze(1), torch.cat([x, replacement.unsqueeze(1)], dim=1),
-                               replacement.unsqueeze(1))
-    return accepted, verified, coupled
 
 
 def tree_inputs(window: torch.Tensor, alternatives: torch.Tensor) -> torch.Tensor:
@@ -172,6 +107,14 @@ def slot_positions(committed: torch.Tensor, count: int, branches: int) -> torch.
     width = count if branches == 1 else (count - 1) // branches + 1
     slots = torch.arange(count, device=committed.device)
     return committed.unsqueeze(1) + torch.where(slots < width, slots, (slots - width) % max(width - 1, 1) + 1)
+
+
+def sampling_settings(model: TokenModel, config: SamplerConfig) -> tuple[float, float, Optional[int], float]:
+    """(cfg scale, temperature, top-k, top-p): the config's, the model's recommended values where it has none."""
+    return (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None else config.cfg_scale,
+            config.temperature,
+            config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
+            model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
 
 
 def draft_source(model: TokenModel, config: SamplerConfig) -> Optional[int]:
@@ -202,7 +145,7 @@ class _Decoder:
     def __init__(self, model: TokenModel, config: SamplerConfig, window: int, seeds: Sequence[int],
                  device: torch.device, rows_per_cache: int, prefix: Optional[torch.Tensor],
                  copy_back: Optional[int], static: bool = False) -> None:
-        self.config = config
+        self.config, self.coupler = config, couplers.coupler(config.coupler)
         self.static = static  # static shapes: state updated in place, nothing sized by host values
         batch = len(seeds)
         self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
@@ -213,10 +156,7 @@ class _Decoder:
         self.keys = rng.seed_keys(seeds, device)
         self.calls = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.rows_per_cache = rows_per_cache
-        self.sampling = (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None
-                         else config.cfg_scale, config.temperature,
-                         config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
-                         model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
+        self.sampling = sampling_settings(model, config)
         schedule = getattr(model, "cfg_schedule", None)  # a guidance scale per position, where the model has one
         self.cfg_scales = schedule(self.sampling[0]) if callable(schedule) else None
         if self.cfg_scales is not None:
@@ -279,7 +219,7 @@ class _Decoder:
         `max_shift` (a host int) bounds how far any row moved since the last call, so the last `fresh` slots
         cover every row's new positions and the slots before them are all in the kept window.
         """
-        if self.config.coupler not in ("gumbel", "faithful"):
+        if not self.coupler.position_noise:
             return None
         if self.static:  # the same noise hashed afresh: how much is new is a host value
             return self.noise.gumbel(self.keys, positions, self.vocab)
@@ -340,10 +280,10 @@ class _Decoder:
             p = chains[torch.arange(self.batch, device=self.device), chain]
             picked = torch.cat([drafts[:, :1], alternatives], dim=1).gather(1, chain.unsqueeze(1))
             codes[:, :1] = self.to_index(picked)
-        window = _Window(p, positions, codes, self.proposals[:, :width - 1],
+        window = verify.Window(p, positions, codes, self.proposals[:, :width - 1],
                          self.gumbel(positions, max_shift), ~forced, self.keys, self.calls,
                          (self.n - self.committed).clamp(max=width - 1))
-        accepted, verified, coupled = propose_next(self.config, self.noise, window)
+        accepted, verified, coupled = verify.propose_next(self.config, self.noise, window)
         if tree is not None:  # the first position as settled over every candidate
             accepted[:, 0] = kept >= 0
             verified[:, 0] = torch.where(forced[:, 0], verified[:, 0], first)
@@ -373,19 +313,19 @@ class _Decoder:
         return shared, accepted, changes, chain
 
     def decide(self, cond: torch.Tensor, uncond: Optional[torch.Tensor], width: int, max_shift: int,
-               tree: Optional[tuple[torch.Tensor, torch.Tensor]], histogram: bool
+               tree: Optional[tuple[torch.Tensor, torch.Tensor]]
                ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """A call's logits to its decisions, all on the device (the part of a step a compiled or captured call
         holds): returns (summary, commit counts (B,), tree chain kept or None).  The summary (float32, exact for
         these integers) holds the slowest row's commits, the largest count, a NaN flag, the live rows, the
-        draft changes and their number, with `histogram` the commit histogram (one count per cache group,
-        width + 1 entries), then the share of drafts accepted per slot."""
+        draft changes and their number, the commit counts (one per cache group, width + 1 entries: the window
+        policy's observation), then the share of drafts accepted per slot."""
         branches = 1 if tree is None else tree[0].shape[1] + 1
         probs = self.probs((cond, uncond), cond.shape[1], branches)
         chains = None if tree is None else (chain_probs(probs, width, branches),) + tree
         shared, accepted, changes, chain = self.step(probs[:, :width], max_shift, chains)
-        values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (no bincount)
-        counts = (shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0) if histogram else shared[:0]
+        values = torch.arange(width + 1, device=shared.device)  # counted as every backend can (no bincount)
+        counts = (shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0)
         summary = torch.cat([torch.stack([self.committed.min(), shared.max(), torch.isnan(probs).any().long(),
                                           (self.committed < self.n).sum()]), changes, counts]).float()
         return torch.cat([summary, accepted.float().mean(0)]), shared, chain
@@ -434,8 +374,8 @@ class _Decoder:
 
     def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor, limit: int) -> None:
         """Carried drafts keep p as their proposal; new slots get a one-hot (set in _init_new_drafts)."""
-        if self.config.coupler == "faithful":
-            return  # faithful verifies by equality: proposals are never read
+        if not self.coupler.reads_proposals:
+            return
         source = (shift.unsqueeze(1) + self.slots[:limit]).clamp(max=p.shape[1] - 1)
         self.proposals[:, :limit].copy_(p.gather(1, source.unsqueeze(-1).expand(-1, -1, self.vocab)))  # in
         # place: a captured graph reads this tensor
@@ -478,7 +418,7 @@ class _Decoder:
         proposal = (codes.unsqueeze(-1) == torch.arange(self.vocab, device=self.device)).to(self.proposals.dtype)
         tokens = torch.where(self.forced[positions], self.forced_ids[positions], self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
-        if self.config.coupler != "faithful":
+        if self.coupler.reads_proposals:
             drafted = self.proposals[:, start:stop]
             drafted.copy_(torch.where(is_new.unsqueeze(-1), proposal, drafted))
 
@@ -494,6 +434,7 @@ class _Call:
     tree: Optional[tuple[torch.Tensor, torch.Tensor]]  # (alternatives, valid) when the call fed a tree
     forward_s: float
     decided: Optional[tuple] = None  # a captured static step's decisions, made with its forward
+    prefill: bool = False      # the prompt's call: nothing of it to rewind, and no window chose its width
 
 
 @dataclass
@@ -503,6 +444,7 @@ class _Outcome:
     shared: torch.Tensor       # (B,) tokens each row's cache advances by
     chain: Optional[torch.Tensor]  # (B,) the tree chain each row kept, or None
     committed: int             # the slowest row's progress in this call
+    counts: list[int]          # counts[c]: rows (cache groups) that committed c tokens, c = 0 .. width
     acceptance: list[float]    # share of drafts accepted per slot
     changed: int               # carried drafts that changed ...
     carried: int               # ... out of these
@@ -537,13 +479,15 @@ class _Run:
             raise ValueError(f"candidates={self.branches} is not available with a compiled model: a tree of "
                              "candidates would grow the static KV cache; use candidates=1, or load the model "
                              "with compile=False")
+        # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
+        top_k = sampling_settings(model, config)[2]
+        self.branches = min(self.branches, top_k) if top_k else self.branches
+        self.policy = auto_window.window_policy(config.window, model, batch_size, self.branches, self._timed_call)
         self.n = model.num_tokens
         self.result = GenerationResult(tokens=torch.empty(0), nfe=0)
         self.decoder: Optional[_Decoder] = None
         self.static: Optional[static_step.StaticCalls] = None
-        self.chooser: Optional[auto_window.WindowChooser] = None
         self.done, self.iteration, self.max_shift = 0, 0, 0
-        self.call_started = 0.0  # when the current call's width was being chosen
 
     def prefill(self) -> _Call:
         """The prefix call, which yields position 0's distribution; the decoder is sized after it."""
@@ -553,27 +497,16 @@ class _Run:
         self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None))
         if self.compiled:
             self.static = static_step.StaticCalls(self.session, self.decoder, _weights(self.model))
-        return _Call(1, 1, 0, logits, None, self._elapsed(t0))
+        return _Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
 
     def new_decoder(self, seeds: Sequence[int], device: torch.device, prefix: Optional[torch.Tensor]) -> _Decoder:
         """The decoding state of rows with these seeds, right after their prefill."""
-        window = min(auto_window.CANDIDATES[-1] if self.config.window == AUTO_WINDOW else self.config.window, self.n)
-        decoder = _Decoder(self.model, self.config, window, seeds, device, self.rows_per_cache, prefix,
-                           self.copy_back, static=self.compiled)
-        # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
-        top_k = decoder.sampling[2]
-        if top_k:
-            self.branches = min(self.branches, top_k)
-        return decoder
+        return _Decoder(self.model, self.config, self.policy.widest, seeds, device, self.rows_per_cache, prefix,
+                        self.copy_back, static=self.compiled)
 
     def choose_window(self) -> int:
-        """The call's window: the configured one, or the automatic window's choice from earlier calls."""
-        if self.config.window == AUTO_WINDOW and self.chooser is None:
-            # once per model, dtype, device, batch and candidates in a process: a few timed calls, each rewound
-            self.chooser = auto_window.session_chooser(self.model, self._timed_call, self.batch_size,
-                                                       self.decoder.window, self.branches)
-        self.call_started = time.perf_counter()
-        return self.decoder.window if self.chooser is None else self.chooser.choose(self.n - self.done)
+        """The call's window, from the window policy (pinned, or chosen from earlier calls)."""
+        return self.policy.choose(self.n - self.done)
 
     def feed(self, window: int) -> _Call:
         """One forward of the window's inputs: the last committed token and the drafts, or, with candidates, the
@@ -585,7 +518,7 @@ class _Run:
         width = min(window, self.n - self.done + 1)
         if self.static is not None:  # the bucket's width: drafts past the end fill it, each row's verification
             # ends at its last position (`_Window.drafts_left`)
-            logits, decided = self.static.forward(self.decoder.window_inputs(window), self.chooser is not None)
+            logits, decided = self.static.forward(self.decoder.window_inputs(window))
             return _Call(width, window, 0, logits, None, self._elapsed(t0), decided)
         # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
         pad = min(window - width, self.done - 1) if self.config.fixed_shapes else 0
@@ -602,36 +535,34 @@ class _Run:
 
     def verify(self, call: _Call) -> _Outcome:
         """Verify, commit and re-draft on the device (`_Decoder.decide`), then the iteration's one host
-        synchronisation: counts, flags, the chooser's commit histogram and the per-slot acceptance."""
-        histogram = self.chooser is not None
+        synchronisation: counts, flags, the commit counts and the per-slot acceptance."""
         if self.static is not None and call.decided is not None:  # a static call decided with its forward
             decided = call.decided
-        elif self.static is not None and self.iteration > 0:
-            decided = self.static.decide(call.logits, histogram)
+        elif self.static is not None and not call.prefill:
+            decided = self.static.decide(call.logits)
         else:
-            decided = self.decoder.decide(*call.logits, call.width, self.max_shift, call.tree, histogram)
+            decided = self.decoder.decide(*call.logits, call.width, self.max_shift, call.tree)
         summary_tensor, shared, chain = decided
         live = self.decoder.committed < self.n
         summary = summary_tensor.tolist()
         slowest, self.max_shift, has_nan, live_count, changed, carried = map(int, summary[:6])
-        # a static call decided at its bucket width: its histogram and acceptance are cut to the true width
-        decided_width = call.width if self.static is None or self.iteration == 0 else call.fed
-        counts = summary[6:6 + decided_width + 1] if histogram else []
+        # a static call decided at its bucket width: its commit counts and acceptance are cut to the true width
+        decided_width = call.width if self.static is None or call.prefill else call.fed
+        counts = list(map(int, summary[6:6 + decided_width + 1]))
         acceptance = summary[6 + len(counts):][:call.width - 1]
-        if self.chooser is not None:
-            self.chooser.observe(call.width, counts[:call.width + 1])
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {self.iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
         committed, self.done = slowest - self.done, slowest
-        return _Outcome(shared, chain, committed, acceptance, changed, carried, live, live_count)
+        return _Outcome(shared, chain, committed, counts[:call.width + 1], acceptance, changed, carried, live,
+                        live_count)
 
     def settle_cache(self, call: _Call, outcome: _Outcome) -> None:
         """Keep the tree chain each row chose, rewind what was not committed, drop finished rows."""
         if outcome.chain is not None:
             self.session.keep_branch(outcome.chain, call.fed, self.branches)
-        if self.iteration > 0:
+        if not call.prefill:
             per_row = self.rows_per_cache < self.batch_size
             self.session.rewind(call.fed - outcome.shared if per_row else call.fed - outcome.committed)
         if self.regroup and 0 < outcome.live_count <= self.decoder.batch // 2:
@@ -650,7 +581,7 @@ class _Run:
         acceptance = outcome.acceptance
         result.acceptance.append(sum(acceptance) / len(acceptance) if acceptance else 1.0)
         result.draft_changes.append(outcome.changed / outcome.carried if outcome.carried else 0.0)
-        if self.iteration == 0:
+        if call.prefill:
             result.prefill_s = call.forward_s
         else:
             result.forward_s += call.forward_s
@@ -658,10 +589,10 @@ class _Run:
         if callback is not None:
             callback(IterationStats(self.iteration, outcome.committed, self.done, self.n, result.nfe, acceptance,
                                     self.decoder.tokens(self.done), call.forward_s, sample_s))
-        if self.chooser is not None:  # the automatic window learns from each call's whole time, callback included
-            # (a static call costs its bucket's width, however few of its slots were verified)
+        if not call.prefill:  # a static call costs its bucket's width, however few of its slots were verified
             cost_width = call.fed if self.static is not None else call.width + call.pad
-            self.chooser.observe_cost(cost_width, time.perf_counter() - self.call_started, self.decoder.batch)
+            self.policy.observe(auto_window.CallRecord(call.width, cost_width, outcome.counts, acceptance,
+                                                       self.decoder.batch))
         self.iteration += 1
 
     def _forward(self, inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[int, Logits]:
