@@ -25,7 +25,8 @@ import torch
 
 from . import auto_window, couplers, rng, static_step, verify
 from .config import MAX_CANDIDATES, SamplerConfig
-from .model import Logits, Session, TokenModel, check_batch_size, model_default
+from .model import Logits, Session, TokenModel, check_batch_size
+from .run_settings import code_tables, draft_source, sampling_settings
 from .sampling import recursive_rejection, to_probs, without_replacement
 
 
@@ -69,21 +70,6 @@ class GenerationResult:
         return self.tokens.shape[1] / self.nfe
 
 
-def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(code index -> model id, model id -> code index) for a model's sampled sub-vocabulary.
-
-    Without `code_ids` the model samples its whole vocabulary and both maps are the identity.
-    """
-    codes = torch.arange(vocab) if code_ids is None else torch.as_tensor(code_ids, dtype=torch.long).flatten()
-    if codes.numel() != vocab or codes.unique().numel() != vocab or (codes < 0).any():
-        raise ValueError(f"model.code_ids must hold vocab_size={vocab} distinct non-negative ids, "
-                         f"got {codes.numel()} ({codes.unique().numel()} distinct)")
-    size = max([int(codes.max()) + 1] + [int(i) + 1 for i in forced_ids])
-    index = torch.zeros(size, dtype=torch.long).scatter_(0, codes, torch.arange(vocab))
-    return codes.to(device), index.to(device)
-
-
 def tree_inputs(window: torch.Tensor, alternatives: torch.Tensor) -> torch.Tensor:
     """A window's inputs (B, L): the last committed token, the first draft, the later drafts; with k - 1
     alternatives (B, k - 1) for the first draft, the tree `row_cache.tree_layout` describes: the window, then
@@ -109,31 +95,6 @@ def slot_positions(committed: torch.Tensor, count: int, branches: int) -> torch.
     return committed.unsqueeze(1) + torch.where(slots < width, slots, (slots - width) % max(width - 1, 1) + 1)
 
 
-def sampling_settings(model: TokenModel, config: SamplerConfig) -> tuple[float, float, Optional[int], float]:
-    """(cfg scale, temperature, top-k, top-p): the config's, the model's recommended values where it has none."""
-    return (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None else config.cfg_scale,
-            config.temperature,
-            config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
-            model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
-
-
-def draft_source(model: TokenModel, config: SamplerConfig) -> Optional[int]:
-    """How far back (in positions) an initial draft is copied from: None for random drafts, 1 for the left
-    neighbour, a grid row for `above`, a grid frame for `previous_frame`.  Unset, the model's default applies."""
-    draft_init = config.draft_init or model_default(model, "default_draft_init", "above")
-    if draft_init == "random":
-        return None
-    grid = tuple(getattr(model, "grid", None) or ())
-    if draft_init == "previous_frame":
-        if len(grid) != 3:
-            raise ValueError("draft_init 'previous_frame' needs a video model (grid = (frames, rows, cols)); "
-                             f"this model's grid is {grid or 'not declared'}")
-        return grid[1] * grid[2]
-    if draft_init == "above" and grid:
-        return grid[-1]
-    return 1
-
-
 class _Decoder:
     """The state of one generation: token buffer, commit counts, proposals.
 
@@ -141,6 +102,10 @@ class _Decoder:
     the model's `code_ids` (the ids it may sample), so every (batch, window, V)
     tensor spans the codes only.  Forced framing ids need not be codes.
     """
+
+    # the state of each row, first dimension the batch: what `select` and `join` carry (the rest is shared)
+    ROW_STATE = ("rows", "committed", "prefix", "keys", "calls", "seq", "proposals", "noise_window", "noise_start",
+                 "first_new", "drafted_at")
 
     def __init__(self, model: TokenModel, config: SamplerConfig, window: int, seeds: Sequence[int],
                  device: torch.device, rows_per_cache: int, prefix: Optional[torch.Tensor],
@@ -344,16 +309,12 @@ class _Decoder:
             self.finished = self.seq[:, :self.n].clone()
         else:
             self.finished[self.rows.squeeze(1)] = self.seq[:, :self.n]
-        self.rows = self.rows[index]
         self.select(index)
 
     def select(self, index: torch.Tensor) -> None:
         """Go on with rows `index` only (a stream reads a finished row's tokens from `seq` itself)."""
-        self.committed, self.prefix = self.committed[index], self.prefix[index]
-        self.keys, self.calls = self.keys[index], self.calls[index]
-        self.seq, self.proposals = self.seq[index], self.proposals[index]
-        self.noise_window, self.noise_start = self.noise_window[index], self.noise_start[index]
-        self.first_new, self.drafted_at = self.first_new[index], self.drafted_at[index]
+        for name in self.ROW_STATE:
+            setattr(self, name, getattr(self, name)[index])
         self.batch = index.numel()
 
     def join(self, other: "_Decoder") -> None:
@@ -363,12 +324,10 @@ class _Decoder:
         if other.noise_window.shape[1] != width:  # position-fixed noise: hashing it again gives the same values
             other.noise_window = self.noise.gumbel(other.keys, other.noise_start + self.slots[:width], self.vocab)
         longest = max(self.prefix.shape[1], other.prefix.shape[1])
-        self.prefix = torch.cat([torch.nn.functional.pad(prefix, (longest - prefix.shape[1], 0))
-                                 for prefix in (self.prefix, other.prefix)])
-        for decoder in (self, other):  # one width of drafted slots for all rows
+        for decoder in (self, other):  # one prefix width, and one width of drafted slots, for all rows
+            decoder.prefix = torch.nn.functional.pad(decoder.prefix, (longest - decoder.prefix.shape[1], 0))
             decoder.grow(max(self.ready, other.ready))
-        for name in ("committed", "keys", "calls", "seq", "proposals", "noise_window", "noise_start", "first_new",
-                     "drafted_at"):
+        for name in self.ROW_STATE:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         self.batch += other.batch
 
@@ -424,7 +383,7 @@ class _Decoder:
 
 
 @dataclass
-class _Call:
+class Call:
     """One model call: what was fed and what came back."""
 
     width: int                 # window slots verified (1 for the prefill)
@@ -438,7 +397,7 @@ class _Call:
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     """What verifying one call decided, read back in the iteration's one host synchronisation."""
 
     shared: torch.Tensor       # (B,) tokens each row's cache advances by
@@ -452,12 +411,18 @@ class _Outcome:
     live_count: int
 
 
-class _Run:
-    """One generation, step by step: prefill, choose a width, feed, verify, keep the books."""
+class Run:
+    """One generation, step by step: prefill, choose a width, feed, verify, settle the cache, keep the books.
+
+    `generate` runs these steps in turn; `batching.generate_many` runs feed, verify and settle_cache on rows that
+    join (`join`, prefilled elsewhere) and leave (`leave`) between calls.
+    """
 
     def __init__(self, model: TokenModel, session: Session, config: SamplerConfig, batch_size: int,
-                 sync_timing: bool) -> None:
-        """`session` comes first from `model.start`: a family may adopt the image size its `cond` was made for."""
+                 sync_timing: bool = False, rows_leave: bool = False) -> None:
+        """`session` comes first from `model.start`: a family may adopt the image size its `cond` was made for.
+        `rows_leave`: rows join and leave between calls (a stream: `join`, `leave`), so each rewinds on its own
+        and finished rows are never regrouped."""
         self.model, self.config, self.batch_size, self.sync_timing = model, config, batch_size, sync_timing
         self.session = session
         self.copy_back = draft_source(model, config)
@@ -470,7 +435,8 @@ class _Run:
         # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as
         # a smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
         self.regroup = (self.rows_per_cache == 1 and callable(getattr(self.session, "keep_rows", None))
-                        and not config.fixed_shapes and not self.compiled)
+                        and not config.fixed_shapes and not self.compiled and not rows_leave)
+        self.per_row = rows_leave or self.rows_per_cache < batch_size  # rewinds per row (or cache group)
         self.branches = config.candidates
         if self.branches > 1 and not callable(getattr(self.session, "keep_branch", None)):
             raise ValueError(f"candidates={self.branches} needs a model whose session scores a tree of drafts "
@@ -489,7 +455,7 @@ class _Run:
         self.static: Optional[static_step.StaticCalls] = None
         self.done, self.iteration, self.max_shift = 0, 0, 0
 
-    def prefill(self) -> _Call:
+    def prefill(self) -> Call:
         """The prefix call, which yields position 0's distribution; the decoder is sized after it."""
         t0 = time.perf_counter()
         logits = self.session.prefill()
@@ -497,7 +463,7 @@ class _Run:
         self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None))
         if self.compiled:
             self.static = static_step.StaticCalls(self.session, self.decoder, _weights(self.model))
-        return _Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
+        return Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
 
     def new_decoder(self, seeds: Sequence[int], device: torch.device, prefix: Optional[torch.Tensor]) -> _Decoder:
         """The decoding state of rows with these seeds, right after their prefill."""
@@ -508,7 +474,7 @@ class _Run:
         """The call's window, from the window policy (pinned, or chosen from earlier calls)."""
         return self.policy.choose(self.n - self.done)
 
-    def feed(self, window: int) -> _Call:
+    def feed(self, window: int) -> Call:
         """One forward of the window's inputs: the last committed token and the drafts, or, with candidates, the
         tree of chains that differ in the first draft."""
         t0 = time.perf_counter()
@@ -519,7 +485,7 @@ class _Run:
         if self.static is not None:  # the bucket's width: drafts past the end fill it, each row's verification
             # ends at its last position (`_Window.drafts_left`)
             logits, decided = self.static.forward(self.decoder.window_inputs(window))
-            return _Call(width, window, 0, logits, None, self._elapsed(t0), decided)
+            return Call(width, window, 0, logits, None, self._elapsed(t0), decided)
         # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
         pad = min(window - width, self.done - 1) if self.config.fixed_shapes else 0
         if pad:
@@ -531,9 +497,9 @@ class _Run:
         fed, logits = self._forward(inputs, None if tree is None else tree[0])
         if pad:
             logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
-        return _Call(width, fed - pad, pad, logits, tree, self._elapsed(t0))
+        return Call(width, fed - pad, pad, logits, tree, self._elapsed(t0))
 
-    def verify(self, call: _Call) -> _Outcome:
+    def verify(self, call: Call) -> Outcome:
         """Verify, commit and re-draft on the device (`_Decoder.decide`), then the iteration's one host
         synchronisation: counts, flags, the commit counts and the per-slot acceptance."""
         if self.static is not None and call.decided is not None:  # a static call decided with its forward
@@ -555,22 +521,37 @@ class _Run:
                                    "float16 overflow is a common cause: try bfloat16 or float32")
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
         committed, self.done = slowest - self.done, slowest
-        return _Outcome(shared, chain, committed, counts[:call.width + 1], acceptance, changed, carried, live,
+        return Outcome(shared, chain, committed, counts[:call.width + 1], acceptance, changed, carried, live,
                         live_count)
 
-    def settle_cache(self, call: _Call, outcome: _Outcome) -> None:
+    def settle_cache(self, call: Call, outcome: Outcome) -> None:
         """Keep the tree chain each row chose, rewind what was not committed, drop finished rows."""
         if outcome.chain is not None:
             self.session.keep_branch(outcome.chain, call.fed, self.branches)
         if not call.prefill:
-            per_row = self.rows_per_cache < self.batch_size
-            self.session.rewind(call.fed - outcome.shared if per_row else call.fed - outcome.committed)
+            self.session.rewind(call.fed - outcome.shared if self.per_row else call.fed - outcome.committed)
         if self.regroup and 0 < outcome.live_count <= self.decoder.batch // 2:
             index = torch.nonzero(outcome.live).squeeze(1)
             self.session.keep_rows(index)
             self.decoder.keep_rows(index)
 
-    def record(self, call: _Call, outcome: _Outcome, sample_s: float,
+    def join(self, decoder: _Decoder) -> None:
+        """Go on with `decoder`'s rows too (after the run's): rows prefilled elsewhere, holding their first token."""
+        if self.decoder is None:
+            self.decoder = decoder
+        else:
+            self.decoder.join(decoder)
+        self.done, self.max_shift = 1, max(self.max_shift, 1)  # the new rows hold one token, and moved by one
+
+    def leave(self, index: Optional[torch.Tensor]) -> None:
+        """Go on with rows `index` only (None: none); the others' tokens were read (`_Decoder.tokens`)."""
+        if index is None:
+            self.decoder = None
+        else:
+            self.session.keep_rows(index)
+            self.decoder.select(index)
+
+    def record(self, call: Call, outcome: Outcome, sample_s: float,
                callback: Optional[Callable[[IterationStats], None]]) -> None:
         """The call's statistics, and the caller's callback."""
         result = self.result
@@ -611,8 +592,7 @@ class _Run:
         return self.decoder.probs(logits, fed, self.branches if tree else 1)
 
     def _rewind_all(self, count: int) -> None:
-        per_row = self.rows_per_cache != self.batch_size
-        self.session.rewind(torch.full((self.decoder.batch,), count) if per_row else count)
+        self.session.rewind(torch.full((self.decoder.batch,), count) if self.per_row else count)
 
     def _elapsed(self, t0: float) -> float:
         """Seconds since t0, the device synchronised first when the caller wants an exact forward/sampling split."""
@@ -640,7 +620,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     """
     check_batch_size(batch_size)
     started = time.perf_counter()
-    run = _Run(model, model.start(cond, batch_size), config, batch_size, sync_timing)
+    run = Run(model, model.start(cond, batch_size), config, batch_size, sync_timing)
     while run.done < run.n:
         if should_cancel is not None and should_cancel():
             raise GenerationCancelled(f"generation cancelled after {run.done} of {run.n} tokens")
