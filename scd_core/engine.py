@@ -11,8 +11,12 @@ positions from one model call, and then, all on the device:
      and records p as their proposal,
   4. gives new positions entering the window an initial draft.
 
-One host synchronisation per iteration reads back the counts for the callback
-and for rewinding the cache.  See `algorithm.md` for why each step is exact.
+Steps 1-3 for one window are `verify.propose_next`, with the couplers declared
+in `couplers.py`; each call's width comes from a window policy
+(`auto_window.window_policy`: pinned, or the automatic window).  One host
+synchronisation per iteration reads back the counts for the callback, the
+window policy and rewinding the cache.  See `algorithm.md` for why each step
+is exact.
 """
 
 from __future__ import annotations
