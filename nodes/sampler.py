@@ -7,7 +7,8 @@ import logging
 import comfy.model_management as mm
 from comfy_api.latest import io
 from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate
-from scd_core.config import AUTO_WINDOW, MAX_CANDIDATES, MAX_SEED, MAX_WINDOW
+from scd_core import couplers
+from scd_core.config import AUTO_WINDOW, DEFAULT_COUPLER, MAX_CANDIDATES, MAX_SEED, MAX_WINDOW
 from scd_core.model import FAR_CFG_FACTOR, FAR_TEMPERATURE_FACTOR, unusual_settings
 from scd_core.models.family import families, joined
 
@@ -35,9 +36,9 @@ def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, tempe
                          f"got {cfg_scale}")
     if top_k < 0:
         raise ValueError(f"top_k must be 0 (the model's recommended value) or a positive integer, got {top_k}")
-    if candidates > 1 and coupler == "faithful":
-        raise ValueError(f"candidates must be 1 with the faithful coupler, which reproduces plain autoregressive "
-                         f"sampling token for token; set candidates to 1 or choose another coupler (got {candidates})")
+    if candidates > 1 and coupler in couplers.names_where("candidates", False):
+        raise ValueError(f"candidates must be 1 with the {coupler} coupler, which {couplers.coupler(coupler).help}; "
+                         f"set candidates to 1 or choose another coupler (got {candidates})")
     return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window,
                          cfg_scale=None if cfg_scale == RECOMMENDED_CFG else cfg_scale,
                          temperature=temperature, top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
@@ -86,9 +87,8 @@ class SCDSampler(io.ComfyNode):
             inputs=[
                 SCDModel.Input("model"),
                 SCDCond.Input("conditioning"),
-                CheckedCombo("coupler", options=list(COUPLERS), default="maximal",
-                             tooltip="maximal / gumbel: coupled drafts (SCD); independent: SJD; faithful: "
-                                     "exactly the autoregressive output for the same seed."),
+                CheckedCombo("coupler", options=list(COUPLERS), default=DEFAULT_COUPLER,
+                             tooltip=f"How the next drafts are made. {couplers.help_text()}."),
                 io.Int.Input("window", default=DEFAULT_WINDOW, min=0, max=MAX_WINDOW,
                              tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling. 0 (auto) "
                                      "picks it per call: the width with the most tokens per second, from what a "
@@ -119,7 +119,8 @@ class SCDSampler(io.ComfyNode):
                 io.Int.Input("candidates", default=1, min=1, max=MAX_CANDIDATES, optional=True,
                              tooltip="Candidates for the first draft of each call (1 = off). k feeds k chains per "
                                      "call, k times the tokens, for 5-8% fewer calls: worth it only where a wider "
-                                     "call costs about the same (a GPU). Not with the faithful coupler."),
+                                     "call costs about the same (a GPU). Not with the "
+                                     f"{' or '.join(couplers.names_where('candidates', False))} coupler."),
             ],
             outputs=[SCDTokens.Output(display_name="tokens"), SCDStats.Output(display_name="stats")],
             hidden=[io.Hidden.unique_id],

@@ -63,12 +63,14 @@ call's verification is exact for any width given that history.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import math
 import operator
 import time
 import weakref
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
@@ -391,3 +393,77 @@ class WindowChooser:
         if not self.call_costs.explores(neighbours) or not neighbours:
             return best
         return self.call_costs.stalest(neighbours)
+
+
+# ---------------------------------------------------------------- window policies: what the engine calls
+
+@dataclass(frozen=True)
+class CallRecord:
+    """What the engine tells a window policy of each call it chose, read back in the call's one synchronisation."""
+
+    width: int                   # slots verified
+    cost_width: int              # the width its cost stands for (a static call's bucket, a fixed-shape call's)
+    counts: Sequence[int]        # counts[c]: rows (or row groups sharing a cache) that committed c, c = 0 .. width
+    acceptance: Sequence[float]  # the share of drafts accepted, per slot
+    rows: int                    # rows in the batch after the call (fewer once finished rows were dropped)
+
+
+class WindowPolicy(Protocol):
+    """How wide each call is.  The engine asks before every call after the prefill and tells the policy what
+    came of it after the call's bookkeeping (its callback included); a width must depend on earlier calls only,
+    which keeps every call's verification exact."""
+
+    widest: int  # the widest call it may ask for: the decoder's buffers are sized for it
+
+    def choose(self, remaining: int) -> int:
+        """The next call's width; `remaining` positions are left to commit."""
+
+    def observe(self, call: CallRecord) -> None:
+        """The call made at the last width chosen."""
+
+
+class PinnedWindow:
+    """Every call at one width."""
+
+    def __init__(self, width: int) -> None:
+        self.widest = width
+
+    def choose(self, remaining: int) -> int:
+        return self.widest
+
+    def observe(self, call: CallRecord) -> None:
+        pass
+
+
+class AutoWindow:
+    """The automatic window: a `WindowChooser` for the run, its costs timed (when the process has none) at the
+    first choice, after the prefill; each call's cost is its seconds from its width's choice to its record."""
+
+    def __init__(self, model: Any, batch_size: int, branches: int, timed_call: Callable[[int], torch.Tensor]
+                 ) -> None:
+        """`timed_call(width)`: a call of that width as the run makes them (a tree with `branches` > 1), rewound."""
+        self.model, self.batch_size, self.branches, self.timed_call = model, batch_size, branches, timed_call
+        self.widest = min(CANDIDATES[-1], model.num_tokens)
+        self.started = 0.0  # when the last width was being chosen
+
+    @functools.cached_property
+    def chooser(self) -> WindowChooser:
+        # once per model, dtype, device, batch and candidates in a process: a few timed calls, each rewound
+        return session_chooser(self.model, self.timed_call, self.batch_size, self.widest, self.branches)
+
+    def choose(self, remaining: int) -> int:
+        chooser = self.chooser
+        self.started = time.perf_counter()
+        return chooser.choose(remaining)
+
+    def observe(self, call: CallRecord) -> None:
+        self.chooser.observe(call.width, call.counts)
+        self.chooser.observe_cost(call.cost_width, time.perf_counter() - self.started, call.rows)
+
+
+def window_policy(window: int | str, model: Any, batch_size: int, branches: int,
+                  timed_call: Callable[[int], torch.Tensor]) -> WindowPolicy:
+    """The policy of a `SamplerConfig.window` setting for one run (see `AutoWindow` for the other arguments)."""
+    if window == AUTO_WINDOW:
+        return AutoWindow(model, batch_size, branches, timed_call)
+    return PinnedWindow(min(int(window), model.num_tokens))

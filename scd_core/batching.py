@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
 from .config import AUTO_WINDOW, SamplerConfig
-from .engine import GenerationResult, ModelOutputError, _Call, _Outcome, _Run, generate
+from .engine import GenerationResult, ModelOutputError, Run, generate
 from .model import Logits, Session, TokenModel
 
 
@@ -104,7 +104,7 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
     # a compiled model's calls have static shapes: rows joining or leaving a running batch would change them
     streams = not getattr(first.session, "static_shapes", False)
     if streams and independent and all(callable(getattr(first.session, name, None)) for name in ("admit", "keep_rows")):
-        yield from _Stream(model, first.session, config, slots, refill_at).run(queue)
+        yield from _Stream(model, first.session, config, slots, refill_at).generate(queue)
     else:
         yield from _by_groups(model, queue, config, slots if independent else 1)
 
@@ -124,27 +124,66 @@ def _by_groups(model: TokenModel, queue: _Queue, config: SamplerConfig, largest:
             yield job.index, dataclasses.replace(result, tokens=result.tokens[row:row + 1])
 
 
-class _Stream(_Run):
-    """A `_Run` whose rows are jobs: finished rows leave at once, new jobs join through `admit`."""
+class _Admitting:
+    """A stream's session as its run sees it: while jobs are joining, the decoding call prefills them too (`admit`
+    with the rows' window), and the rewind after it leaves their prompts alone."""
+
+    rows_per_cache = 1
+
+    def __init__(self, session: Optional[Session]) -> None:
+        self.session = session  # None while no row decodes
+        self.joining: list[_Job] = []  # jobs the next decoding call prefills too
+        self.admitted: Optional[Logits] = None  # their logits, once a call prefilled them
+
+    def prefill_joining(self, decoding: bool) -> Logits:
+        """A call that prefills the joining jobs only; without rows `decoding`, the first one's session is the
+        stream's from now on."""
+        sessions = [job.session for job in self.joining]
+        if not decoding:
+            self.session, sessions = sessions[0], sessions[1:]
+        return self.session.admit(sessions)[1]
+
+    def forward(self, inputs: torch.Tensor, *branches: int) -> Logits:
+        if not self.joining:
+            return self.session.forward(inputs, *branches)
+        logits, self.admitted = self.session.admit([job.session for job in self.joining], inputs)
+        return logits
+
+    def rewind(self, counts: torch.Tensor) -> None:
+        if self.admitted is not None:
+            counts = torch.cat([counts, counts.new_zeros(len(self.joining))])
+        self.session.rewind(counts)
+
+    @property
+    def keep_branch(self) -> Optional[Callable[..., None]]:
+        return getattr(self.session, "keep_branch", None)
+
+    @property
+    def keep_rows(self) -> Optional[Callable[..., None]]:
+        return getattr(self.session, "keep_rows", None)
+
+
+class _Stream:
+    """Jobs through the rows of one `Run`: finished rows leave after every call, new jobs join through `admit`."""
 
     def __init__(self, model: TokenModel, session: Session, config: SamplerConfig, slots: int,
                  refill_at: int) -> None:
-        super().__init__(model, session, config, slots, sync_timing=False)
-        self.regroup = False  # finished rows leave after every call instead
-        self.slots, self.refill_at = slots, refill_at
+        self.model, self.slots, self.refill_at = model, slots, refill_at
+        self.session = _Admitting(session)
+        self.run = Run(model, self.session, config, slots, rows_leave=True)
         self.shape = _image_shape(model)  # a family that takes several sizes switches to each prompt's in start
         self.rows: list[_Job] = []  # the job in each batch row
-        self.joining: list[_Job] = []  # jobs the next decoding call prefills too
         self.joining_prefix: Optional[torch.Tensor] = None
-        self.joining_logits: Optional[Logits] = None
 
-    def run(self, queue: _Queue) -> Iterator[tuple[int, GenerationResult]]:
+    def generate(self, queue: _Queue) -> Iterator[tuple[int, GenerationResult]]:
         while queue or self.rows:
             free = self.slots - len(self.rows)
             if queue and (free >= self.refill_at or not self.rows):
-                self.joining = self._started(queue.take(free))
-                if not self.rows or self.branches > 1:  # nothing to fold into, or a tree call: a call of its own
-                    yield from self._admit()
+                self.session.joining = self._started(queue.take(free))
+                if not self.rows or self.run.branches > 1:  # nothing to fold into, or a tree call: a call of its own
+                    started = time.perf_counter()
+                    logits = self.session.prefill_joining(bool(self.rows))
+                    yield from self._leave([False] * len(self.rows) + self._join(logits, time.perf_counter() - started))
             if self.rows:
                 yield from self._decode()
 
@@ -159,30 +198,11 @@ class _Stream(_Run):
         self.joining_prefix = _prefixes([job.session for job in group])  # before admit changes the sessions
         return group
 
-    def _admit(self) -> Iterator[tuple[int, GenerationResult]]:
-        """A call that prefills the joining jobs only."""
-        started = time.perf_counter()
-        sessions = [job.session for job in self.joining]
-        if self.rows:
-            _, logits = self.session.admit(sessions)
-        else:
-            self.session = sessions[0]
-            _, logits = self.session.admit(sessions[1:])
-        staying = [False] * len(self.rows)
-        yield from self._leave(staying + self._join(logits, time.perf_counter() - started))
-
-    def _forward(self, inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[int, Logits]:
-        """The decoding call; with jobs joining, the same call prefills them (`admit` with the rows' inputs)."""
-        if not self.joining:
-            return super()._forward(inputs, alternatives)
-        logits, self.joining_logits = self.session.admit([job.session for job in self.joining], inputs)
-        return inputs.shape[1], logits
-
     def _join(self, logits: Logits, seconds: float) -> list[bool]:
         """Give the joining jobs, prefilled by a call that took `seconds`, their first token (a batch of one's
         first call) and rows after the others; returns which of them are done (one-token images)."""
-        group, self.joining = self.joining, []
-        decoder = self.new_decoder([job.seed for job in group], logits[0].device, self.joining_prefix)
+        group, self.session.joining, self.session.admitted = self.session.joining, [], None
+        decoder = self.run.new_decoder([job.seed for job in group], logits[0].device, self.joining_prefix)
         probs = decoder.probs(logits, 1)
         decoder.step(probs, 0)
         if torch.isnan(probs).any():
@@ -193,28 +213,17 @@ class _Stream(_Run):
             job.session, job.started = None, started
             job.result = GenerationResult(tokens=torch.empty(0), nfe=1, committed=[1], acceptance=[1.0],
                                           draft_changes=[0.0], windows=[1], fed=[1], prefill_s=seconds)
-        if self.decoder is None:
-            self.decoder = decoder
-        else:
-            self.decoder.join(decoder)
+        self.run.join(decoder)
         self.rows += group
-        self.done, self.max_shift = 1, max(self.max_shift, 1)  # the new rows hold one token, and moved by one
-        return [self.n == 1] * len(group)  # each new row holds one token
-
-    def settle_cache(self, call: _Call, outcome: _Outcome) -> None:
-        """Keep each row's tree chain and rewind what it did not commit; rows joining in the call hold their
-        prompts only."""
-        if outcome.chain is not None:
-            self.session.keep_branch(outcome.chain, call.fed, self.branches)
-        rewind = call.fed - outcome.shared
-        self.session.rewind(torch.cat([rewind, rewind.new_zeros(len(self.joining))]))
+        return [self.run.n == 1] * len(group)  # each new row holds one token
 
     def _decode(self) -> Iterator[tuple[int, GenerationResult]]:
         """One call for every row (prefilling the joining jobs too), then the finished ones leave."""
-        call = self.feed(self.decoder.window)
+        call = self.run.feed(self.run.decoder.window)
         sampled = time.perf_counter()
-        outcome = self.verify(call)
-        self.settle_cache(call, outcome)
+        outcome = self.run.verify(call)
+        joined = self.session.admitted
+        self.run.settle_cache(call, outcome)
         sample_s = time.perf_counter() - sampled
         acceptance = sum(outcome.acceptance) / len(outcome.acceptance) if outcome.acceptance else 1.0
         changes = outcome.changed / outcome.carried if outcome.carried else 0.0
@@ -230,8 +239,8 @@ class _Stream(_Run):
             result.forward_s += call.forward_s
             result.sample_s += sample_s
         finished = [not row_live for row_live in live]
-        if self.joining:
-            finished += self._join(self.joining_logits, call.forward_s)
+        if joined is not None:
+            finished += self._join(joined, call.forward_s)
         yield from self._leave(finished)
 
     def _leave(self, finished: list[bool]) -> Iterator[tuple[int, GenerationResult]]:
@@ -239,7 +248,7 @@ class _Stream(_Run):
         done = [row for row, flag in enumerate(finished) if flag]
         if not done:
             return
-        tokens = self.decoder.seq[done, :self.n].cpu()
+        tokens = self.run.decoder.tokens(self.run.n)[done].cpu()
         now = time.perf_counter()
         for row, job_tokens in zip(done, tokens):
             job = self.rows[row]
@@ -248,11 +257,10 @@ class _Stream(_Run):
         finished_jobs = [self.rows[row] for row in done]
         self.rows = [self.rows[row] for row in left]
         if left:
-            index = torch.tensor(left, device=self.decoder.device)
-            self.session.keep_rows(index)
-            self.decoder.select(index)
+            self.run.leave(torch.tensor(left, device=self.run.decoder.device))
         else:
-            self.session, self.decoder = None, None
+            self.run.leave(None)
+            self.session.session = None  # its cache holds finished rows only
         for job in finished_jobs:
             yield job.index, job.result
 

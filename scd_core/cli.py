@@ -23,6 +23,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
+from . import couplers
 from .auto_window import window_report
 from .batch_job import add_batch_arguments, run_batch
 from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
@@ -34,9 +35,10 @@ from .model import unusual_settings
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
-# --compare: (coupler, window or None for the --window value); AR is window 1 by definition
-COMPARE_MODES = (("independent", 1), ("independent", None), ("maximal", None), ("gumbel", None))
-MODE_LABELS = {"independent": "SJD", "maximal": "SCD-maximal", "gumbel": "SCD-gumbel"}
+# --compare: (coupler, window or None for the --window value); AR is window 1 by definition, then the couplers
+# that take a column, the baseline first
+COMPARE_MODES = ((couplers.BASELINE, 1), *((name, None) for name in sorted(couplers.names_where("compared"),
+                                                                          key=lambda name: name != couplers.BASELINE)))
 HISTOGRAM_WIDTH = 40
 # --compare's picture: panels scaled up (by a whole factor, pixels stay exact) to at least MIN_PANEL pixels
 # wide, under a title and a two-line caption per column (method; its calls)
@@ -137,7 +139,7 @@ class Run:
 
 
 def mode_label(config: SamplerConfig) -> str:
-    return "AR" if config.window == 1 else MODE_LABELS.get(config.coupler, config.coupler)
+    return "AR" if config.window == 1 else couplers.coupler(config.coupler).label
 
 
 def run_once(model: Any, cond: Any, config: SamplerConfig, batch_size: int, several_seeds: bool = False) -> Run:

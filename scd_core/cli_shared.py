@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 from PIL import Image
 
+from . import couplers
 from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .models.family import compilable, families
 from .models.loading import load_model, pick_device
@@ -62,7 +63,7 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
     """The sampler settings but the seed, which `generate` takes once and `batch` per image."""
     sampler = parser.add_argument_group("sampler (unset: the model's recommended values)")
     sampler.add_argument("--coupler", choices=COUPLERS, default=DEFAULTS.coupler,
-                         help="how drafts are re-made: maximal/gumbel (SCD), independent (SJD), faithful")
+                         help=f"how the next drafts are made: {couplers.help_text()}")
     sampler.add_argument("--window", type=_window, default=DEFAULTS.window,
                          help="positions decoded per model call; 1 is plain autoregressive sampling; "
                               "auto (or 0): chosen per call from the measured cost of a call and the acceptance")

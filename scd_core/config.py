@@ -6,7 +6,10 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-COUPLERS = ("maximal", "gumbel", "independent", "faithful")
+from . import couplers
+
+COUPLERS = couplers.NAMES
+DEFAULT_COUPLER = "maximal"
 DRAFT_INITS = ("random", "left", "above", "previous_frame")
 VERIFICATIONS = ("token", "block")
 MAX_WINDOW = 1024
@@ -32,10 +35,7 @@ def _is_real(value: object) -> bool:
 class SamplerConfig:
     """How to sample.  None means "the model's recommended value".
 
-    coupler: how the next drafts are made -- "maximal" (SCD, maximal coupling),
-      "gumbel" (SCD, Gumbel coupling with position-fixed noise), "independent"
-      (SJD) or "faithful" (Gumbel-max AR solved by Jacobi iteration: the same
-      tokens as window 1 for the same seed).
+    coupler: how the next drafts are made, one of COUPLERS (scd_core.couplers says what each does).
     window: positions decoded per model call; 1 is plain autoregressive sampling.  "auto" picks it per call
       from the model's measured cost of each window size and the commit counts observed so far
       (scd_core.auto_window).
@@ -47,17 +47,18 @@ class SamplerConfig:
       column, previous row) or "previous_frame" (same place one frame earlier; video models); None uses the
       model's `default_draft_init`, else "above".
     alpha: probability of using the coupled draft instead of an independent one
-      (maximal and gumbel only; 0 is SJD, 1 is full SCD).
+      (the couplers with `alpha`; 0 is SJD, 1 is full SCD).
     verification: "token" (modified rejection sampling draft by draft, stopping at the first rejection) or
       "block" (block verification: a joint rule over the whole window that accepts at least as many drafts
-      in expectation; independent drafts only).
+      in expectation; the couplers with `block`: independent drafts only).
     candidates: how many candidates the first draft of each call gets (1 = just the draft).  The others are
       the next tokens of the draft's proposal, drawn without replacement, each followed by the window's later
       drafts as a chain of its own; one call scores the tree and recursive rejection sampling picks at most
-      one chain, so the law stays exact.  Needs a session that scores trees (`keep_branch`; every family here).
+      one chain, so the law stays exact.  Needs a session that scores trees (`keep_branch`; every family here)
+      and a coupler with `candidates`.
     """
 
-    coupler: str = "maximal"
+    coupler: str = DEFAULT_COUPLER
     window: int | str = 32
     cfg_scale: Optional[float] = None
     temperature: float = 1.0
@@ -86,18 +87,19 @@ class SamplerConfig:
         _check(self.draft_init is None or self.draft_init in DRAFT_INITS, "draft_init",
                f"None or one of {', '.join(DRAFT_INITS)}", self.draft_init)
         _check(_is_real(self.alpha) and 0 <= self.alpha <= 1, "alpha", "a number in 0..1", self.alpha)
-        _check(self.alpha == 1 or self.coupler in ("maximal", "gumbel"), "alpha",
-               "1 unless coupler is maximal or gumbel", self.alpha)
+        spec = couplers.coupler(self.coupler)
+        _check(self.alpha == 1 or spec.alpha, "alpha",
+               f"1 unless coupler is {' or '.join(couplers.names_where('alpha'))}", self.alpha)
         _check(self.verification in VERIFICATIONS, "verification", f"one of {', '.join(VERIFICATIONS)}",
                self.verification)
         # Block verification decides on every draft of the window, so a carried draft coupled to its old value
         # is no longer distributed as its proposal given that decision: exact with independent drafts only
         # (tests/test_lossless.py shows the coupled variants biased).
-        _check(self.verification == "token" or self.coupler == "independent", "verification",
-               "'token' unless coupler is independent", self.verification)
+        _check(self.verification == "token" or spec.block, "verification",
+               f"'token' unless coupler is {' or '.join(couplers.names_where('block'))}", self.verification)
         _check(isinstance(self.fixed_shapes, bool), "fixed_shapes", "True or False", self.fixed_shapes)
         _check(_is_int(self.candidates) and 1 <= self.candidates <= MAX_CANDIDATES, "candidates",
                f"an integer in 1..{MAX_CANDIDATES}", self.candidates)
-        _check(self.candidates == 1 or (self.coupler != "faithful" and self.verification == "token"
-                                        and not self.fixed_shapes), "candidates",
-               "1 with the faithful coupler, block verification or fixed shapes", self.candidates)
+        refused = " or ".join(couplers.names_where("candidates", False))
+        _check(self.candidates == 1 or (spec.candidates and self.verification == "token" and not self.fixed_shapes),
+               "candidates", f"1 with the {refused} coupler, block verification or fixed shapes", self.candidates)

@@ -11,8 +11,12 @@ positions from one model call, and then, all on the device:
      and records p as their proposal,
   4. gives new positions entering the window an initial draft.
 
-One host synchronisation per iteration reads back the counts for the callback
-and for rewinding the cache.  See `algorithm.md` for why each step is exact.
+Steps 1-3 for one window are `verify.propose_next`, with the couplers declared
+in `couplers.py`; each call's width comes from a window policy
+(`auto_window.window_policy`: pinned, or the automatic window).  One host
+synchronisation per iteration reads back the counts for the callback, the
+window policy and rewinding the cache.  See `algorithm.md` for why each step
+is exact.
 """
 
 from __future__ import annotations
@@ -23,13 +27,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import rng
-from . import auto_window
-from . import static_step
-from .config import AUTO_WINDOW, MAX_CANDIDATES, SamplerConfig
-from .model import Logits, Session, TokenModel, check_batch_size, model_default
-from .sampling import (block_verify, gumbel_argmax, modified_rejection, recursive_rejection, sample,
-                       sampler_tensors, to_probs, without_replacement)
+from . import auto_window, couplers, rng, static_step, verify
+from .config import MAX_CANDIDATES, SamplerConfig
+from .model import Logits, Session, TokenModel, check_batch_size
+from .run_settings import code_tables, draft_source, sampling_settings
+from .sampling import recursive_rejection, sampler_tensors, to_probs, without_replacement
 
 
 class GenerationCancelled(RuntimeError):
@@ -72,83 +74,6 @@ class GenerationResult:
         return self.tokens.shape[1] / self.nfe
 
 
-@dataclass
-class _Window:
-    """What one model call produced and the drafts it was fed."""
-
-    probs: torch.Tensor      # (B, T, V) sampling distribution of positions c .. c+T-1
-    positions: torch.Tensor  # (B, T) absolute positions of those slots
-    drafts: torch.Tensor     # (B, T-1) drafts that were fed for positions c .. c+T-2
-    proposals: torch.Tensor  # (B, T-1, V) the distributions those drafts were drawn from
-    gumbel: Optional[torch.Tensor]  # (B, T, V) position-fixed noise, for the gumbel and faithful couplers
-    free: torch.Tensor       # (B, T) False at forced slots
-    keys: torch.Tensor       # (B, 1) each row's seed key (rng.seed_keys)
-    calls: torch.Tensor      # (B, 1) the calls each row took part in before this one: its draws' counter
-    drafts_left: torch.Tensor  # (B,) drafts before each row's last position; later slots lie past it
-
-
-def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(code index -> model id, model id -> code index) for a model's sampled sub-vocabulary.
-
-    Without `code_ids` the model samples its whole vocabulary and both maps are the identity.
-    """
-    codes = torch.arange(vocab) if code_ids is None else torch.as_tensor(code_ids, dtype=torch.long).flatten()
-    if codes.numel() != vocab or codes.unique().numel() != vocab or (codes < 0).any():
-        raise ValueError(f"model.code_ids must hold vocab_size={vocab} distinct non-negative ids, "
-                         f"got {codes.numel()} ({codes.unique().numel()} distinct)")
-    size = max([int(codes.max()) + 1] + [int(i) + 1 for i in forced_ids])
-    index = torch.zeros(size, dtype=torch.long).scatter_(0, codes, torch.arange(vocab))
-    return codes.to(device), index.to(device)
-
-
-def propose_next(config: SamplerConfig, noise: rng.KeyedRandom, window: _Window
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Verify the drafts and make every slot's next token.
-
-    Returns (accepted (B, T-1), verified (B, T), coupled (B, T)): `verified` holds
-    what each slot commits if no earlier slot was rejected; `coupled` is the next
-    draft for slots after a row's first rejection.  Both are distributed as
-    `window.probs`, which becomes the proposal of every carried draft.  Block verification ends each row's
-    block at `window.drafts_left`, which also cuts a static call padded past its true width (token
-    verification is slot by slot, and commits never pass the last position anyway).
-    """
-    p, pos, x, keys, calls = window.probs, window.positions, window.drafts, window.keys, window.calls
-    n_drafts = x.shape[1]
-    if config.coupler == "faithful":
-        y = gumbel_argmax(p, window.gumbel)
-        return x == y[:, :n_drafts], y, y
-
-    def fresh(first: int = 0) -> torch.Tensor:
-        """Independent draws from p for the slots from `first` on."""
-        return sample(p[:, first:], noise.uniform(rng.FRESH, keys, pos[:, first:], calls))
-
-    accepted, kept = modified_rejection(
-        p[:, :n_drafts], window.proposals, x,
-        noise.uniform(rng.ACCEPT, keys, pos[:, :n_drafts], calls),
-        noise.uniform(rng.RESIDUAL, keys, pos[:, :n_drafts], calls))
-    verified = torch.cat([kept, fresh(n_drafts)], dim=1)  # the last slot has no draft: a bonus draw
-    if config.coupler == "maximal":
-        coupled = verified
-    elif config.coupler == "gumbel":
-        coupled = gumbel_argmax(p, window.gumbel)
-    else:
-        coupled = fresh()
-    if config.alpha < 1.0:
-        use_coupled = noise.uniform(rng.ALPHA, keys, pos, calls) < config.alpha
-        coupled = torch.where(use_coupled, coupled, fresh())
-    if config.verification == "block":
-        # the joint decision draws on streams of its own, apart from the independent next drafts
-        tau, replacement = block_verify(p, window.proposals, x, window.free,
-                                        noise.uniform(rng.BLOCK, keys, pos, calls),
-                                        noise.uniform(rng.BLOCK_RESIDUAL, keys, pos, calls), window.drafts_left)
-        slots = torch.arange(p.shape[1], device=p.device).unsqueeze(0)
-        accepted = slots[:, :n_drafts] < tau.unsqueeze(1)
-        verified = torch.where(slots < tau.unsqueeze(1), torch.cat([x, replacement.unsqueeze(1)], dim=1),
-                               replacement.unsqueeze(1))
-    return accepted, verified, coupled
-
-
 def tree_inputs(window: torch.Tensor, alternatives: torch.Tensor) -> torch.Tensor:
     """A window's inputs (B, L): the last committed token, the first draft, the later drafts; with k - 1
     alternatives (B, k - 1) for the first draft, the tree `row_cache.tree_layout` describes: the window, then
@@ -174,23 +99,6 @@ def slot_positions(committed: torch.Tensor, count: int, branches: int) -> torch.
     return committed.unsqueeze(1) + torch.where(slots < width, slots, (slots - width) % max(width - 1, 1) + 1)
 
 
-def draft_source(model: TokenModel, config: SamplerConfig) -> Optional[int]:
-    """How far back (in positions) an initial draft is copied from: None for random drafts, 1 for the left
-    neighbour, a grid row for `above`, a grid frame for `previous_frame`.  Unset, the model's default applies."""
-    draft_init = config.draft_init or model_default(model, "default_draft_init", "above")
-    if draft_init == "random":
-        return None
-    grid = tuple(getattr(model, "grid", None) or ())
-    if draft_init == "previous_frame":
-        if len(grid) != 3:
-            raise ValueError("draft_init 'previous_frame' needs a video model (grid = (frames, rows, cols)); "
-                             f"this model's grid is {grid or 'not declared'}")
-        return grid[1] * grid[2]
-    if draft_init == "above" and grid:
-        return grid[-1]
-    return 1
-
-
 class _Decoder:
     """The state of one generation: token buffer, commit counts, proposals.
 
@@ -199,10 +107,14 @@ class _Decoder:
     tensor spans the codes only.  Forced framing ids need not be codes.
     """
 
+    # the state of each row, first dimension the batch: what `select` and `join` carry (the rest is shared)
+    ROW_STATE = ("rows", "committed", "prefix", "keys", "calls", "seq", "proposals", "noise_window", "noise_start",
+                 "first_new", "drafted_at")
+
     def __init__(self, model: TokenModel, config: SamplerConfig, window: int, seeds: Sequence[int],
                  device: torch.device, rows_per_cache: int, prefix: Optional[torch.Tensor],
                  copy_back: Optional[int], static: bool = False) -> None:
-        self.config = config
+        self.config, self.coupler = config, couplers.coupler(config.coupler)
         self.static = static  # static shapes: state updated in place, nothing sized by host values
         batch = len(seeds)
         self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
@@ -213,10 +125,7 @@ class _Decoder:
         self.keys = rng.seed_keys(seeds, device)
         self.calls = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.rows_per_cache = rows_per_cache
-        self.sampling = (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None
-                         else config.cfg_scale, config.temperature,
-                         config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
-                         model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
+        self.sampling = sampling_settings(model, config)
         self.sampler = sampler_tensors(*self.sampling, self.vocab, device)  # what the sampling step reads
         schedule = getattr(model, "cfg_schedule", None)  # a guidance scale per position, where the model has one
         self.cfg_scales = schedule(self.sampling[0]) if callable(schedule) else None
@@ -280,7 +189,7 @@ class _Decoder:
         `max_shift` (a host int) bounds how far any row moved since the last call, so the last `fresh` slots
         cover every row's new positions and the slots before them are all in the kept window.
         """
-        if self.config.coupler not in ("gumbel", "faithful"):
+        if not self.coupler.position_noise:
             return None
         if self.static:  # the same noise hashed afresh: how much is new is a host value
             return self.noise.gumbel(self.keys, positions, self.vocab)
@@ -341,10 +250,10 @@ class _Decoder:
             p = chains[torch.arange(self.batch, device=self.device), chain]
             picked = torch.cat([drafts[:, :1], alternatives], dim=1).gather(1, chain.unsqueeze(1))
             codes[:, :1] = self.to_index(picked)
-        window = _Window(p, positions, codes, self.proposals[:, :width - 1],
+        window = verify.Window(p, positions, codes, self.proposals[:, :width - 1],
                          self.gumbel(positions, max_shift), ~forced, self.keys, self.calls,
                          (self.n - self.committed).clamp(max=width - 1))
-        accepted, verified, coupled = propose_next(self.config, self.noise, window)
+        accepted, verified, coupled = verify.propose_next(self.config, self.noise, window)
         if tree is not None:  # the first position as settled over every candidate
             accepted[:, 0] = kept >= 0
             verified[:, 0] = torch.where(forced[:, 0], verified[:, 0], first)
@@ -374,19 +283,19 @@ class _Decoder:
         return shared, accepted, changes, chain
 
     def decide(self, cond: torch.Tensor, uncond: Optional[torch.Tensor], width: int, max_shift: int,
-               tree: Optional[tuple[torch.Tensor, torch.Tensor]], histogram: bool
+               tree: Optional[tuple[torch.Tensor, torch.Tensor]]
                ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """A call's logits to its decisions, all on the device (the part of a step a compiled or captured call
         holds): returns (summary, commit counts (B,), tree chain kept or None).  The summary (float32, exact for
         these integers) holds the slowest row's commits, the largest count, a NaN flag, the live rows, the
-        draft changes and their number, with `histogram` the commit histogram (one count per cache group,
-        width + 1 entries), then the share of drafts accepted per slot."""
+        draft changes and their number, the commit counts (one per cache group, width + 1 entries: the window
+        policy's observation), then the share of drafts accepted per slot."""
         branches = 1 if tree is None else tree[0].shape[1] + 1
         probs = self.probs((cond, uncond), cond.shape[1], branches)
         chains = None if tree is None else (chain_probs(probs, width, branches),) + tree
         shared, accepted, changes, chain = self.step(probs[:, :width], max_shift, chains)
-        values = torch.arange(width + 1, device=shared.device)  # a histogram every backend has (no bincount)
-        counts = (shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0) if histogram else shared[:0]
+        values = torch.arange(width + 1, device=shared.device)  # counted as every backend can (no bincount)
+        counts = (shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0)
         summary = torch.cat([torch.stack([self.committed.min(), shared.max(), torch.isnan(probs).any().long(),
                                           (self.committed < self.n).sum()]), changes, counts]).float()
         return torch.cat([summary, accepted.float().mean(0)]), shared, chain
@@ -405,16 +314,12 @@ class _Decoder:
             self.finished = self.seq[:, :self.n].clone()
         else:
             self.finished[self.rows.squeeze(1)] = self.seq[:, :self.n]
-        self.rows = self.rows[index]
         self.select(index)
 
     def select(self, index: torch.Tensor) -> None:
         """Go on with rows `index` only (a stream reads a finished row's tokens from `seq` itself)."""
-        self.committed, self.prefix = self.committed[index], self.prefix[index]
-        self.keys, self.calls = self.keys[index], self.calls[index]
-        self.seq, self.proposals = self.seq[index], self.proposals[index]
-        self.noise_window, self.noise_start = self.noise_window[index], self.noise_start[index]
-        self.first_new, self.drafted_at = self.first_new[index], self.drafted_at[index]
+        for name in self.ROW_STATE:
+            setattr(self, name, getattr(self, name)[index])
         self.batch = index.numel()
 
     def join(self, other: "_Decoder") -> None:
@@ -424,19 +329,17 @@ class _Decoder:
         if other.noise_window.shape[1] != width:  # position-fixed noise: hashing it again gives the same values
             other.noise_window = self.noise.gumbel(other.keys, other.noise_start + self.slots[:width], self.vocab)
         longest = max(self.prefix.shape[1], other.prefix.shape[1])
-        self.prefix = torch.cat([torch.nn.functional.pad(prefix, (longest - prefix.shape[1], 0))
-                                 for prefix in (self.prefix, other.prefix)])
-        for decoder in (self, other):  # one width of drafted slots for all rows
+        for decoder in (self, other):  # one prefix width, and one width of drafted slots, for all rows
+            decoder.prefix = torch.nn.functional.pad(decoder.prefix, (longest - decoder.prefix.shape[1], 0))
             decoder.grow(max(self.ready, other.ready))
-        for name in ("committed", "keys", "calls", "seq", "proposals", "noise_window", "noise_start", "first_new",
-                     "drafted_at"):
+        for name in self.ROW_STATE:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         self.batch += other.batch
 
     def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor, limit: int) -> None:
         """Carried drafts keep p as their proposal; new slots get a one-hot (set in _init_new_drafts)."""
-        if self.config.coupler == "faithful":
-            return  # faithful verifies by equality: proposals are never read
+        if not self.coupler.reads_proposals:
+            return
         source = (shift.unsqueeze(1) + self.slots[:limit]).clamp(max=p.shape[1] - 1)
         self.proposals[:, :limit].copy_(p.gather(1, source.unsqueeze(-1).expand(-1, -1, self.vocab)))  # in
         # place: a captured graph reads this tensor
@@ -479,13 +382,13 @@ class _Decoder:
         proposal = (codes.unsqueeze(-1) == torch.arange(self.vocab, device=self.device)).to(self.proposals.dtype)
         tokens = torch.where(self.forced[positions], self.forced_ids[positions], self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
-        if self.config.coupler != "faithful":
+        if self.coupler.reads_proposals:
             drafted = self.proposals[:, start:stop]
             drafted.copy_(torch.where(is_new.unsqueeze(-1), proposal, drafted))
 
 
 @dataclass
-class _Call:
+class Call:
     """One model call: what was fed and what came back."""
 
     width: int                 # window slots verified (1 for the prefill)
@@ -495,15 +398,17 @@ class _Call:
     tree: Optional[tuple[torch.Tensor, torch.Tensor]]  # (alternatives, valid) when the call fed a tree
     forward_s: float
     decided: Optional[tuple] = None  # a captured static step's decisions, made with its forward
+    prefill: bool = False      # the prompt's call: nothing of it to rewind, and no window chose its width
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     """What verifying one call decided, read back in the iteration's one host synchronisation."""
 
     shared: torch.Tensor       # (B,) tokens each row's cache advances by
     chain: Optional[torch.Tensor]  # (B,) the tree chain each row kept, or None
     committed: int             # the slowest row's progress in this call
+    counts: list[int]          # counts[c]: rows (cache groups) that committed c tokens, c = 0 .. width
     acceptance: list[float]    # share of drafts accepted per slot
     changed: int               # carried drafts that changed ...
     carried: int               # ... out of these
@@ -511,12 +416,18 @@ class _Outcome:
     live_count: int
 
 
-class _Run:
-    """One generation, step by step: prefill, choose a width, feed, verify, keep the books."""
+class Run:
+    """One generation, step by step: prefill, choose a width, feed, verify, settle the cache, keep the books.
+
+    `generate` runs these steps in turn; `batching.generate_many` runs feed, verify and settle_cache on rows that
+    join (`join`, prefilled elsewhere) and leave (`leave`) between calls.
+    """
 
     def __init__(self, model: TokenModel, session: Session, config: SamplerConfig, batch_size: int,
-                 sync_timing: bool) -> None:
-        """`session` comes first from `model.start`: a family may adopt the image size its `cond` was made for."""
+                 sync_timing: bool = False, rows_leave: bool = False) -> None:
+        """`session` comes first from `model.start`: a family may adopt the image size its `cond` was made for.
+        `rows_leave`: rows join and leave between calls (a stream: `join`, `leave`), so each rewinds on its own
+        and finished rows are never regrouped."""
         self.model, self.config, self.batch_size, self.sync_timing = model, config, batch_size, sync_timing
         self.session = session
         self.copy_back = draft_source(model, config)
@@ -529,7 +440,8 @@ class _Run:
         # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as
         # a smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
         self.regroup = (self.rows_per_cache == 1 and callable(getattr(self.session, "keep_rows", None))
-                        and not config.fixed_shapes and not self.compiled)
+                        and not config.fixed_shapes and not self.compiled and not rows_leave)
+        self.per_row = rows_leave or self.rows_per_cache < batch_size  # rewinds per row (or cache group)
         self.branches = config.candidates
         if self.branches > 1 and not callable(getattr(self.session, "keep_branch", None)):
             raise ValueError(f"candidates={self.branches} needs a model whose session scores a tree of drafts "
@@ -538,15 +450,17 @@ class _Run:
             raise ValueError(f"candidates={self.branches} is not available with a compiled model: a tree of "
                              "candidates would grow the static KV cache; use candidates=1, or load the model "
                              "with compile=False")
+        # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
+        top_k = sampling_settings(model, config)[2]
+        self.branches = min(self.branches, top_k) if top_k else self.branches
+        self.policy = auto_window.window_policy(config.window, model, batch_size, self.branches, self._timed_call)
         self.n = model.num_tokens
         self.result = GenerationResult(tokens=torch.empty(0), nfe=0)
         self.decoder: Optional[_Decoder] = None
         self.static: Optional[static_step.StaticCalls] = None
-        self.chooser: Optional[auto_window.WindowChooser] = None
         self.done, self.iteration, self.max_shift = 0, 0, 0
-        self.call_started = 0.0  # when the current call's width was being chosen
 
-    def prefill(self) -> _Call:
+    def prefill(self) -> Call:
         """The prefix call, which yields position 0's distribution; the decoder is sized after it."""
         t0 = time.perf_counter()
         logits = self.session.prefill()
@@ -554,29 +468,18 @@ class _Run:
         self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None))
         if self.compiled:
             self.static = static_step.StaticCalls(self.session, self.decoder, _weights(self.model))
-        return _Call(1, 1, 0, logits, None, self._elapsed(t0))
+        return Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
 
     def new_decoder(self, seeds: Sequence[int], device: torch.device, prefix: Optional[torch.Tensor]) -> _Decoder:
         """The decoding state of rows with these seeds, right after their prefill."""
-        window = min(auto_window.CANDIDATES[-1] if self.config.window == AUTO_WINDOW else self.config.window, self.n)
-        decoder = _Decoder(self.model, self.config, window, seeds, device, self.rows_per_cache, prefix,
-                           self.copy_back, static=self.compiled)
-        # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
-        top_k = decoder.sampling[2]
-        if top_k:
-            self.branches = min(self.branches, top_k)
-        return decoder
+        return _Decoder(self.model, self.config, self.policy.widest, seeds, device, self.rows_per_cache, prefix,
+                        self.copy_back, static=self.compiled)
 
     def choose_window(self) -> int:
-        """The call's window: the configured one, or the automatic window's choice from earlier calls."""
-        if self.config.window == AUTO_WINDOW and self.chooser is None:
-            # once per model, dtype, device, batch and candidates in a process: a few timed calls, each rewound
-            self.chooser = auto_window.session_chooser(self.model, self._timed_call, self.batch_size,
-                                                       self.decoder.window, self.branches)
-        self.call_started = time.perf_counter()
-        return self.decoder.window if self.chooser is None else self.chooser.choose(self.n - self.done)
+        """The call's window, from the window policy (pinned, or chosen from earlier calls)."""
+        return self.policy.choose(self.n - self.done)
 
-    def feed(self, window: int) -> _Call:
+    def feed(self, window: int) -> Call:
         """One forward of the window's inputs: the last committed token and the drafts, or, with candidates, the
         tree of chains that differ in the first draft."""
         t0 = time.perf_counter()
@@ -586,8 +489,8 @@ class _Run:
         width = min(window, self.n - self.done + 1)
         if self.static is not None:  # the bucket's width: drafts past the end fill it, each row's verification
             # ends at its last position (`_Window.drafts_left`)
-            logits, decided = self.static.forward(self.decoder.window_inputs(window), self.chooser is not None)
-            return _Call(width, window, 0, logits, None, self._elapsed(t0), decided)
+            logits, decided = self.static.forward(self.decoder.window_inputs(window))
+            return Call(width, window, 0, logits, None, self._elapsed(t0), decided)
         # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
         pad = min(window - width, self.done - 1) if self.config.fixed_shapes else 0
         if pad:
@@ -599,48 +502,61 @@ class _Run:
         fed, logits = self._forward(inputs, None if tree is None else tree[0])
         if pad:
             logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
-        return _Call(width, fed - pad, pad, logits, tree, self._elapsed(t0))
+        return Call(width, fed - pad, pad, logits, tree, self._elapsed(t0))
 
-    def verify(self, call: _Call) -> _Outcome:
+    def verify(self, call: Call) -> Outcome:
         """Verify, commit and re-draft on the device (`_Decoder.decide`), then the iteration's one host
-        synchronisation: counts, flags, the chooser's commit histogram and the per-slot acceptance."""
-        histogram = self.chooser is not None
+        synchronisation: counts, flags, the commit counts and the per-slot acceptance."""
         if self.static is not None and call.decided is not None:  # a static call decided with its forward
             decided = call.decided
-        elif self.static is not None and self.iteration > 0:
-            decided = self.static.decide(call.logits, histogram)
+        elif self.static is not None and not call.prefill:
+            decided = self.static.decide(call.logits)
         else:
-            decided = self.decoder.decide(*call.logits, call.width, self.max_shift, call.tree, histogram)
+            decided = self.decoder.decide(*call.logits, call.width, self.max_shift, call.tree)
         summary_tensor, shared, chain = decided
         live = self.decoder.committed < self.n
         summary = summary_tensor.tolist()
         slowest, self.max_shift, has_nan, live_count, changed, carried = map(int, summary[:6])
-        # a static call decided at its bucket width: its histogram and acceptance are cut to the true width
-        decided_width = call.width if self.static is None or self.iteration == 0 else call.fed
-        counts = summary[6:6 + decided_width + 1] if histogram else []
+        # a static call decided at its bucket width: its commit counts and acceptance are cut to the true width
+        decided_width = call.width if self.static is None or call.prefill else call.fed
+        counts = list(map(int, summary[6:6 + decided_width + 1]))
         acceptance = summary[6 + len(counts):][:call.width - 1]
-        if self.chooser is not None:
-            self.chooser.observe(call.width, counts[:call.width + 1])
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {self.iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
         committed, self.done = slowest - self.done, slowest
-        return _Outcome(shared, chain, committed, acceptance, changed, carried, live, live_count)
+        return Outcome(shared, chain, committed, counts[:call.width + 1], acceptance, changed, carried, live,
+                        live_count)
 
-    def settle_cache(self, call: _Call, outcome: _Outcome) -> None:
+    def settle_cache(self, call: Call, outcome: Outcome) -> None:
         """Keep the tree chain each row chose, rewind what was not committed, drop finished rows."""
         if outcome.chain is not None:
             self.session.keep_branch(outcome.chain, call.fed, self.branches)
-        if self.iteration > 0:
-            per_row = self.rows_per_cache < self.batch_size
-            self.session.rewind(call.fed - outcome.shared if per_row else call.fed - outcome.committed)
+        if not call.prefill:
+            self.session.rewind(call.fed - outcome.shared if self.per_row else call.fed - outcome.committed)
         if self.regroup and 0 < outcome.live_count <= self.decoder.batch // 2:
             index = torch.nonzero(outcome.live).squeeze(1)
             self.session.keep_rows(index)
             self.decoder.keep_rows(index)
 
-    def record(self, call: _Call, outcome: _Outcome, sample_s: float,
+    def join(self, decoder: _Decoder) -> None:
+        """Go on with `decoder`'s rows too (after the run's): rows prefilled elsewhere, holding their first token."""
+        if self.decoder is None:
+            self.decoder = decoder
+        else:
+            self.decoder.join(decoder)
+        self.done, self.max_shift = 1, max(self.max_shift, 1)  # the new rows hold one token, and moved by one
+
+    def leave(self, index: Optional[torch.Tensor]) -> None:
+        """Go on with rows `index` only (None: none); the others' tokens were read (`_Decoder.tokens`)."""
+        if index is None:
+            self.decoder = None
+        else:
+            self.session.keep_rows(index)
+            self.decoder.select(index)
+
+    def record(self, call: Call, outcome: Outcome, sample_s: float,
                callback: Optional[Callable[[IterationStats], None]]) -> None:
         """The call's statistics, and the caller's callback."""
         result = self.result
@@ -651,7 +567,7 @@ class _Run:
         acceptance = outcome.acceptance
         result.acceptance.append(sum(acceptance) / len(acceptance) if acceptance else 1.0)
         result.draft_changes.append(outcome.changed / outcome.carried if outcome.carried else 0.0)
-        if self.iteration == 0:
+        if call.prefill:
             result.prefill_s = call.forward_s
         else:
             result.forward_s += call.forward_s
@@ -659,10 +575,10 @@ class _Run:
         if callback is not None:
             callback(IterationStats(self.iteration, outcome.committed, self.done, self.n, result.nfe, acceptance,
                                     self.decoder.tokens(self.done), call.forward_s, sample_s))
-        if self.chooser is not None:  # the automatic window learns from each call's whole time, callback included
-            # (a static call costs its bucket's width, however few of its slots were verified)
+        if not call.prefill:  # a static call costs its bucket's width, however few of its slots were verified
             cost_width = call.fed if self.static is not None else call.width + call.pad
-            self.chooser.observe_cost(cost_width, time.perf_counter() - self.call_started, self.decoder.batch)
+            self.policy.observe(auto_window.CallRecord(call.width, cost_width, outcome.counts, acceptance,
+                                                       self.decoder.batch))
         self.iteration += 1
 
     def _forward(self, inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[int, Logits]:
@@ -681,8 +597,7 @@ class _Run:
         return self.decoder.probs(logits, fed, self.branches if tree else 1)
 
     def _rewind_all(self, count: int) -> None:
-        per_row = self.rows_per_cache != self.batch_size
-        self.session.rewind(torch.full((self.decoder.batch,), count) if per_row else count)
+        self.session.rewind(torch.full((self.decoder.batch,), count) if self.per_row else count)
 
     def _elapsed(self, t0: float) -> float:
         """Seconds since t0, the device synchronised first when the caller wants an exact forward/sampling split."""
@@ -710,7 +625,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     """
     check_batch_size(batch_size)
     started = time.perf_counter()
-    run = _Run(model, model.start(cond, batch_size), config, batch_size, sync_timing)
+    run = Run(model, model.start(cond, batch_size), config, batch_size, sync_timing)
     while run.done < run.n:
         if should_cancel is not None and should_cancel():
             raise GenerationCancelled(f"generation cancelled after {run.done} of {run.n} tokens")

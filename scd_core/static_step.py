@@ -157,9 +157,9 @@ class GraphedSteps:
         return graph, outputs
 
 
-def _decide(decoder: Any, cond: torch.Tensor, uncond: Optional[torch.Tensor], width: int, histogram: bool
+def _decide(decoder: Any, cond: torch.Tensor, uncond: Optional[torch.Tensor], width: int
             ) -> tuple[torch.Tensor, torch.Tensor, None]:
-    return decoder.decide(cond, uncond, width, 0, None, histogram)
+    return decoder.decide(cond, uncond, width, 0, None)
 
 
 # one region for the process: compiled once per width and sampler setting, whichever generation calls it
@@ -178,11 +178,10 @@ class StaticCalls:
     def __init__(self, session: Any, decoder: Any, weights: Optional[torch.Tensor]) -> None:
         self.session, self.decoder = session, decoder
         self.inputs: dict[int, torch.Tensor] = {}
-        self.histogram = False
         self.graphs = (GraphedSteps(self._step, weights)
                        if weights is not None and graphs_available(weights.device) else None)
 
-    def forward(self, inputs: torch.Tensor, histogram: bool
+    def forward(self, inputs: torch.Tensor
                 ) -> tuple[Optional[tuple[torch.Tensor, Optional[torch.Tensor]]], Optional[tuple[Any, ...]]]:
         """Feed a bucket's inputs (B, W); returns (logits, None), or (None, decisions) when the call ran as a
         graph with its sampling step."""
@@ -190,19 +189,18 @@ class StaticCalls:
             self.inputs[inputs.shape[1]] = torch.empty_like(inputs)
         buffer = self.inputs[inputs.shape[1]]
         buffer.copy_(inputs)
-        self.histogram = histogram
         if self.graphs is not None:
             return None, self.graphs(inputs.shape[1])
         return self.session.forward(buffer), None
 
-    def decide(self, logits: tuple[torch.Tensor, Optional[torch.Tensor]], histogram: bool) -> tuple[Any, ...]:
+    def decide(self, logits: tuple[torch.Tensor, Optional[torch.Tensor]]) -> tuple[Any, ...]:
         """The compiled sampling step of a call that `forward` fed."""
-        return SAMPLING_STEP(self.decoder, *logits, logits[0].shape[1], histogram)
+        return SAMPLING_STEP(self.decoder, *logits, logits[0].shape[1])
 
     def _step(self, width: int) -> tuple[Any, ...]:
         """Forward and sampling step of the call in `inputs[width]`: what one graph holds."""
         logits = self.session.forward(self.inputs[width])
-        return SAMPLING_STEP(self.decoder, *logits, width, self.histogram)
+        return SAMPLING_STEP(self.decoder, *logits, width)
 
 
 class Compilable:

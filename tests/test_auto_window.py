@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from scd_core import SamplerConfig, auto_window, engine, generate, load_model
+from scd_core import SamplerConfig, auto_window, couplers, engine, generate, load_model
 from scd_core.auto_window import WindowChooser, measure_costs
 from scd_core.bench.synthetic import GridModel
 from toy_models import TablePrefixModel
@@ -179,7 +179,7 @@ def test_auto_windows_follow_the_commit_counts_and_faithful_keeps_the_ar_tokens(
     assert auto.nfe < ar.nfe
 
 
-@pytest.mark.parametrize("coupler", ["maximal", "gumbel", "independent", "faithful"])
+@pytest.mark.parametrize("coupler", couplers.NAMES)
 @pytest.mark.parametrize("window", [7, "auto"])
 @pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model
 @pytest.mark.usefixtures("unlearned_auto_window")  # compares two automatic runs on one model

@@ -151,8 +151,8 @@ def test_tensors_keep_their_addresses(folders, traced, monkeypatch: pytest.Monke
     seen: list[tuple[int, ...]] = []
     forward = static_step.StaticCalls.forward
 
-    def recording(self, inputs, histogram):
-        out = forward(self, inputs, histogram)
+    def recording(self, inputs):
+        out = forward(self, inputs)
         cache, decoder = self.session.cache, self.decoder
         tensors = [self.inputs[inputs.shape[1]], cache.lengths, *cache.keys, *cache.values, decoder.seq,
                    decoder.committed, decoder.proposals, decoder.keys, decoder.calls, decoder.rows]

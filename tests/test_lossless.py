@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from scd_core import SamplerConfig, auto_window, engine, generate
+from scd_core import SamplerConfig, auto_window, couplers, engine, generate
 from scd_core.sampling import sample
 from toy_models import TablePrefixModel
 
@@ -63,7 +63,10 @@ CASES = [
                                     cfg_factors=[3.0, 0.5, 2.0, 1.0, 0.25, 1.5]),
      dict(window=3, cfg_scale=1.0, draft_init="above"), 1),
 ]
-COUPLERS = ["maximal", "gumbel", "independent", "faithful"]
+COUPLERS = list(couplers.NAMES)
+WITH_ALPHA = couplers.names_where("alpha")
+WITH_CANDIDATES = couplers.names_where("candidates")
+REFUSING_BLOCK = [c.name for c in couplers.COUPLERS if c.reads_proposals and not c.block]
 
 
 def sample_case(coupler: str, model_kwargs: dict, sampler_kwargs: dict, rows_per_cache: int, seed: int = 7,
@@ -91,7 +94,7 @@ def test_block_verification_output_law_equals_ar(case):
     assert chi_square_pvalue(result.tokens, law) > P_MIN
 
 
-@pytest.mark.parametrize("coupler", ["maximal", "gumbel"])
+@pytest.mark.parametrize("coupler", REFUSING_BLOCK)
 def test_block_verification_with_coupled_drafts_is_biased(coupler, monkeypatch):
     """Why SamplerConfig refuses it: the block decision looks at every draft, so a next draft coupled to its
     old value is no longer distributed as p given the decision.  The suite sees it (p ~ 1e-14 .. 1e-66)."""
@@ -110,7 +113,7 @@ CANDIDATE_CASES = [(CASES[0], 2, 2), (CASES[1], 3, 2), (CASES[2], 3, 2), (CASES[
                    (CASES[6], 2, 3), (CASES[7], 2, 2), (CASES[8], 3, 3)]
 
 
-@pytest.mark.parametrize("coupler", ["maximal", "gumbel", "independent"])
+@pytest.mark.parametrize("coupler", WITH_CANDIDATES)
 @pytest.mark.parametrize("case,candidates,window", CANDIDATE_CASES, ids=[c[0][0] for c in CANDIDATE_CASES])
 def test_candidates_at_the_first_draft_are_lossless(coupler, case, candidates, window):
     """A tree of chains differing in the first draft, one picked by recursive rejection sampling."""
@@ -139,7 +142,7 @@ def test_enumeration_test_rejects_candidates_without_recursion(monkeypatch):
     assert chi_square_pvalue(result.tokens, law) < 1e-6
 
 
-@pytest.mark.parametrize("coupler", ["maximal", "gumbel"])
+@pytest.mark.parametrize("coupler", WITH_ALPHA)
 def test_alpha_mixing_is_lossless(coupler):
     result, law = sample_case(coupler, dict(vocab_size=3, num_tokens=5, cfg=True),
                               dict(window=3, cfg_scale=2.0, draft_init="random"), 1, alpha=0.5)

@@ -151,9 +151,9 @@ def split_rows(device: torch.device, dtype: torch.dtype, window: int = 16, seed:
         totals: dict[str, float] = {}
         session_class = type(model.start(cond, 1))
         parts: list[tuple[Any, str, str]] = [
-            (session_class, "forward", "forward"), (engine._Run, "feed", "feed"),
-            (engine._Run, "verify", "verify"), (engine._Run, "settle_cache", "cache"),
-            (engine._Run, "record", "record")]
+            (session_class, "forward", "forward"), (engine.Run, "feed", "feed"),
+            (engine.Run, "verify", "verify"), (engine.Run, "settle_cache", "cache"),
+            (engine.Run, "record", "record")]
         if compile_:
             parts.append((static_step.StaticCalls, "decide", "sampling step"))
         else:  # eager: the sampling step's two parts can be timed apart
