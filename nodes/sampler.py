@@ -19,6 +19,7 @@ RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scal
 RECOMMENDED_TOP_K = 0
 RECOMMENDED_TOP_P = 0.0
 AUTOMATIC_WINDOW = 0  # widget value meaning window "auto": the width with the most tokens per second, per call
+DEFAULT_COUPLER = SamplerConfig.coupler  # faithful: the seed decides the image, whatever the widths
 DEFAULT_WINDOW = AUTOMATIC_WINDOW  # measured within 3% of the best pinned window (README, "Automatic window")
 MODEL_DRAFT_INIT = "auto"  # widget value meaning "the model's default" (previous_frame for video, else above)
 DRAFT_INIT_CHOICES = (MODEL_DRAFT_INIT, *DRAFT_INITS)
@@ -63,14 +64,19 @@ class SCDSampler(io.ComfyNode):
             inputs=[
                 SCDModel.Input("model"),
                 SCDCond.Input("conditioning"),
-                CheckedCombo("coupler", options=list(COUPLERS), default="maximal",
-                             tooltip="maximal / gumbel: coupled drafts (SCD); independent: SJD; faithful: "
-                                     "exactly the autoregressive output for the same seed."),
+                CheckedCombo("coupler", options=list(COUPLERS), default=DEFAULT_COUPLER,
+                             tooltip="faithful: a seed gives the plain autoregressive image of that seed, "
+                                     "whatever the window (auto included), the batch (row i = seed + i) or a "
+                                     "rerun elsewhere (in float32; in bfloat16 a draw on a rounding edge can "
+                                     "differ). maximal / gumbel (SCD) and independent (SJD) may save the "
+                                     "last few percent of calls, but their images follow the window widths: "
+                                     "worth it where a seed need not reproduce."),
                 io.Int.Input("window", default=DEFAULT_WINDOW, min=0, max=MAX_WINDOW,
                              tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling. 0 (auto) "
                                      "picks it per call: the width with the most tokens per second, from what a "
                                      "call costs on this device and how many tokens the calls so far committed. "
-                                     "Pin a number for seeds that give the same image on every machine."),
+                                     "With faithful the window changes the calls, never the image; with the "
+                                     "other couplers pin a number for seeds that reproduce."),
                 io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
                                tooltip="Classifier-free guidance scale; -1 uses the model's recommended value "
                                        "(demo 2, Janus-Pro 5, LlamaGen 4 / text 7.5, Lumina-mGPT 3 / 2.0: 4, "
@@ -79,8 +85,9 @@ class SCDSampler(io.ComfyNode):
                                        "authors: 1 turns CFG off; any other scale acts as at least 4 and decays "
                                        "to 4 within the first image row."),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
-                             tooltip="Random seed: with a pinned window, the same seed and settings give the same "
-                                     "image on every machine. In a batch, row i uses seed + i."),
+                             tooltip="Random seed. With the faithful coupler a seed gives the plain autoregressive "
+                                     "image of that seed at any window; with the others only at a pinned "
+                                     "window. In a batch, row i uses seed + i."),
                 io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01,
                                tooltip="Divides the model's logits before sampling: 1 samples the model as "
                                        "trained, lower gives plainer images, higher more varied ones and soon "

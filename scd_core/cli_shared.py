@@ -60,10 +60,14 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
     """The sampler settings but the seed, which `generate` takes once and `batch` per image."""
     sampler = parser.add_argument_group("sampler (unset: the model's recommended values)")
     sampler.add_argument("--coupler", choices=COUPLERS, default=DEFAULTS.coupler,
-                         help="how drafts are re-made: maximal/gumbel (SCD), independent (SJD), faithful")
+                         help="how drafts are re-made. faithful: a seed gives the plain-AR image of that seed whatever "
+                              "the window (auto too), the batch (row i = seed + i), the worker or a resume; "
+                              "maximal/gumbel (SCD) and independent (SJD) may save the last few percent of "
+                              "calls where a seed need not reproduce (their tokens follow the widths)")
     sampler.add_argument("--window", type=_window, default=DEFAULTS.window,
                          help="positions decoded per model call; 1 is plain autoregressive sampling; "
-                              "auto (or 0): chosen per call from the measured cost of a call and the acceptance")
+                              "auto (or 0): chosen per call from the measured cost of a call and the acceptance "
+                              "(with faithful the window changes the calls, never the image)")
     sampler.add_argument("--cfg", type=float, help="classifier-free guidance scale (default: the model's)")
     sampler.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
                          help="divides the logits before sampling")

@@ -32,10 +32,11 @@ def _is_real(value: object) -> bool:
 class SamplerConfig:
     """How to sample.  None means "the model's recommended value".
 
-    coupler: how the next drafts are made -- "maximal" (SCD, maximal coupling),
-      "gumbel" (SCD, Gumbel coupling with position-fixed noise), "independent"
-      (SJD) or "faithful" (Gumbel-max AR solved by Jacobi iteration: the same
-      tokens as window 1 for the same seed).
+    coupler: how the next drafts are made -- "faithful" (the default: Gumbel-max AR solved by Jacobi
+      iteration, so a seed gives the plain-AR image of that seed whatever the window, the automatic widths,
+      the batch, the slot of generate_many, the worker or a resume), "maximal" (SCD, maximal coupling),
+      "gumbel" (SCD, Gumbel coupling with position-fixed noise) or "independent" (SJD).  The others may save
+      the last few percent of calls where a seed need not reproduce: their tokens depend on the widths.
     window: positions decoded per model call; 1 is plain autoregressive sampling.  "auto" picks it per call
       from the model's measured cost of each window size and the commit counts observed so far
       (scd_core.auto_window).
@@ -57,7 +58,7 @@ class SamplerConfig:
       one chain, so the law stays exact.  Needs a session that scores trees (`keep_branch`; every family here).
     """
 
-    coupler: str = "maximal"
+    coupler: str = "faithful"
     window: int | str = 32
     cfg_scale: Optional[float] = None
     temperature: float = 1.0
