@@ -17,8 +17,9 @@ seed)`: a row's randomness is keyed by its own seed and its own call count
 and a call's window may be wider for the batch than the row needs, which never
 changes a row's tokens.  (That takes the batched forward to give each row the
 very logits it gets alone; a kernel that rounds a batch differently can move a
-draw that falls on a rounding edge.)  The window must be pinned: the automatic
-window picks widths from the batch's counts and measured costs.
+draw that falls on a rounding edge.)  The automatic window picks widths from the
+batch's counts and measured costs, so it takes the faithful coupler, whose tokens
+do not depend on the widths; the other couplers need a pinned window.
 """
 
 from __future__ import annotations
@@ -92,9 +93,11 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
     refill_at = 1 if refill_at is None else refill_at
     if not isinstance(refill_at, int) or not 1 <= refill_at <= slots:
         raise ValueError(f"refill_at must be an integer in 1..slots={slots}, got {refill_at!r}")
-    if config.window == AUTO_WINDOW:
-        raise ValueError("generate_many needs a pinned window: the automatic window's widths depend on the batch "
-                         "and on measured costs, so a job's tokens would depend on its neighbours")
+    if config.window == AUTO_WINDOW and config.coupler != "faithful":
+        raise ValueError(f"generate_many needs a pinned window with the {config.coupler} coupler: the automatic "
+                         f"window's widths depend on the batch and on measured costs, so a job's tokens would "
+                         f"depend on its neighbours; pin the window, or use the faithful coupler, whose tokens "
+                         f"do not depend on the widths")
     queue = _Queue(jobs, config)
     first = queue.peek()
     if first is None:
@@ -211,7 +214,7 @@ class _Stream(_Run):
 
     def _decode(self) -> Iterator[tuple[int, GenerationResult]]:
         """One call for every row (prefilling the joining jobs too), then the finished ones leave."""
-        call = self.feed(self.decoder.window)
+        call = self.feed(self.choose_window())
         sampled = time.perf_counter()
         outcome = self.verify(call)
         self.settle_cache(call, outcome)
@@ -229,6 +232,9 @@ class _Stream(_Run):
             result.draft_changes.append(changes)
             result.forward_s += call.forward_s
             result.sample_s += sample_s
+        if self.chooser is not None:  # the automatic window learns from the whole call, as in `record`
+            self.chooser.observe_cost(call.width + call.pad, time.perf_counter() - self.call_started,
+                                       self.decoder.batch)
         finished = [not row_live for row_live in live]
         if self.joining:
             finished += self._join(self.joining_logits, call.forward_s)
