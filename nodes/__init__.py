@@ -1,6 +1,10 @@
 """The pack's ComfyUI nodes (V3 schema), thin wrappers over scd_core.  Imported only inside ComfyUI."""
 
+from pathlib import Path
+
+import folder_paths
 from comfy_api.latest import ComfyExtension, io
+from scd_core import window_memory
 
 from .decode import SCDVQDecode
 from .encode import SCDPromptEncode
@@ -8,6 +12,9 @@ from .loader import SCDModelLoader
 from .sampler import SCDSampler
 from .stats import SCDStatsNode
 from .video_context import SCDVideoContext
+
+# the automatic window's learned call costs live with the user's ComfyUI data, for the next server start
+window_memory.set_folder(Path(folder_paths.get_user_directory()) / "comfyui-scd")
 
 NODES = [SCDModelLoader, SCDPromptEncode, SCDSampler, SCDVQDecode, SCDStatsNode, SCDVideoContext]
 
