@@ -67,8 +67,9 @@ class SCDSampler(io.ComfyNode):
                 CheckedCombo("coupler", options=list(COUPLERS), default=DEFAULT_COUPLER,
                              tooltip="faithful: a seed gives the plain autoregressive image of that seed, "
                                      "whatever the window (auto included), the batch (row i = seed + i) or a "
-                                     "rerun elsewhere (in float32; in bfloat16 a draw on a rounding edge can "
-                                     "differ). maximal / gumbel (SCD) and independent (SJD) may save the "
+                                     "rerun elsewhere, in float32 (in bfloat16 a logit that rounds differently "
+                                     "at another width flips a draw: most demo images then differ somewhere). "
+                                     "maximal / gumbel (SCD) and independent (SJD) may save the "
                                      "last few percent of calls, but their images follow the window widths: "
                                      "worth it where a seed need not reproduce."),
                 io.Int.Input("window", default=DEFAULT_WINDOW, min=0, max=MAX_WINDOW,

@@ -35,7 +35,7 @@ COUPLERS = ("faithful", "maximal", "gumbel")
 STAND_IN_PROFILE = HERE["stand-in here (64 costs 4x)"]
 
 
-def differing_rows(name: str, model: Any, cond: Any, seeds: Sequence[int]) -> dict[str, Any]:
+def differing_rows(name: str, model: Any, cond: Any, seeds: Sequence[int], dtype: str) -> dict[str, Any]:
     """Share of seeds whose faithful tokens at each window differ in any position from window 1's."""
     differs = {window: 0 for window in REPRODUCED_WINDOWS}
     for seed in seeds:
@@ -43,7 +43,7 @@ def differing_rows(name: str, model: Any, cond: Any, seeds: Sequence[int]) -> di
         for window in REPRODUCED_WINDOWS:
             tokens = generate(model, cond, SamplerConfig(window=window, seed=seed)).tokens
             differs[window] += not torch.equal(tokens, reference)
-    row = {"model": name, "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""), "images": len(seeds)}
+    row = {"model": name, "dtype": dtype, "images": len(seeds)}
     row.update({f"differ at {window}": f"{differs[window]}/{len(seeds)}" for window in REPRODUCED_WINDOWS})
     return row
 
@@ -79,7 +79,7 @@ def faithful_tables(seeds: Sequence[int], windows: Sequence[Any] = (16, 32, 64, 
     from ..models.loading import load_model
 
     demo = load_model("demo", "cpu", "bfloat16")
-    reproduced = [differing_rows("demo", demo, demo.encode("7"), seeds)]
+    reproduced = [differing_rows("demo", demo, demo.encode("7"), seeds, "bfloat16")]
     columns = ("model", "dtype", "images", *(f"differ at {w}" for w in REPRODUCED_WINDOWS))
     calls = [row for name, model, cond in calls_models() for row in calls_rows(name, model, cond, seeds, windows)]
     return (f"**faithful in bfloat16**: images (seeds 0-{seeds[-1]}) whose tokens differ from window 1's in any "
