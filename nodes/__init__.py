@@ -1,6 +1,10 @@
 """The pack's ComfyUI nodes (V3 schema), thin wrappers over scd_core.  Imported only inside ComfyUI."""
 
+from pathlib import Path
+
+import folder_paths
 from comfy_api.latest import ComfyExtension, io
+from scd_core import window_memory
 from scd_core.capture_scope import set_capture_scope
 
 from .core_compat import outside_malloc_graph
@@ -13,6 +17,8 @@ from .video_context import SCDVideoContext
 
 # the compiled path captures its CUDA graphs outside the core's malloc graph (late-2026 ComfyUI's model compiler)
 set_capture_scope(outside_malloc_graph)
+# the automatic window's learned call costs live with the user's ComfyUI data, for the next server start
+window_memory.set_folder(Path(folder_paths.get_user_directory()) / "comfyui-scd")
 
 NODES = [SCDModelLoader, SCDPromptEncode, SCDSampler, SCDVQDecode, SCDStatsNode, SCDVideoContext]
 

@@ -88,17 +88,23 @@ class SCDSampler(io.ComfyNode):
                 SCDModel.Input("model"),
                 SCDCond.Input("conditioning"),
                 CheckedCombo("coupler", options=list(COUPLERS), default=DEFAULT_COUPLER,
-                             tooltip=f"How the next drafts are made. {couplers.help_text()}."),
+                             tooltip=f"How the next drafts are made. {couplers.help_text()}. maximal, gumbel and "
+                                     "independent may save the last few percent of calls, but their images follow "
+                                     "the window widths: worth it where a seed need not reproduce. In bfloat16 a "
+                                     "logit that rounds differently at another width can flip a draw, so even "
+                                     "faithful images then differ somewhere."),
                 io.Int.Input("window", default=DEFAULT_WINDOW, min=0, max=MAX_WINDOW,
                              tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling. 0 (auto) "
                                      "picks it per call: the width with the most tokens per second, from what a "
                                      "call costs on this device and how many tokens the calls so far committed. "
-                                     "Pin a number for seeds that give the same image on every machine."),
+                                     "With faithful the window changes the calls, never the image; with the "
+                                     "other couplers pin a number for seeds that reproduce."),
                 io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
                                tooltip=cfg_tooltip()),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
-                             tooltip="Random seed: with a pinned window, the same seed and settings give the same "
-                                     "image on every machine. In a batch, row i uses seed + i."),
+                             tooltip="Random seed. With the faithful coupler a seed gives the plain autoregressive "
+                                     "image of that seed at any window; with the others only at a pinned "
+                                     "window. In a batch, row i uses seed + i."),
                 io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01,
                                tooltip="Divides the model's logits before sampling: 1 samples the model as "
                                        "trained, lower gives plainer images, higher more varied ones and soon "

@@ -6,7 +6,8 @@ distribution, verifying, re-drafting).  E[c(L)]: the tokens a call at width L
 is expected to commit, estimated from the commit counts observed so far in the
 run.
 
-Costs are kept per process (a ComfyUI server lives for hours) for each model
+Costs are kept per process (a ComfyUI server lives for hours), and saved for the next one
+(scd_core.window_memory), for each model
 and cost key (`cost_key`: dtype, device, batch, candidates, precision, compile
 and offload mode) in a `CallCosts`.  A few timed calls right after the first
 prefill seed them; from then on every call of an automatic run adds its own
@@ -74,6 +75,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
+from . import window_memory
 from .config import AUTO_WINDOW
 
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # few distinct widths: few kernels to warm up or graphs to capture
@@ -293,12 +295,17 @@ def call_costs(model: Any, key: tuple, widths: Sequence[int], call: Callable[[in
     except TypeError:
         per_model = {}
     known = per_model.get(key)
+    if known is None:  # what an earlier process learned, if it saved any (scd_core.window_memory)
+        known = window_memory.recall(model, key)
+        if known is not None:
+            per_model[key] = known
     if known is None or any(w not in known.seeds for w in widths):
         measured = measure_costs(call, widths)
         if known is None:
             known = per_model[key] = CallCosts(measured)
         else:
             known.add_seeds(measured)
+    window_memory.track(model, key, known)
     return known
 
 

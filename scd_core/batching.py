@@ -17,8 +17,9 @@ seed)`: a row's randomness is keyed by its own seed and its own call count
 and a call's window may be wider for the batch than the row needs, which never
 changes a row's tokens.  (That takes the batched forward to give each row the
 very logits it gets alone; a kernel that rounds a batch differently can move a
-draw that falls on a rounding edge.)  The window must be pinned: the automatic
-window picks widths from the batch's counts and measured costs.
+draw that falls on a rounding edge.)  The automatic window picks widths from the
+batch's counts and measured costs, so it takes the faithful coupler, whose tokens
+do not depend on the widths; the other couplers need a pinned window.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
+from . import auto_window, couplers
 from .config import AUTO_WINDOW, SamplerConfig
 from .engine import GenerationResult, ModelOutputError, Run, generate
 from .model import Logits, Session, TokenModel
@@ -92,9 +94,12 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
     refill_at = 1 if refill_at is None else refill_at
     if not isinstance(refill_at, int) or not 1 <= refill_at <= slots:
         raise ValueError(f"refill_at must be an integer in 1..slots={slots}, got {refill_at!r}")
-    if config.window == AUTO_WINDOW:
-        raise ValueError("generate_many needs a pinned window: the automatic window's widths depend on the batch "
-                         "and on measured costs, so a job's tokens would depend on its neighbours")
+    if config.window == AUTO_WINDOW and not couplers.coupler(config.coupler).width_free:
+        free = " or ".join(couplers.names_where("width_free"))
+        raise ValueError(f"generate_many needs a pinned window with the {config.coupler} coupler: the automatic "
+                         f"window's widths depend on the batch and on measured costs, so a job's tokens would "
+                         f"depend on its neighbours; pin the window, or use the {free} coupler, whose tokens "
+                         f"do not depend on the widths")
     queue = _Queue(jobs, config)
     first = queue.peek()
     if first is None:
@@ -219,7 +224,7 @@ class _Stream:
 
     def _decode(self) -> Iterator[tuple[int, GenerationResult]]:
         """One call for every row (prefilling the joining jobs too), then the finished ones leave."""
-        call = self.run.feed(self.run.decoder.window)
+        call = self.run.feed(self.run.choose_window())
         sampled = time.perf_counter()
         outcome = self.run.verify(call)
         joined = self.session.admitted
@@ -238,6 +243,10 @@ class _Stream:
             result.draft_changes.append(changes)
             result.forward_s += call.forward_s
             result.sample_s += sample_s
+        # the automatic window learns from the whole call, as in `Run.record`
+        cost_width = call.fed if self.run.static is not None else call.width + call.pad
+        self.run.policy.observe(auto_window.CallRecord(call.width, cost_width, outcome.counts, outcome.acceptance,
+                                                       self.run.decoder.batch))
         finished = [not row_live for row_live in live]
         if joined is not None:
             finished += self._join(joined, call.forward_s)

@@ -35,10 +35,12 @@ from .model import unusual_settings
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
-# --compare: (coupler, window or None for the --window value); AR is window 1 by definition, then the couplers
-# that take a column, the baseline first
-COMPARE_MODES = ((couplers.BASELINE, 1), *((name, None) for name in sorted(couplers.names_where("compared"),
-                                                                          key=lambda name: name != couplers.BASELINE)))
+# --compare: (coupler, window or None for the --window value); AR is window 1 by definition, drawn with the
+# noise of the coupler whose tokens do not depend on the widths, so that its column next to AR shows the very
+# same image; then the baseline, then the other couplers that take a column
+SAME_AS_AR = couplers.names_where("width_free")[0]
+COMPARE_MODES = ((SAME_AS_AR, 1), *((name, None) for name in sorted(
+    couplers.names_where("compared"), key=lambda name: (name != SAME_AS_AR, name != couplers.BASELINE))))
 HISTOGRAM_WIDTH = 40
 # --compare's picture: panels scaled up (by a whole factor, pixels stay exact) to at least MIN_PANEL pixels
 # wide, under a title and a two-line caption per column (method; its calls)
@@ -82,7 +84,8 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("-o", "--output", required=True, type=Path,
                      help="PNG file; a batch is written side by side")
     out.add_argument("--compare", action="store_true",
-                     help="run AR, SJD, SCD-maximal and SCD-gumbel on the same seeds and write them side by side")
+                     help="run AR, SCD-faithful (AR's image), SJD, SCD-maximal and SCD-gumbel on the same seeds "
+                          "and write them side by side")
     out.add_argument("--seeds", type=positive_int, default=1, metavar="N",
                      help="with --compare: run every method on seeds SEED .. SEED+N-1 and report the mean calls "
                           "and their spread (one image's calls vary by about 10%%)")
@@ -180,9 +183,14 @@ def _percent(share: Optional[float]) -> str:
 def run_summary(run: Run) -> str:
     result, config = run.result, run.config
     tokens = result.tokens.shape[1]
+    rows = result.tokens.shape[0]
+    seeds = f"image of seed {config.seed}" if rows == 1 else \
+        f"images of seeds {config.seed}-{config.seed + rows - 1} (row i: seed + i)"
+    promise = (f" - the plain-AR {seeds} at any window, batch, worker or resume"
+               if couplers.coupler(config.coupler).width_free else "")
     return "\n".join([
         f"{run.label}: coupler {config.coupler}, window {window_report(config.window, result.windows)}, "
-        f"seed {config.seed}, batch {result.tokens.shape[0]}",
+        f"seed {config.seed}, batch {rows}{promise}",
         f"{result.nfe} model calls for {tokens} tokens (AR: {tokens}): {run.speedup:.2f}x fewer calls, "
         f"mean acceptance {_percent(run.acceptance)}",
         "model calls by tokens committed:",
@@ -224,6 +232,16 @@ def compare_table(methods: Sequence[Sequence[Run]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                                for i, (cell, w) in enumerate(zip(row, widths))) for row in rows)
+
+
+def same_image_line(methods: Sequence[Sequence[Run]]) -> str:
+    """On how many seeds SCD-faithful gave AR's very tokens (the first two of COMPARE_MODES), and the calls each
+    took: all of them in float32; in bfloat16 a draw on a rounding edge of a logit can fall the other way."""
+    ar, faithful = methods[0], methods[1]
+    same = sum(torch.equal(a.result.tokens, f.result.tokens) for a, f in zip(ar, faithful))
+    return (f"Same image from AR and {faithful[0].label} on {same} of {len(ar)} seed{'s' * (len(ar) > 1)}: "
+            f"{statistics.fmean(calls_of(ar)):.1f} against {statistics.fmean(calls_of(faithful)):.1f} calls per "
+            f"image")
 
 
 # ---------------------------------------------------------------- images
@@ -320,6 +338,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.compare:
         compare_sheet(runs).save(args.output, format="PNG")
         print(compare_table(runs))
+        print(same_image_line(runs))
     else:
         to_pil(runs[0][0].images).save(args.output, format="PNG")
         print(run_summary(runs[0][0]))

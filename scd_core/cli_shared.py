@@ -66,7 +66,8 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
                          help=f"how the next drafts are made: {couplers.help_text()}")
     sampler.add_argument("--window", type=_window, default=DEFAULTS.window,
                          help="positions decoded per model call; 1 is plain autoregressive sampling; "
-                              "auto (or 0): chosen per call from the measured cost of a call and the acceptance")
+                              "auto (or 0): chosen per call from the measured cost of a call and the acceptance "
+                              "(with faithful the window changes the calls, never the image)")
     sampler.add_argument("--cfg", type=float, help="classifier-free guidance scale (default: the model's)")
     sampler.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
                          help="divides the logits before sampling")

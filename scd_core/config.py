@@ -9,7 +9,7 @@ from typing import Optional
 from . import couplers
 
 COUPLERS = couplers.NAMES
-DEFAULT_COUPLER = "maximal"
+DEFAULT_COUPLER = "faithful"  # the seed decides the image, whatever the widths
 DRAFT_INITS = ("random", "left", "above", "previous_frame")
 VERIFICATIONS = ("token", "block")
 MAX_WINDOW = 1024
@@ -36,6 +36,9 @@ class SamplerConfig:
     """How to sample.  None means "the model's recommended value".
 
     coupler: how the next drafts are made, one of COUPLERS (scd_core.couplers says what each does).
+      faithful (the default) gives for a seed the plain-AR image of that seed whatever the window, the automatic
+      widths, the batch, the slot of generate_many, the worker or a resume (bit for bit in float32); the others
+      may save the last few percent of calls where a seed need not reproduce: their tokens follow the widths.
     window: positions decoded per model call; 1 is plain autoregressive sampling.  "auto" picks it per call
       from the model's measured cost of each window size and the commit counts observed so far
       (scd_core.auto_window).

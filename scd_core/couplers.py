@@ -45,6 +45,7 @@ class Coupler:
     block: bool = False          # allows block verification (exact with independent drafts only)
     candidates: bool = True      # allows candidates for the first draft
     compared: bool = True        # a column of its own in `--compare`
+    width_free: bool = False     # its tokens for a seed do not depend on the window widths (nor on the batch)
 
 
 def _position_argmax(draws: Draws) -> torch.Tensor:
@@ -58,11 +59,12 @@ COUPLERS = (
     Coupler("gumbel", "SCD-gumbel", "couples the drafts through Gumbel noise fixed per position (SCD)",
             _position_argmax, position_noise=True, alpha=True),
     Coupler("independent", "SJD", "draws each next draft afresh (SJD)", lambda draws: draws.fresh(), block=True),
-    # its tokens are those of window 1 for the same seed: a --compare column would repeat AR's image
-    Coupler("faithful", "faithful", "reproduces plain autoregressive sampling token for token (Gumbel-max "
-            "sampling solved by Jacobi iteration): the same image as window 1 for the same seed",
-            _position_argmax, position_noise=True, reads_proposals=False,
-            candidates=False, compared=False),
+    # its tokens are those of window 1 for the same seed: its --compare column shows AR's image in fewer calls
+    Coupler("faithful", "SCD-faithful", "reproduces plain autoregressive sampling token for token (Gumbel-max "
+            "sampling solved by Jacobi iteration): a seed gives the plain-AR image of that seed whatever the "
+            "window (auto included), the batch (row i = seed + i), the worker or a resume (bit for bit in "
+            "float32)", _position_argmax, position_noise=True, reads_proposals=False, candidates=False,
+            width_free=True),
 )
 NAMES = tuple(coupler.name for coupler in COUPLERS)
 BASELINE = "independent"  # uncoupled drafts (SJD): what comparisons measure the others against

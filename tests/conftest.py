@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -13,6 +14,10 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from janus_fixture import tiny_janus_dir  # noqa: E402,F401  (fixture, one checkpoint per session)
+
+# Tests neither read nor write the automatic window's saved costs (a user's cache, or each other's): each test
+# process starts cold, as the tests assume; tests/test_window_memory.py points it at a file of its own.
+os.environ["SCD_WINDOW_COSTS"] = "off"
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """Regenerates the README's pictures in web/readme/ and the demo workflows' thumbnails (run after the demo
 model or the UI changes):
 
-- ar_vs_scd.png: the quick start's `python -m scd_core generate --compare --seeds 8` on the demo model (AR, SJD
-  and SCD: mean calls over 8 seeds, the images of the first two);
+- ar_vs_scd.png: the quick start's `python -m scd_core generate --compare --seeds 8` on the demo model (AR,
+  SCD-faithful, SJD and SCD: mean calls over 8 seeds, the images of the first two);
 - comfyui_sampler.png: the shipped demo workflow run in a real ComfyUI in Debian's chromium (the browser
   test's machinery), cropped to the sampler with its live chart and the outputs next to it;
 - workflows/scd_demo.jpg, scd_demo_ar_vs_scd.jpg: what those two workflows produce, with their call counts;
@@ -162,15 +162,16 @@ def digits(images: torch.Tensor) -> list[Image.Image]:
 
 
 def demo_thumbnails() -> list[Path]:
-    """The demo workflows' settings (digit 7, seed 42, model defaults): SCD at window 32, and AR next to it."""
+    """The demo workflows' settings (digit 7, seed 42, coupler faithful, model defaults): SCD at window 32, and AR
+    next to it (the same image)."""
     model = load_model("demo")
     cond = model.encode("7")
-    scd = generate(model, cond, SamplerConfig(window=32, seed=42))
-    ar = generate(model, cond, SamplerConfig(window=1, seed=42))
+    scd = generate(model, cond, SamplerConfig(coupler="faithful", window=32, seed=42))
+    ar = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=42))
     card(WORKFLOWS / "scd_demo.jpg", digits(model.decode(scd.tokens)),
          f"SCD: {scd.nfe} model calls for {model.num_tokens} tokens", "demo model, digit 7, window 32")
     card(WORKFLOWS / "scd_demo_ar_vs_scd.jpg", digits(torch.cat([model.decode(ar.tokens), model.decode(scd.tokens)])),
-         f"AR {ar.nfe} calls  |  SCD {scd.nfe} calls", "same seed, digit 7; left window 1, right 32")
+         f"AR {ar.nfe} calls  |  SCD {scd.nfe} calls", "same seed, coupler faithful: window 1 and 32, one image")
     return [WORKFLOWS / "scd_demo.jpg", WORKFLOWS / "scd_demo_ar_vs_scd.jpg"]
 
 

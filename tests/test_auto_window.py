@@ -250,11 +250,11 @@ def test_with_candidates_the_costs_are_timed_on_trees_and_kept_apart(monkeypatch
 
     monkeypatch.setattr(auto_window, "measure_costs", recording)
     model = TablePrefixModel(vocab_size=8, num_tokens=40, grid=(5, 8), table_rows=4096)
-    tree = generate(model, None, SamplerConfig(window="auto", candidates=3, seed=2), batch_size=2)
+    tree = generate(model, None, SamplerConfig(coupler="maximal", window="auto", candidates=3, seed=2), batch_size=2)
     assert fed == [(w, 1 + 3 * (w - 1)) for w in (1, 2, 4, 8, 16, 32)]
     generate(model, None, SamplerConfig(window="auto", seed=2), batch_size=2)
     assert fed[6:] == [(w, w) for w in (1, 2, 4, 8, 16, 32)]  # measured again: not the trees' costs
-    same = generate(model, None, SamplerConfig(window="auto", candidates=3, seed=2), batch_size=2)
+    same = generate(model, None, SamplerConfig(coupler="maximal", window="auto", candidates=3, seed=2), batch_size=2)
     assert len(fed) == 12 and torch.equal(same.tokens, tree.tokens)  # the trees' costs were kept
 
 

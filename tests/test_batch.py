@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ray_sandbox import run_sandboxed
 
 from scd_core import ModelOutputError, SamplerConfig, generate, load_model
 from scd_core.batch_job import MANIFEST, RAY_EXTRA, RUN_FILE, Job, Renderer, png_bytes, png_in_place
@@ -165,9 +164,11 @@ def test_a_run_that_cannot_start_leaves_no_folder(tmp_path, capsys, monkeypatch)
     code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--workers", "2"])
     assert code == 2
     assert "--workers and --gpus-per-worker are for --ray" in capsys.readouterr().err
-    code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--window", "auto"])
+    code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--window", "auto",
+                 "--coupler", "maximal"])
     assert code == 2
-    assert "needs a pinned window" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    error = capsys.readouterr().err
+    assert "needs a pinned window" in error and "faithful" in error and not (tmp_path / "out").exists()
     monkeypatch.setitem(sys.modules, "ray", None)  # as where Ray is not installed
     code = main(["batch", str(jobs), "--model", "demo", "--out", str(tmp_path / "out"), "--ray"])
     assert code == 2
@@ -234,23 +235,10 @@ def test_the_command_killed_mid_run_resumes_to_the_same_bytes(uninterrupted, tmp
 
 def test_ray_local_cluster_with_a_worker_killed_makes_the_in_process_bytes(uninterrupted, tmp_path):
     """Two worker actors on a real local cluster; one is SIGKILLed after the first image, Ray restarts it."""
-    # a network namespace with only loopback (Ray probes outside addresses), and a pid namespace: every Ray
-    # process ends with the command, and /proc shows only them
-    sandbox = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
-    probe = subprocess.run([*sandbox, "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.fail(f"the Ray test must run under `{' '.join(sandbox)}`, which fails here (it needs root): "
-                    f"{probe.stderr.strip()}")
     jobs = write_jobs(tmp_path / "jobs.jsonl", JOBS)
     out = tmp_path / "out"
-    script = " ".join(["ip link set lo up && RAY_USAGE_STATS_ENABLED=0 exec", sys.executable,
-                       str(REPO / "tests" / "ray_batch_kill.py"), str(out), str(jobs), *SETTINGS, *SEEDS])
-    ray_dir = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths must fit in 107 characters
-    try:
-        run = subprocess.run([*sandbox, "sh", "-c", script], cwd=REPO, capture_output=True, text=True,
-                             timeout=WAIT_S, env={**os.environ, "RAY_TMPDIR": ray_dir})
-    finally:
-        shutil.rmtree(ray_dir, ignore_errors=True)
+    run = run_sandboxed([sys.executable, str(REPO / "tests" / "ray_batch_kill.py"), str(out), str(jobs), *SETTINGS,
+                         *SEEDS], REPO, WAIT_S)
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
     killed = json.loads(run.stdout.split("KILLED ", 1)[1].splitlines()[0])
     assert killed["pid"] is not None and len(killed["workers"]) == 2, run.stdout

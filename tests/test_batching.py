@@ -157,7 +157,7 @@ def test_refills_share_a_prefill_call_and_slots_stay_bounded(candidates):
     model = CountingSessions(TablePrefixModel(vocab_size=8, num_tokens=20, table_rows=4096, scale=2.0,
                                               rows_per_cache=1))
     jobs = [(None, seed) for seed in range(12)]
-    assert_stream_equals_job_by_job(model, jobs, SamplerConfig(window=6, candidates=candidates), slots=4,
+    assert_stream_equals_job_by_job(model, jobs, SamplerConfig(coupler="maximal", window=6, candidates=candidates), slots=4,
                                     refill_at=2)
     kinds = [kind for kind, _ in model.calls]
     assert model.calls[0] == ("prefill", 3)  # the first session admits the other three of the first group
@@ -193,8 +193,9 @@ def test_stream_refuses_bad_input():
     model = GridModel(rows=4, cols=6, vocab_size=32)
     with pytest.raises(ValueError, match="slots"):
         list(generate_many(model, [(None, 0)], SamplerConfig(), slots=0))
-    with pytest.raises(ValueError, match="pinned window"):
-        list(generate_many(model, [(None, 0)], SamplerConfig(window="auto")))
+    for coupler in ("maximal", "gumbel", "independent"):  # auto is for faithful, whose tokens ignore the widths
+        with pytest.raises(ValueError, match=f"pinned window with the {coupler} coupler.*faithful"):
+            list(generate_many(model, [(None, 0)], SamplerConfig(coupler=coupler, window="auto")))
     with pytest.raises(ValueError, match="seed"):
         list(generate_many(model, [(None, 0), (None, -1)], SamplerConfig()))
     with pytest.raises(ValueError, match="pair"):

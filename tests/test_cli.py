@@ -18,7 +18,7 @@ from scd_core.config import MAX_SEED
 from scd_core.cli import CAPTION_SIZE, LINE_HEIGHT, MIN_PANEL, PADDING, SHOWN_SEEDS, commit_histogram, main
 
 TINY_TOKENS = 16  # the tiny Janus grid is 4 x 4
-COMPARE_LABELS = ("AR", "SJD", "SCD-maximal", "SCD-gumbel")
+COMPARE_LABELS = ("AR", "SCD-faithful", "SJD", "SCD-maximal", "SCD-gumbel")
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
@@ -123,12 +123,13 @@ def test_compare_over_seeds_reports_the_mean_and_spread_of_each_method(tiny_janu
     cond = model.encode("a red cube")
     rows = compare_rows(out)
     for label, coupler, window in (("SJD", "independent", 4), ("SCD-maximal", "maximal", 4),
-                                   ("SCD-gumbel", "gumbel", 4), ("AR", "independent", 1)):
+                                   ("SCD-gumbel", "gumbel", 4), ("AR", "faithful", 1), ("SCD-faithful", "faithful", 4)):
         calls = [generate(model, cond, SamplerConfig(coupler=coupler, window=window, seed=seed)).nfe
                  for seed in (5, 6, 7)]
         mean = statistics.fmean(calls)
         assert rows[label][1:6] == [str(window), f"{mean:.1f}", f"{statistics.stdev(calls):.1f}",
                                     f"{min(calls)}-{max(calls)}", f"{TINY_TOKENS / mean:.2f}x"], label
+    assert f"Same image from AR and SCD-faithful on 3 of 3 seeds: 16.0 against {rows['SCD-faithful'][2]} calls" in out
     # one image per shown seed, under a two-line title (what is averaged, which seeds are shown)
     assert Image.open(output).size[1] == sheet_height(2, SHOWN_SEEDS)
 
@@ -261,7 +262,7 @@ def test_module_entry_point_runs_main():
 
 def test_compile_flag_loads_the_model_compiled(tmp_path, capsys):
     """--compile reaches load_model: the compiled demo then refuses a tree of candidates, before any call."""
-    code, out, err = run_cli(capsys, "generate", "--model", "demo", "--prompt", "3", "--compile", "--candidates", 2,
-                             "-o", tmp_path / "compiled.png")
+    code, out, err = run_cli(capsys, "generate", "--model", "demo", "--prompt", "3", "--compile", "--coupler",
+                             "maximal", "--candidates", 2, "-o", tmp_path / "compiled.png")
     assert code == 2 and "not available with a compiled model" in err and "Traceback" not in err
     assert not (tmp_path / "compiled.png").exists()

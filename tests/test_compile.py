@@ -196,7 +196,7 @@ def test_failed_compilation_runs_eagerly_with_one_warning(folders, monkeypatch: 
 def test_refusals(folders, tiny_lumina_dir: Path) -> None:
     compiled = load_model(folders["c2i"], device="cpu", compile=True)
     with pytest.raises(ValueError, match="candidates=2 is not available with a compiled model"):
-        generate(compiled, compiled.encode("1"), SamplerConfig(window=8, candidates=2))
+        generate(compiled, compiled.encode("1"), SamplerConfig(coupler="maximal", window=8, candidates=2))
     with pytest.raises(ModelLoadError, match="compile=True is not available .*lumina family"):
         load_model(tiny_lumina_dir, device="cpu", compile=True)
     with pytest.raises(ValueError, match="compile must be True or False"):

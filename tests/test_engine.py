@@ -90,7 +90,7 @@ def test_alpha_needs_a_coupling_coupler():
 
 def test_candidates_need_token_verification_a_coupler_that_verifies_and_a_tree_session():
     for settings in (dict(coupler="faithful"), dict(coupler="independent", verification="block"),
-                     dict(fixed_shapes=True)):
+                     dict(coupler="maximal", fixed_shapes=True)):
         with pytest.raises(ValueError, match="candidates"):
             SamplerConfig(candidates=2, **settings)
 
@@ -101,7 +101,7 @@ def test_candidates_need_token_verification_a_coupler_that_verifies_and_a_tree_s
             return session
 
     with pytest.raises(ValueError, match="candidates=2 needs a model whose session scores a tree"):
-        generate(ChainOnly(rows=4, cols=4, vocab_size=16), None, SamplerConfig(candidates=2))
+        generate(ChainOnly(rows=4, cols=4, vocab_size=16), None, SamplerConfig(coupler="maximal", candidates=2))
 
 
 def test_invalid_batch_size():

@@ -238,7 +238,7 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
                             "top_k", "top_p", "draft_init", "batch_size", "candidates"]
     expect = {"conditioning": ("SCD_COND", {}),
               "coupler": (["maximal", "gumbel", "independent", "faithful"],
-                          {"options": ["maximal", "gumbel", "independent", "faithful"], "default": "maximal"}),
+                          {"options": ["maximal", "gumbel", "independent", "faithful"], "default": "faithful"}),
               "window": ("INT", {"min": 0, "max": 1024, "default": 0}),  # 0: automatic
               "cfg_scale": ("FLOAT", {"min": -1.0, "max": 100.0, "default": -1.0}),
               "seed": ("INT", {"min": 0, "control_after_generate": True}),

@@ -15,6 +15,7 @@
     python -m scd_core.bench --compile       # eager vs compile=True: demo and Janus-Pro-1B shape, compile time apart
     python -m scd_core.bench --auto          # automatic window against pinned ones in fresh processes (wall time)
     python -m scd_core.bench --auto-replay --processes 4 --images 5   # whole processes under fixed costs, by REFINEMENT
+    python -m scd_core.bench --faithful --seeds 16   # faithful: images differing by window in bfloat16; calls vs maximal/gumbel
     ... --readme scd_core/bench/README.md                   # also write the tables between the README's bench markers
 
 Wall times are only comparable within one run on one machine; on a CPU quote the ratios.
@@ -62,6 +63,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--images", type=int, nargs="+", default=[4],
                         help="--auto: automatic images per process (one number, or the demo's and the stand-in's)")
     parser.add_argument("--side", type=int, default=24, help="--auto: grid side of the Janus-Pro-1B stand-in")
+    parser.add_argument("--faithful", action="store_true",
+                        help="faithful in bfloat16 (images differing from window 1's) and its calls against "
+                             "maximal and gumbel (scd_core.bench.faithful)")
     parser.add_argument("--memory", action="store_true",
                         help="weights (bf16 / int8 / nf4) and KV cache at each family's published shape; no weights")
     parser.add_argument("--candidates", action="store_true",
@@ -113,6 +117,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
         section, text = "auto", auto_tables(seeds, args.processes, args.images, args.layers or 2,
                                                 args.side)
+    elif args.faithful:
+        from .faithful import faithful_tables
+
+        section, text = "faithful", faithful_tables(seeds)
     elif args.auto_replay:
         from .auto import process_replay_table
 

@@ -1,0 +1,165 @@
+"""What the automatic window learned, kept across processes: a small JSON file of per-width call costs.
+
+A new process (a restarted ComfyUI server, the next `python -m scd_core generate`) starts from the costs the
+last one learned for the same model and cost key (`auto_window.cost_key`), with the widths it had compared and
+the pooled rejection hazard of its last run (the first call's commit law), instead of a fresh timed pass whose
+one noisy measurement could cost the whole process.  The learning then goes on from there as in one process.
+
+The file: $SCD_WINDOW_COSTS if set ("off": nothing is read or written); under ComfyUI the user directory's
+comfyui-scd/ (`set_folder`, from nodes/); else $XDG_CACHE_HOME/comfyui-scd/ or ~/.cache/comfyui-scd/.  It is
+written at the start of each automatic run (what the runs before it learned) and when the process exits.  A
+corrupt file is ignored with one warning and replaced; a foreign one (another format or version) is ignored
+with one warning and left alone.  Only numbers are read from it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import auto_window  # which imports this module: its names are read when called
+
+FILE_NAME = "window_costs.json"
+FORMAT, VERSION = "comfyui-scd window costs", 1
+ENV = "SCD_WINDOW_COSTS"
+MAX_ENTRIES = 64  # the most recently saved models and keys; the file stays a few kB
+
+_folder: Optional[Path] = None  # set under ComfyUI
+_tracked: dict[tuple[Path, str], "auto_window.CallCosts"] = {}  # the costs this process learns, by file and entry
+_warned: set[Path] = set()
+_exit_hook = False
+
+
+def set_folder(folder: Path) -> None:
+    """Keep the file in `folder` (ComfyUI's user directory) unless $SCD_WINDOW_COSTS says otherwise."""
+    global _folder
+    _folder = Path(folder)
+
+
+def costs_file() -> Optional[Path]:
+    """The file the costs are kept in; None when $SCD_WINDOW_COSTS is "off"."""
+    chosen = os.environ.get(ENV)
+    if chosen:
+        return None if chosen == "off" else Path(chosen).expanduser()
+    if _folder is not None:
+        return _folder / FILE_NAME
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "comfyui-scd" / FILE_NAME
+
+
+def model_identity(model: Any) -> str:
+    """The same for the same model in another process: its class, its image size and its weights' shapes (what
+    a call's cost follows; two fine-tunes of one network share their costs)."""
+    module = getattr(model, "module", None)
+    shapes = [tuple(p.shape) for p in module.parameters()] if isinstance(module, torch.nn.Module) else []
+    digest = hashlib.sha256(repr(shapes).encode()).hexdigest()[:16]
+    grid = tuple(getattr(model, "grid", None) or ())
+    return f"{type(model).__module__}.{type(model).__qualname__} {model.num_tokens} {grid} {digest}"
+
+
+def _entry_name(model: Any, key: tuple) -> str:
+    return f"{model_identity(model)} {json.dumps(list(key))}"
+
+
+def _warn_once(path: Path, problem: str) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        logging.warning("comfyui-scd: the automatic window's saved costs in %s: %s", path, problem)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _entry_costs(entry: Any) -> "auto_window.CallCosts":
+    """The `CallCosts` of one saved entry; ValueError if it is not one."""
+    costs, compared, hazard = entry["costs"], entry["compared"], entry["hazard"]
+    seeds = {int(width): seconds for width, seconds in costs.items()}
+    if not seeds or not all(width >= 1 and _number(seconds) and seconds > 0 for width, seconds in seeds.items()):
+        raise ValueError("costs must be positive seconds by width")
+    if not all(isinstance(width, int) and width in seeds for width in compared):
+        raise ValueError("compared must list costed widths")
+    if hazard is not None and not (_number(hazard) and 0 <= hazard <= 1):
+        raise ValueError("hazard must be a share")
+    known = auto_window.CallCosts(seeds)
+    known.compared, known.hazard = set(compared), hazard
+    return known
+
+
+def _read(path: Path) -> Optional[dict]:
+    """The file's entries, {} where there is no file; None (after one warning) where it is not ours to use."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        _warn_once(path, f"unreadable ({err}); ignored, and replaced by what this process learns")
+        return {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION \
+            or not isinstance(data.get("models"), dict):
+        _warn_once(path, f"not a {FORMAT!r} file of version {VERSION}; ignored and left alone")
+        return None
+    return data["models"]
+
+
+def recall(model: Any, key: tuple) -> Optional["auto_window.CallCosts"]:
+    """The costs an earlier process saved for `model` under `key`, or None."""
+    path = costs_file()
+    entries = None if path is None else _read(path)
+    entry = (entries or {}).get(_entry_name(model, key))
+    if entry is None:
+        return None
+    try:
+        return _entry_costs(entry)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        _warn_once(path, f"a malformed entry ({err!r}); ignored")
+        return None
+
+
+def track(model: Any, key: tuple, costs: "auto_window.CallCosts") -> None:
+    """Save `costs` (and what else this process learns) now, and again when the process exits; fixed cost
+    profiles (`auto_window.remember_costs`) are not learned, so not saved."""
+    global _exit_hook
+    path = costs_file()
+    if path is None or costs.fixed:
+        return
+    _tracked[(path, _entry_name(model, key))] = costs
+    if not _exit_hook:
+        atexit.register(save)
+        _exit_hook = True
+    save()
+
+
+def save() -> None:
+    """Write every tracked entry into its file (replacing it whole: a reader never sees half a file)."""
+    for path in {path for path, _ in _tracked}:
+        entries = _read(path)
+        if entries is None:
+            continue  # a foreign file is left alone
+        now = time.time()
+        for (where, name), costs in _tracked.items():
+            if where == path:
+                entries[name] = {"costs": {str(w): s for w, s in costs.estimates().items()},
+                                 "compared": sorted(costs.compared), "hazard": costs.hazard, "saved": now}
+        newest = sorted(entries.items(), key=lambda item: _saved_at(item[1]), reverse=True)[:MAX_ENTRIES]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+            partial.write_text(json.dumps({"format": FORMAT, "version": VERSION, "models": dict(newest)}, indent=1))
+            os.replace(partial, path)
+        except OSError as err:
+            _warn_once(path, f"cannot be written ({err}); the costs are learned afresh in the next process")
+
+
+def _saved_at(entry: Any) -> float:
+    saved = entry.get("saved") if isinstance(entry, dict) else None
+    return saved if _number(saved) else 0.0
