@@ -15,7 +15,7 @@ Steps 1-3 for one window are `verify.propose_next`, with the couplers declared
 in `couplers.py`; each call's width comes from a window policy
 (`auto_window.window_policy`: pinned, or the automatic window).  One host
 synchronisation per iteration reads back the counts for the callback, the
-window policy and rewinding the cache.  See `algorithm.md` for why each step
+window policy and rewinding the cache.  See `docs/algorithm.md` for why each step
 is exact.
 """
 
