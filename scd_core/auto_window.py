@@ -287,6 +287,17 @@ def remember_costs(model: Any, batch_size: int, costs: "dict[int, float] | CallC
     _COSTS.setdefault(model, {})[cost_key(model, batch_size, branches)] = known
 
 
+def recalled_costs(model: Any, key: tuple) -> Optional[CallCosts]:
+    """The costs an earlier process saved for `model` under `key` (`window_memory`), or None."""
+    saved = window_memory.recall(model, key)
+    if saved is None:
+        return None
+    seeds, compared, hazard = saved
+    known = CallCosts(seeds)
+    known.compared, known.hazard = compared, hazard
+    return known
+
+
 def call_costs(model: Any, key: tuple, widths: Sequence[int], call: Callable[[int], torch.Tensor]
                ) -> CallCosts:
     """The process's costs for `model` under `key` (`cost_key`), seeded by timing `call` when a width has none."""
@@ -296,7 +307,7 @@ def call_costs(model: Any, key: tuple, widths: Sequence[int], call: Callable[[in
         per_model = {}
     known = per_model.get(key)
     if known is None:  # what an earlier process learned, if it saved any (scd_core.window_memory)
-        known = window_memory.recall(model, key)
+        known = recalled_costs(model, key)
         if known is not None:
             per_model[key] = known
     if known is None or any(w not in known.seeds for w in widths):

@@ -26,15 +26,16 @@ from typing import Any, Optional
 
 import torch
 
-from . import auto_window  # which imports this module: its names are read when called
-
 FILE_NAME = "window_costs.json"
 FORMAT, VERSION = "comfyui-scd window costs", 1
 ENV = "SCD_WINDOW_COSTS"
 MAX_ENTRIES = 64  # the most recently saved models and keys; the file stays a few kB
 
 _folder: Optional[Path] = None  # set under ComfyUI
-_tracked: dict[tuple[Path, str], "auto_window.CallCosts"] = {}  # the costs this process learns, by file and entry
+# the costs this process learns (auto_window.CallCosts: estimates(), compared, hazard, fixed), by file and entry
+_tracked: dict[tuple[Path, str], Any] = {}
+# what an entry holds: seconds per call by width, the widths compared, the pooled rejection hazard
+Saved = tuple[dict[int, float], set[int], Optional[float]]
 _warned: set[Path] = set()
 _exit_hook = False
 
@@ -80,8 +81,8 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _entry_costs(entry: Any) -> "auto_window.CallCosts":
-    """The `CallCosts` of one saved entry; ValueError if it is not one."""
+def _entry_costs(entry: Any) -> Saved:
+    """What one saved entry holds; ValueError if it is not one."""
     costs, compared, hazard = entry["costs"], entry["compared"], entry["hazard"]
     seeds = {int(width): seconds for width, seconds in costs.items()}
     if not seeds or not all(width >= 1 and _number(seconds) and seconds > 0 for width, seconds in seeds.items()):
@@ -90,9 +91,7 @@ def _entry_costs(entry: Any) -> "auto_window.CallCosts":
         raise ValueError("compared must list costed widths")
     if hazard is not None and not (_number(hazard) and 0 <= hazard <= 1):
         raise ValueError("hazard must be a share")
-    known = auto_window.CallCosts(seeds)
-    known.compared, known.hazard = set(compared), hazard
-    return known
+    return seeds, set(compared), hazard
 
 
 def _read(path: Path) -> Optional[dict]:
@@ -111,7 +110,7 @@ def _read(path: Path) -> Optional[dict]:
     return data["models"]
 
 
-def recall(model: Any, key: tuple) -> Optional["auto_window.CallCosts"]:
+def recall(model: Any, key: tuple) -> Optional[Saved]:
     """The costs an earlier process saved for `model` under `key`, or None."""
     path = costs_file()
     entries = None if path is None else _read(path)
@@ -125,7 +124,7 @@ def recall(model: Any, key: tuple) -> Optional["auto_window.CallCosts"]:
         return None
 
 
-def track(model: Any, key: tuple, costs: "auto_window.CallCosts") -> None:
+def track(model: Any, key: tuple, costs: Any) -> None:
     """Save `costs` (and what else this process learns) now, and again when the process exits; fixed cost
     profiles (`auto_window.remember_costs`) are not learned, so not saved."""
     global _exit_hook

@@ -249,7 +249,7 @@ def test_no_arguments_show_usage(capsys):
     code, out, err = run_cli(capsys, "generate", "--help")
     assert code == 0 and "--coupler" in out and "--compare" in out
     help_text = " ".join(out.split())  # argparse wraps lines
-    for shown in ("(default: maximal)", "(default: 32)", "(default: 1.0)", "(default: 0)", "(default: token)"):
+    for shown in ("(default: faithful)", "(default: 32)", "(default: 1.0)", "(default: 0)", "(default: token)"):
         assert shown in help_text
     assert "(default: None)" not in help_text and "(default: False)" not in help_text
 

@@ -93,7 +93,7 @@ def test_positions_are_transformers_mrope(model: glm_image.GlmImageModel) -> Non
     cond = model.encode(PROMPT)  # the uncond ("" prompt) is shorter: left-padded
     session = model.start(cond, 1)
     rows = session.cache
-    backbone = session._backbone
+    backbone = session.network._make_backbone(rows)  # the backbone the session builds for its cache
     slots = torch.arange(rows.prefix + model.num_tokens).expand(2, -1)
     ours = backbone.positions(slots)
     net = model.module.model

@@ -52,14 +52,14 @@ def test_a_new_process_starts_from_the_saved_costs(costs_file, monkeypatch):
     assert len(measured) == 1
 
     later = grid()  # another object of the same model: what a new process holds
-    recalled = window_memory.recall(later, auto_window.cost_key(later, 1))
+    recalled = auto_window.recalled_costs(later, auto_window.cost_key(later, 1))
     assert recalled.estimates() == pytest.approx(learned.estimates(), rel=1e-12)
     assert recalled.compared == learned.compared and recalled.hazard == learned.hazard
     generate(later, None, SamplerConfig(window="auto", seed=0))
     assert len(measured) == 1  # no timed pass: the saved costs seeded it
     other = GridModel(rows=6, cols=6, vocab_size=64)  # another image size: costs of its own
-    assert window_memory.recall(other, auto_window.cost_key(other, 1)) is None
-    assert window_memory.recall(later, auto_window.cost_key(later, 2)) is None  # another batch
+    assert auto_window.recalled_costs(other, auto_window.cost_key(other, 1)) is None
+    assert auto_window.recalled_costs(later, auto_window.cost_key(later, 2)) is None  # another batch
 
 
 def test_fixed_profiles_are_not_saved(costs_file):
@@ -120,8 +120,8 @@ def test_a_malformed_entry_is_ignored_with_one_warning(costs_file, caplog, entry
     costs_file.write_text(json.dumps({"format": window_memory.FORMAT, "version": window_memory.VERSION,
                                       "models": {name: entry}}))
     with caplog.at_level(logging.WARNING):
-        assert window_memory.recall(model, key) is None
-        assert window_memory.recall(model, key) is None
+        assert auto_window.recalled_costs(model, key) is None
+        assert auto_window.recalled_costs(model, key) is None
     assert len(saved_warnings(caplog)) == 1 and "malformed entry" in saved_warnings(caplog)[0]
 
 
