@@ -34,7 +34,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-# dynamo compiles one graph per width bucket, batch size, prompt bucket and coupler for each compiled function;
+from .capture_scope import outside_host_graphs
+
+# dynamo compiles one graph per width bucket, batch size, cache size and coupler for each compiled function;
 # its default limit (8 per function) would be reached by a process that switches couplers
 RECOMPILE_LIMIT = 64
 OLDEST_TESTED_TORCH = (2, 13)  # tests/run.sh's oldest tier: compile=True runs eagerly on anything older
@@ -127,10 +129,10 @@ class GraphedSteps:
             self.graphs, self.calls, self.address = {}, {}, self.weights.data_ptr()
         if width not in self.graphs:
             self.calls[width] = self.calls.get(width, 0) + 1
-            if self.calls[width] <= WARMUP_CALLS:
-                return self._on_side_stream(width)
+            if self.calls[width] <= WARMUP_CALLS:  # outside a host's allocation record, as the capture
+                return outside_host_graphs(lambda: self._on_side_stream(width))
             try:
-                self.graphs[width] = self._capture(width)
+                self.graphs[width] = outside_host_graphs(lambda: self._capture(width))
             except Exception as err:  # nothing ran: a capture records the step without running it
                 self.failed = True
                 torch.cuda.synchronize(self.weights.device)
