@@ -44,6 +44,7 @@ ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")  # a plain file na
 TEMP_SUFFIX = ".partial"
 BATCH_PER_SLOT = 4  # jobs a Ray worker takes at once, per slot: enough to refill its slots, few to redo
 FAILURES_LISTED = 20
+MAX_SEEDS = 10_000  # --seeds: a range typed by mistake (0-99999999) stops here, not in memory
 RAY_EXTRA = "pip install 'ray[data]>=2.60,<2.64'"
 
 # What a worker sends back per job: the job's file name (its key), its manifest record, the PNG (b"" if failed).
@@ -53,12 +54,25 @@ Rendered = tuple[str, dict, bytes]
 # ---------------------------------------------------------------- arguments
 
 def seed_list(text: str) -> tuple[int, ...]:
+    """--seeds: "0,1,2", "0-7" (0 to 7) or both ("0-3,9"); `generate --compare` and `batch` read it alike."""
     try:
-        seeds = tuple(int(part) for part in text.split(","))
+        ranges = [_seed_range(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be seeds separated by commas, e.g. 0,1,2; got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be seeds separated by commas, or a range: 0,1,2 or 0-7; "
+                                         f"got {text!r}") from None
+    if sum(seeds.stop - seeds.start for seeds in ranges) > MAX_SEEDS:  # len() overflows past 2**63
+        raise argparse.ArgumentTypeError(f"at most {MAX_SEEDS} seeds, got {text!r}")
+    seeds = tuple(seed for seeds in ranges for seed in seeds)
     if not all(0 <= seed <= MAX_SEED for seed in seeds) or len(set(seeds)) != len(seeds):
         raise argparse.ArgumentTypeError(f"must be distinct integers in 0..{MAX_SEED}, got {text!r}")
+    return seeds
+
+
+def _seed_range(part: str) -> range:
+    first, dash, last = part.partition("-")
+    seeds = range(int(first), int(last if dash else first) + 1)
+    if not seeds:
+        raise ValueError(f"empty range {part}")
     return seeds
 
 
@@ -76,7 +90,8 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser.add_argument_group("model"))
     sampler = add_sampler_arguments(parser)
     sampler.add_argument("--seeds", type=seed_list, default=(DEFAULTS.seed,),
-                         help="one image per seed for each line without a seed of its own (default: 0)")
+                         help="one image per seed (0,1,2 or 0-7) for each line without a seed of its own "
+                              "(default: 0)")
     sampler.add_argument("--slots", type=positive_int, default=8,
                          help="jobs each worker keeps in flight at once (default 8)")
     parser.add_argument("--out", required=True, type=Path, metavar="DIR",

@@ -7,7 +7,7 @@ prompts are prefilled together, folded into the next decoding call (the session'
 `admit` with the other rows' window: one forward, no call of its own), and the
 new rows go on in the same batch as the others.  A tree call (candidates > 1) or
 an empty batch prefills in a call of its own.  Measured on the demo (64 jobs, 16
-slots, `python -m scd_core.bench --stream`): refilling at once takes 1.13x (64 / 16)
+slots, `python -m scd_core.bench stream`): refilling at once takes 1.13x (64 / 16)
 the calls of one job; separate prefill calls took 1.29x, and waiting for 4 or 8
 free slots 1.31-1.37x (idle slots cost more than the calls they save).
 

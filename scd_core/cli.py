@@ -1,8 +1,11 @@
 """`python -m scd_core`: generate images from the command line and see what the decoding saved.
 
     python -m scd_core generate --model demo --prompt 7 -o out.png
-    python -m scd_core generate --model demo --prompt 7 --compare --seeds 8 -o compare.png
+    python -m scd_core generate --model demo --prompt 7 --compare --seeds 0-7 -o compare.png
     python -m scd_core batch jobs.jsonl --model demo --out out/ --seeds 0,1,2   (see batch_job.py)
+
+--seeds is a list of seeds in both ("0,1,2", "0-7"): the seeds a comparison averages over, or each job's seeds.
+Each run prints a line when it ends where the progress bar cannot draw (stderr is not a terminal: a log).
 
 Each subcommand is one entry of COMMANDS (arguments + runner), so `bench` can be
 added next to `generate` without touching the rest.  Bad input (a model folder
@@ -25,7 +28,7 @@ from tqdm import tqdm
 
 from . import couplers
 from .auto_window import window_report
-from .batch_job import add_batch_arguments, run_batch
+from .batch_job import add_batch_arguments, run_batch, seed_list
 from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
                          open_model, positive_int, sampler_config, to_pil)
 from .models.checkpoints import ModelLoadError
@@ -62,10 +65,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows each option's default, except where there is none to show (None: the model's; a flag)."""
+    """--help shows each option's default, except where there is none to show (None: the model's; a flag) or
+    where the help names it already."""
 
     def _get_help_string(self, action: argparse.Action) -> Optional[str]:
-        if action.default is None or action.default is False:
+        if action.default is None or action.default is False or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -78,7 +82,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--prompt", required=True, help='text prompt; for the demo model a digit, e.g. "7"')
     model.add_argument("--negative-prompt", help="negative prompt for the unconditional CFG branch")
     sampler = add_sampler_arguments(parser)
-    sampler.add_argument("--seed", type=int, default=DEFAULTS.seed, help="random seed")
+    sampler.add_argument("--seed", type=int, help=f"random seed (default: {DEFAULTS.seed})")
     sampler.add_argument("--batch-size", type=positive_int, default=1, help="images per run")
     out = parser.add_argument_group("output")
     out.add_argument("-o", "--output", required=True, type=Path,
@@ -86,9 +90,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--compare", action="store_true",
                      help="run AR, SCD-faithful (AR's image), SJD, SCD-maximal and SCD-gumbel on the same seeds "
                           "and write them side by side")
-    out.add_argument("--seeds", type=positive_int, default=1, metavar="N",
-                     help="with --compare: run every method on seeds SEED .. SEED+N-1 and report the mean calls "
-                          "and their spread (one image's calls vary by about 10%%)")
+    out.add_argument("--seeds", type=seed_list, metavar="SEEDS",
+                     help="with --compare, instead of --seed: run every method on each of these seeds (0,1,2 or "
+                          "0-7) and report the mean calls and their spread (one image's calls vary by about 10%%)")
 
 
 def check_output(path: Path) -> None:
@@ -102,15 +106,17 @@ def check_output(path: Path) -> None:
 
 class Progress:
     """The engine callback: a tqdm bar of committed tokens on `stream` when it is a terminal (none in a log),
-    and the per-slot acceptance totals."""
+    the per-slot acceptance totals and each call's (forward, sampling) seconds."""
 
     def __init__(self, label: str, num_tokens: int, stream: TextIO) -> None:
         self.bar = tqdm(total=num_tokens, desc=label, unit="token", file=stream, disable=None, dynamic_ncols=True)
         self.drafts, self.accepted = 0, 0.0
+        self.call_seconds: list[tuple[float, float]] = []
 
     def __call__(self, stats: IterationStats) -> None:
         self.drafts += len(stats.acceptance)
         self.accepted += sum(stats.acceptance)
+        self.call_seconds.append((stats.forward_s, stats.sample_s))
         self.bar.set_postfix_str(f"{stats.nfe} calls", refresh=False)
         self.bar.update(stats.total - self.bar.n)
 
@@ -131,6 +137,7 @@ class Run:
     images: torch.Tensor  # (batch, H, W, 3) float in 0..1
     decode_s: float
     acceptance: Optional[float]
+    compile_s: Optional[tuple[float, float]] = None  # of the forward and sampling seconds; None: not compiled
 
     @property
     def speedup(self) -> float:
@@ -145,16 +152,40 @@ def mode_label(config: SamplerConfig) -> str:
     return "AR" if config.window == 1 else couplers.coupler(config.coupler).label
 
 
-def run_once(model: Any, cond: Any, config: SamplerConfig, batch_size: int, several_seeds: bool = False) -> Run:
-    label = mode_label(config)
-    progress = Progress(f"{label} seed {config.seed}" if several_seeds else label, model.num_tokens, sys.stderr)
+def compile_seconds(widths: Sequence[int], calls: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """What the first call at each width took beyond a typical call of that width (the median of the others,
+    else of all), as (forward, sampling) seconds: a compiled model compiles (and on CUDA captures) then, which
+    would otherwise count as forward and sampling time.  The prefill (call 0) is left out."""
+    by_width: dict[int, list[tuple[float, float]]] = {}
+    for width, seconds in zip(widths[1:], calls[1:]):
+        by_width.setdefault(width, []).append(seconds)
+    extra = [0.0, 0.0]
+    for part in range(2):
+        overall = statistics.median(call[part] for call in calls[1:]) if len(calls) > 1 else 0.0
+        for first, *others in by_width.values():
+            typical = statistics.median(call[part] for call in others) if others else overall
+            extra[part] += max(0.0, first[part] - typical)
+    return extra[0], extra[1]
+
+
+def run_once(model: Any, cond: Any, config: SamplerConfig, batch_size: int, label: str) -> Run:
+    progress = Progress(label, model.num_tokens, sys.stderr)
     try:
         result = generate(model, cond, config, batch_size=batch_size, callback=progress)
     finally:
         progress.close()
     started = time.perf_counter()
     images = model.decode(result.tokens)
-    return Run(label, config, result, images, time.perf_counter() - started, progress.acceptance)
+    # a compiled call's width is its bucket's, what the engine fed (`fed`), not the positions it decided
+    compiled = compile_seconds(result.fed, progress.call_seconds) if getattr(model, "compiled", False) else None
+    return Run(mode_label(config), config, result, images, time.perf_counter() - started, progress.acceptance,
+               compiled)
+
+
+def finished_line(run: Run, label: str, number: int, runs: int) -> str:
+    """The line a run prints when it ends where no progress bar draws (a log)."""
+    return (f"{label}: {run.result.nfe} model calls for {run.result.tokens.shape[1]} tokens, {run.wall_s:.1f} s"
+            + (f" (run {number} of {runs})" if runs > 1 else ""))
 
 
 # ---------------------------------------------------------------- reporting
@@ -195,9 +226,19 @@ def run_summary(run: Run) -> str:
         f"mean acceptance {_percent(run.acceptance)}",
         "model calls by tokens committed:",
         commit_histogram(result.committed),
-        f"wall {run.wall_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "
-        f"sampling {result.sample_s:.2f} s, decode {run.decode_s:.2f} s",
+        timing_line(run),
     ])
+
+
+def timing_line(run: Run) -> str:
+    """Where the wall time went; a compiled model's compilation apart from the forward and sampling time."""
+    result, (compile_forward, compile_sampling) = run.result, run.compile_s or (0.0, 0.0)
+    line = (f"wall {run.wall_s:.2f} s: prefill {result.prefill_s:.2f} s, "
+            f"forward {result.forward_s - compile_forward:.2f} s, sampling {result.sample_s - compile_sampling:.2f} s, "
+            f"decode {run.decode_s:.2f} s")
+    if run.compile_s is not None:
+        line += f", compile {compile_forward + compile_sampling:.2f} s (first call of each width, beyond a typical one)"
+    return line
 
 
 def calls_of(runs: Sequence[Run]) -> list[int]:
@@ -305,7 +346,7 @@ def compare_sheet(methods: Sequence[Sequence[Run]]) -> Image.Image:
     else:
         shown = ", ".join(map(str, seeds[:SHOWN_SEEDS]))
         title = [f"model calls for {tokens} tokens, window {first.config.window}",
-                 f"mean \u00b1 sd over seeds {seeds[0]}..{seeds[-1]}; images of seed{'s' * (len(seeds) > 1)} {shown}"]
+                 f"mean \u00b1 sd over seeds {seed_text(seeds)}; images of seeds {shown}"]
     columns = [((runs[0].label, calls_caption(runs)),
                 stacked([enlarged(to_pil(run.images, vertical=True)) for run in runs[:SHOWN_SEEDS]]))
                for runs in methods]
@@ -314,17 +355,50 @@ def compare_sheet(methods: Sequence[Sequence[Run]]) -> Image.Image:
 
 # ---------------------------------------------------------------- generate
 
-def compare_configs(config: SamplerConfig, seeds: int) -> list[list[SamplerConfig]]:
+def seed_text(seeds: Sequence[int]) -> str:
+    """Seeds as --seeds takes them: "5-7" when consecutive, else "0, 3, 9"."""
+    if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def compare_configs(config: SamplerConfig, seeds: Sequence[int]) -> list[list[SamplerConfig]]:
     """--compare's runs: per method (COMPARE_MODES), one config per seed; each is checked on creation."""
-    return [[replace(config, coupler=coupler, window=window or config.window, seed=config.seed + i)
-             for i in range(seeds)] for coupler, window in COMPARE_MODES]
+    return [[replace(config, coupler=coupler, window=window or config.window, seed=seed) for seed in seeds]
+            for coupler, window in COMPARE_MODES]
+
+
+def chosen_seeds(args: argparse.Namespace) -> tuple[int, ...]:
+    """--seeds, else --seed (one or the other)."""
+    if args.seeds is None:
+        return (DEFAULTS.seed if args.seed is None else args.seed,)
+    if not args.compare:
+        raise ValueError("--seeds goes with --compare (it averages each method's calls over the seeds); "
+                         "one image: --seed")
+    if args.seed is not None:
+        raise ValueError("give --seed or --seeds, not both")
+    return args.seeds
+
+
+def run_all(model: Any, cond: Any, methods: Sequence[Sequence[SamplerConfig]], batch_size: int
+            ) -> list[list[Run]]:
+    """Each method's runs; where no progress bar draws (stderr is not a terminal), a line as each one ends."""
+    log = not sys.stderr.isatty()
+    total, runs = sum(map(len, methods)), []
+    for configs in methods:
+        runs.append([])
+        for seeded in configs:
+            label = mode_label(seeded) + (f" seed {seeded.seed}" if len(configs) > 1 else "")
+            runs[-1].append(run_once(model, cond, seeded, batch_size, label))
+            if log:
+                print(finished_line(runs[-1][-1], label, sum(map(len, runs)), total), file=sys.stderr, flush=True)
+    return runs
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    config = sampler_config(args)  # every setting is checked before the weights are read
-    if args.seeds > 1 and not args.compare:
-        raise ValueError("--seeds goes with --compare (it averages each method's calls over the seeds)")
-    methods = compare_configs(config, args.seeds) if args.compare else [[config]]
+    seeds = chosen_seeds(args)
+    config = sampler_config(args, seed=seeds[0])  # every setting is checked before the weights are read
+    methods = compare_configs(config, seeds) if args.compare else [[config]]
     check_device(args.device)
     check_output(args.output)
     check_image_size(args.width, args.height)
@@ -333,8 +407,7 @@ def run_generate(args: argparse.Namespace) -> int:
     cond = model.encode(args.prompt, args.negative_prompt)
     for warning in unusual_settings(model, config.cfg_scale, config.temperature):
         print(f"warning: {warning}", file=sys.stderr)
-    runs = [[run_once(model, cond, seeded, args.batch_size, args.seeds > 1) for seeded in configs]
-            for configs in methods]
+    runs = run_all(model, cond, methods, args.batch_size)
     if args.compare:
         compare_sheet(runs).save(args.output, format="PNG")
         print(compare_table(runs))

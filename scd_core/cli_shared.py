@@ -17,6 +17,11 @@ from .models.quantize import PRECISIONS
 from .model import set_image_size
 
 DEFAULTS = SamplerConfig()
+# SamplerConfig's fields as the command line names them, for its messages ("cfg_scale must be None or ...":
+# on a command line None is leaving the option out)
+SAMPLER_OPTIONS = {"coupler": "--coupler", "window": "--window", "cfg_scale": "--cfg", "temperature": "--temperature",
+                   "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed", "draft_init": "--draft-init",
+                   "verification": "--verification", "candidates": "--candidates"}
 
 
 def positive_int(text: str) -> int:
@@ -86,13 +91,24 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
     return sampler
 
 
-def sampler_config(args: argparse.Namespace, seed: Optional[int] = None) -> SamplerConfig:
-    """The settings from the sampler arguments; `seed` for a command without --seed."""
-    return SamplerConfig(coupler=args.coupler, window=args.window, cfg_scale=args.cfg,
-                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         seed=args.seed if seed is None else seed,
-                         draft_init=args.draft_init, verification=args.verification,
-                         candidates=args.candidates)
+def sampler_config(args: argparse.Namespace, seed: int) -> SamplerConfig:
+    """The settings from the sampler arguments, with `seed`; a bad one is named by its option."""
+    try:
+        return SamplerConfig(coupler=args.coupler, window=args.window, cfg_scale=args.cfg,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed,
+                             draft_init=args.draft_init, verification=args.verification,
+                             candidates=args.candidates)
+    except ValueError as err:
+        raise ValueError(as_options(str(err))) from None
+
+
+def as_options(message: str) -> str:
+    """SamplerConfig's "top_p must be None or a number in (0, 1], got 1.5" as "--top-p must be a number in
+    (0, 1], got 1.5"."""
+    field, must, rest = message.partition(" must be ")
+    if not must or field not in SAMPLER_OPTIONS:
+        return message
+    return f"{SAMPLER_OPTIONS[field]} must be {rest.removeprefix('None or ')}"
 
 
 def check_device(name: Optional[str]) -> None:

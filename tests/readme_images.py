@@ -1,7 +1,7 @@
 """Regenerates the README's pictures in web/readme/ and the demo workflows' thumbnails (run after the demo
 model or the UI changes):
 
-- ar_vs_scd.png: the quick start's `python -m scd_core generate --compare --seeds 8` on the demo model (AR,
+- ar_vs_scd.png: the quick start's `python -m scd_core generate --compare --seeds 0-7` on the demo model (AR,
   SCD-faithful, SJD and SCD: mean calls over 8 seeds, the images of the first two);
 - comfyui_sampler.png: the shipped demo workflow run in a real ComfyUI in Debian's chromium (the browser
   test's machinery), cropped to the sampler with its live chart and the outputs next to it;
@@ -39,7 +39,7 @@ OUT = REPO_ROOT / "web" / "readme"
 WORKFLOWS = REPO_ROOT / "workflows"
 FONTS = "/usr/share/fonts/truetype/dejavu"  # Debian's fonts-dejavu-core, which chromium brings
 THUMB = 512
-COMPARE_ARGS = ["--model", "demo", "--prompt", "7", "--compare", "--seeds", "8"]  # the README's quick start
+COMPARE_ARGS = ["--model", "demo", "--prompt", "7", "--compare", "--seeds", "0-7"]  # the README's quick start
 WORKFLOW = "scd_demo.json"
 # Canvas area to show, in graph coordinates: the sampler (pos 780, 80) to the saved image and the chart preview.
 REGION = (770, 44, 1762, 800)  # left, top (above the sampler's title), right, bottom

@@ -15,7 +15,10 @@ from PIL import Image
 from janus_fixture import IMAGE_SIZE
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.config import MAX_SEED
-from scd_core.cli import CAPTION_SIZE, LINE_HEIGHT, MIN_PANEL, PADDING, SHOWN_SEEDS, commit_histogram, main
+from scd_core import cli, couplers, static_step
+from scd_core.bench import cli as bench
+from scd_core.cli import (CAPTION_SIZE, LINE_HEIGHT, MIN_PANEL, PADDING, SHOWN_SEEDS, commit_histogram,
+                          compile_seconds, main)
 
 TINY_TOKENS = 16  # the tiny Janus grid is 4 x 4
 COMPARE_LABELS = ("AR", "SCD-faithful", "SJD", "SCD-maximal", "SCD-gumbel")
@@ -56,8 +59,10 @@ def test_generate_writes_the_sampled_batch_side_by_side(tiny_janus_dir, tmp_path
     assert nfe == result.nfe
     assert f"{TINY_TOKENS / nfe:.2f}x fewer calls" in out
     assert histogram_total(out) == nfe
-    assert re.search(r"prefill [\d.]+ s, forward [\d.]+ s, sampling [\d.]+ s, decode [\d.]+ s", out)
+    assert re.search(r"prefill [\d.]+ s, forward [\d.]+ s, sampling [\d.]+ s, decode [\d.]+ s$", out,
+                     flags=re.MULTILINE)  # no compile time: the model is not compiled
     assert f"{TINY_TOKENS}/{TINY_TOKENS}" not in err  # no progress bar where stderr is not a terminal (a log)
+    assert re.fullmatch(rf"SCD-maximal: {nfe} model calls for 16 tokens, [\d.]+ s\n", err)  # but a line
 
 
 def test_progress_bar_draws_on_a_terminal(tiny_janus_dir, tmp_path, monkeypatch, capsys):
@@ -69,6 +74,25 @@ def test_progress_bar_draws_on_a_terminal(tiny_janus_dir, tmp_path, monkeypatch,
     nfe = int(re.search(r"(\d+) model calls for 16 tokens", capsys.readouterr().out).group(1))
     last = terminal.getvalue().split("\r")[-1]  # tqdm redraws one line in place
     assert f"{TINY_TOKENS}/{TINY_TOKENS}" in last and f"{nfe} calls" in last and "100%" in last
+    assert "model calls for" not in terminal.getvalue()  # the bar instead of the log's line
+
+
+def test_compare_in_a_log_prints_a_line_as_each_run_ends(tiny_janus_dir, tmp_path, capsys):
+    """Where no bar draws (stderr not a terminal), a long --compare says how far it is after every run."""
+    code, out, err = run_cli(capsys, "generate", "--model", tiny_janus_dir, "--prompt", "a red cube",
+                             "--window", 4, "--seeds", "5,9", "--compare", "-o", tmp_path / "compare.png")
+    assert code == 0, err
+    lines = err.splitlines()
+    assert len(lines) == 2 * len(COMPARE_LABELS)
+    calls: dict[str, list[int]] = {}
+    for number, line in enumerate(lines, start=1):
+        label, seed = COMPARE_LABELS[(number - 1) // 2], (5, 9)[(number - 1) % 2]
+        found = re.fullmatch(rf"{label} seed {seed}: (\d+) model calls for 16 tokens, [\d.]+ s "
+                             rf"\(run {number} of 8\)", line)
+        assert found, line
+        calls.setdefault(label, []).append(int(found.group(1)))
+    rows = compare_rows(out)  # the lines' calls are the table's
+    assert all(rows[label][2] == f"{statistics.fmean(calls[label]):.1f}" for label in COMPARE_LABELS)
 
 
 def compare_rows(out: str) -> dict[str, list[str]]:
@@ -117,7 +141,7 @@ def test_compare_writes_one_panel_per_mode_and_a_table(tiny_janus_dir, tmp_path,
 def test_compare_over_seeds_reports_the_mean_and_spread_of_each_method(tiny_janus_dir, tmp_path, capsys):
     output = tmp_path / "compare.png"
     code, out, err = run_cli(capsys, "generate", "--model", tiny_janus_dir, "--prompt", "a red cube",
-                             "--window", 4, "--seed", 5, "--seeds", 3, "--compare", "-o", output)
+                             "--window", 4, "--seeds", "5-7", "--compare", "-o", output)
     assert code == 0, err
     model = load_model(tiny_janus_dir, "cpu")
     cond = model.encode("a red cube")
@@ -138,7 +162,7 @@ def test_compare_sheet_leaves_room_for_its_captions(tmp_path, capsys):
     """The demo's 64 px digits are enlarged, and each caption's text stays inside its own column."""
     output = tmp_path / "compare.png"
     code, out, err = run_cli(capsys, "generate", "--model", "demo", "--prompt", "7", "--window", 32,
-                             "--seeds", 2, "--compare", "-o", output)
+                             "--seeds", "0,1", "--compare", "-o", output)
     assert code == 0, err
     sheet = np.asarray(Image.open(output).convert("L"))
     assert sheet.shape[1] >= len(COMPARE_LABELS) * (MIN_PANEL + 2 * PADDING)
@@ -210,14 +234,18 @@ def test_commit_histogram_buckets_by_powers_of_two():
     (["--window", "-1"], "window must be 'auto' or an integer in 1..1024"),
     (["--window", "two"], "--window: must be 'auto' (or 0) or an integer"),
     (["--seeds", "4"], "--seeds goes with --compare"),
-    (["--compare", "", "--seeds", "2", "--seed", "{max_seed}"], "seed must be an integer in 0.."),
+    (["--compare", "", "--seeds", "0,{max_seed_plus_1}"], "--seeds: must be distinct integers in 0.."),
+    (["--compare", "", "--seeds", "3-1"], "--seeds: must be seeds separated by commas, or a range"),
+    (["--compare", "", "--seeds", "0-3", "--seed", "2"], "give --seed or --seeds, not both"),
+    (["--seed", "-1"], "--seed must be an integer in 0.."),
     (["--model", "demo", "--prompt", "cat"], "takes one of its classes (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)"),
     (["--model", "demo", "--prompt", "3", "--width", "64", "--height", "64"], "one image size only"),
     (["--width", "64"], "give both --width and --height"),
     (["--width", "-8", "--height", "8"], "--width: must be a pixel count"),
     (["--coupler", "greedy"], "--coupler: invalid choice"),
-    (["--top-p", "1.5"], "top_p must be"),
-    (["--cfg", "-2"], "cfg_scale must be"),
+    (["--top-p", "1.5"], "--top-p must be a number in (0, 1], got 1.5"),
+    (["--cfg", "-2"], "--cfg must be a number in 0..100"),
+    (["--top-k", "0"], "--top-k must be an integer >= 1"),
     (["--batch-size", "0"], "--batch-size"),
     (["--dtype", "int3"], "dtype must be one of"),
     (["--quantize", "int4"], "--quantize: invalid choice"),
@@ -229,11 +257,12 @@ def test_bad_input_exits_2_with_one_clear_line(argv, message, tiny_janus_dir, tm
     (tmp_path / "empty").mkdir()
     defaults = {"--model": str(tiny_janus_dir), "--prompt": "a cat", "-o": str(tmp_path / "out.png")}
     defaults.update(zip(argv[::2], argv[1::2]))
-    args = [part.format(missing=tmp_path / "missing", empty=tmp_path / "empty", tmp=tmp_path, max_seed=MAX_SEED)
-            for pair in defaults.items() for part in pair if part]
+    args = [part.format(missing=tmp_path / "missing", empty=tmp_path / "empty", tmp=tmp_path,
+                        max_seed_plus_1=MAX_SEED + 1) for pair in defaults.items() for part in pair if part]
     code, out, err = run_cli(capsys, "generate", *args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+    assert "None" not in err and "cfg_scale" not in err and "top_p" not in err  # the library's names, not the CLI's
     assert "ImageNet" not in err
     assert not list(tmp_path.glob("**/*.png")) and not list(tmp_path.glob("**/*.jpg"))
 
@@ -243,21 +272,36 @@ def test_missing_required_option_is_named(capsys):
     assert code == 2 and "--prompt" in err and len(err.strip().splitlines()) == 1
 
 
+def help_of(capsys: pytest.CaptureFixture, command: str) -> str:
+    code, out, err = run_cli(capsys, command, "--help")
+    assert code == 0, err
+    return out
+
+
+def options_help(help_out: str) -> dict[str, str]:
+    """Each option's entry of --help ("--seeds SEEDS  one image per seed ..."), its wrapped lines joined."""
+    entries = re.split(r"\n  (?=-)", help_out.split("\noptions:", 1)[1])
+    return {re.search(r"--[a-z-]+", entry).group(): " ".join(entry.split()) for entry in entries[1:]}
+
+
 def test_no_arguments_show_usage(capsys):
     code, out, err = run_cli(capsys)
     assert code == 2 and "usage:" in err and "generate" in err
-    code, out, err = run_cli(capsys, "generate", "--help")
-    assert code == 0 and "--coupler" in out and "--compare" in out
-    help_text = " ".join(out.split())  # argparse wraps lines
+    help_text = " ".join(help_of(capsys, "generate").split())  # argparse wraps lines
+    assert "--coupler" in help_text and "--compare" in help_text
     for shown in ("(default: faithful)", "(default: 32)", "(default: 1.0)", "(default: 0)", "(default: token)"):
         assert shown in help_text
     assert "(default: None)" not in help_text and "(default: False)" not in help_text
 
 
-def test_module_entry_point_runs_main():
-    done = subprocess.run([sys.executable, "-m", "scd_core", "--help"], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0 and "generate" in done.stdout
+@pytest.mark.parametrize("command", ["generate", "batch"])
+def test_help_states_each_default_once(command, capsys):
+    help_out = help_of(capsys, command)
+    options = options_help(help_out)
+    assert len(options) > 15 and "--seeds" in options and "--window" in options
+    for entry in options.values():  # "(default: 0) (default: (0,))" was one
+        assert len(re.findall(r"\(default:? ", entry)) <= 1, entry
+    assert "None" not in help_out and "generate_many" not in help_out
 
 
 def test_compile_flag_loads_the_model_compiled(tmp_path, capsys):
@@ -266,3 +310,95 @@ def test_compile_flag_loads_the_model_compiled(tmp_path, capsys):
                              "maximal", "--candidates", 2, "-o", tmp_path / "compiled.png")
     assert code == 2 and "not available with a compiled model" in err and "Traceback" not in err
     assert not (tmp_path / "compiled.png").exists()
+
+
+def test_help_explains_each_coupler(capsys):
+    coupler = options_help(help_of(capsys, "generate"))["--coupler"]
+    for entry in couplers.COUPLERS:  # what each does, from the table every front end reads
+        assert f"{entry.name}: {' '.join(entry.help.split())}" in coupler
+
+
+def test_seeds_is_a_list_of_seeds_in_generate_and_batch(tiny_janus_dir, tmp_path, capsys):
+    for command in ("generate", "batch"):
+        assert "(0,1,2 or 0-7)" in options_help(help_of(capsys, command))["--seeds"]
+    assert cli.seed_list("0-3,9") == (0, 1, 2, 3, 9)
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"id": "cube", "prompt": "a red cube"}\n')
+    code, out, err = run_cli(capsys, "batch", jobs, "--model", tiny_janus_dir, "--window", 4, "--seeds", "2-3",
+                             "--out", tmp_path / "out")
+    assert code == 0, err
+    assert sorted(path.name for path in (tmp_path / "out").glob("*.png")) == ["cube-s2.png", "cube-s3.png"]
+
+
+def test_compile_seconds_are_the_first_call_of_each_width_beyond_a_typical_one():
+    widths = [1, 8, 8, 8, 4, 8]  # the prefill, then calls at widths 8 and 4 (one call: the median of all)
+    calls = [(9.0, 9.0), (5.0, 3.0), (1.0, 0.1), (1.2, 0.3), (1.0, 2.0), (1.0, 0.2)]
+    forward, sampling = compile_seconds(widths, calls)
+    assert forward == pytest.approx(4.0 + 0.0) and sampling == pytest.approx(2.8 + 1.7)
+    assert compile_seconds([1, 8, 8], [(1.0, 1.0), (0.5, 0.5), (0.6, 0.6)]) == (0.0, 0.0)  # warm: nothing
+
+
+def test_compile_time_is_reported_apart_from_forward_and_sampling(tiny_janus_dir, tmp_path, monkeypatch, capsys):
+    """--compile's first run compiles at its first call of each width: the timing line gives that call's time
+    beyond a typical one as compile time, and the forward and sampling times are what is left of the engine's."""
+    import torch._dynamo
+
+    monkeypatch.setattr(static_step, "BACKEND", "eager")  # dynamo's tracing without inductor's code generation
+    torch._dynamo.reset()  # compiled earlier in this process: compile again
+    results, calls = [], []
+
+    def recorded(model, cond, config, *, callback, **kwargs):
+        def timed(stats):
+            calls.append(stats.forward_s + stats.sample_s)
+            callback(stats)
+        results.append(cli_generate(model, cond, config, callback=timed, **kwargs))
+        return results[-1]
+
+    cli_generate = cli.generate
+    monkeypatch.setattr(cli, "generate", recorded)
+    code, out, err = run_cli(capsys, "generate", "--model", tiny_janus_dir, "--prompt", "a red cube", "--compile",
+                             "--window", 4, "-o", tmp_path / "compiled.png")
+    assert code == 0, err
+    parts = re.search(r"prefill ([\d.]+) s, forward ([\d.]+) s, sampling ([\d.]+) s, decode [\d.]+ s, "
+                      r"compile ([\d.]+) s \(first call of each width", out)
+    assert parts, out
+    prefill, forward, sampling, compiling = map(float, parts.groups())
+    result = results[0]
+    assert forward + sampling + compiling == pytest.approx(result.forward_s + result.sample_s, abs=0.03)
+    first, typical = calls[1], statistics.median(calls[2:])  # calls[0] is the prefill
+    assert first > 3 * typical  # the first window call traced the layer and the sampling step
+    assert compiling >= 0.9 * (first - typical) - 0.01
+
+
+# ---------------------------------------------------------------- python -m scd_core.bench
+
+def bench_help(capsys: pytest.CaptureFixture, *argv: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        bench.main([*argv, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_bench_help_lists_every_benchmark_with_its_line(capsys):
+    out = bench_help(capsys)
+    listed = re.findall(r"^    ([a-z-]+)(?:\s|$)", out, flags=re.MULTILINE)
+    assert listed == list(bench.COMMANDS)
+    text = " ".join(out.split())
+    assert all(" ".join(entry.summary.split()) in text for entry in bench.COMMANDS.values())
+
+
+@pytest.mark.parametrize("name", list(bench.COMMANDS))
+def test_every_bench_option_says_what_it_does_in_words_a_user_knows(name, capsys):
+    assert all(settings.get("help") for _, settings in bench.COMMANDS[name].options)
+    text = " ".join(bench_help(capsys, name).split()).replace("python -m scd_core.bench", "")
+    assert not re.search(r"\b(None|REFINEMENT|SCD-MC|load_model|NFE)\b|scd_core\.", text), text
+    assert not re.findall(r"\b[a-z]+_[a-z_]+\b(?!\.)", text)  # identifiers (but file names: device_check.md)
+
+
+def test_bench_docstring_examples_parse():
+    examples = [line.split("#")[0].split()[3:] for line in bench.__doc__.splitlines()
+                if line.strip().startswith("python -m scd_core.bench ")]
+    assert {argv[0] for argv in examples} == set(bench.COMMANDS)
+    parser = bench.build_parser()
+    for argv in examples:
+        parser.parse_args(argv)

@@ -11,7 +11,7 @@ from scd_core.bench.device_compiled import TINY_WIDTHS
 
 
 def test_device_check_writes_a_table_and_json(tmp_path, capsys):
-    bench.main(["--device-check", "--out", str(tmp_path), "--device", "cpu", "--tiny"])
+    bench.main(["device-check", "--out", str(tmp_path), "--device", "cpu", "--tiny"])
     data = json.loads((tmp_path / "device_check.json").read_text())
     names = [r["name"] for r in data["results"]]
     assert names == [s.name for s in TINY_SHAPES] and {s.family for s in TINY_SHAPES} == {s.family for s in SHAPES}

@@ -36,7 +36,7 @@ def test_the_first_comparison_is_the_one_the_readme_picture_shows():
     source = (README.parent / "tests" / "readme_images.py").read_text()
     args = re.search(r"COMPARE_ARGS = (\[.*?\])", source).group(1)
     assert command.group(1).split() == ast.literal_eval(args)
-    assert "--seeds 8" in command.group(1)
+    assert "--seeds 0-7" in command.group(1)
     table = text.split(command.group(0), 1)[1].split("```")[2]  # the block after the command's
     assert table.split("\n")[1].split() == ["mode", "window", "calls", "sd", "range", "speedup", "acceptance",
                                              "wall", "s"]

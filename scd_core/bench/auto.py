@@ -1,6 +1,6 @@
 """Wall time per image: the automatic window against pinned windows, in fresh processes, on this machine.
 
-`python -m scd_core.bench --auto` starts fresh processes one after the other for the demo model and for a
+`python -m scd_core.bench auto` starts fresh processes one after the other for the demo model and for a
 Janus-Pro-1B-shaped stand-in: a synthetic 24 x 24 grid model over 16384 codes (medium entropy, so the
 acceptance is an image model's) whose every call also runs a random-weight Janus-Pro-1B-shaped backbone
 (`--layers` of its 24 layers) and image head at the call's width, so that a call costs what it would cost

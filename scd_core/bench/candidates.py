@@ -1,4 +1,4 @@
-"""Candidates against SCD with maximal coupling, seed for seed: `python -m scd_core.bench --candidates --seeds 30`.
+"""Candidates against SCD with maximal coupling, seed for seed: `python -m scd_core.bench candidates --seeds 30`.
 
 The call counts of one image vary by +-10% between seeds, more than the effect measured, so every mode runs on
 the same seeds and the table gives the mean of the per-seed reduction with its 95% interval (normal

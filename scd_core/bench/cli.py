@@ -1,23 +1,26 @@
-"""Benchmarks: model calls (NFE), tokens per call and acceptance for AR / SJD / SCD side by side.
+"""`python -m scd_core.bench COMMAND`: the benchmarks, one subcommand each; `--help` lists them.
 
-    python -m scd_core.bench                 # synthetic grid model, three entropy levels
-    python -m scd_core.bench --model demo    # any folder load_model accepts (NFE + latency split)
-    python -m scd_core.bench --shape 1B      # cost of one window forward vs window size, Janus-Pro-1B shape
-    python -m scd_core.bench --shape lumina-7b --layers 2   # the same at Lumina-mGPT-7B's 768 px sequence length
-    python -m scd_core.bench --video         # synthetic video model: previous-frame drafts vs random / above
-    python -m scd_core.bench --long          # time per call at positions ~100 / 2000 / 8000 of an 8k-token image
-    python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 --shape 1B   # shared vs per-row pace
-    python -m scd_core.bench --stream --model demo --shape 1B   # 64 jobs: batch 1, batches of 16, 16 slots
-    python -m scd_core.bench --candidates --seeds 30   # candidates against SCD-MC, seed for seed
-    python -m scd_core.bench --memory        # weights and KV cache per precision at the published shapes
-    python -m scd_core.bench --shape 1B --layers 2 --quantize none int8 nf4   # window cost per precision
-    python -m scd_core.bench --device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
-    python -m scd_core.bench --compile       # eager vs compile=True: demo and Janus-Pro-1B shape, compile time apart
-    python -m scd_core.bench --auto          # automatic window against pinned ones in fresh processes (wall time)
-    python -m scd_core.bench --auto-replay --processes 4 --images 5   # whole processes under fixed costs, by REFINEMENT
-    python -m scd_core.bench --faithful --seeds 16   # faithful: images differing by window in bfloat16; calls vs maximal/gumbel
-    ... --readme scd_core/bench/README.md                   # also write the tables between the README's bench markers
+    python -m scd_core.bench nfe                      # synthetic grid model, three entropy levels
+    python -m scd_core.bench nfe --model demo         # any model folder (model calls + latency split)
+    python -m scd_core.bench shape 1B                 # cost of one window call vs its width, Janus-Pro-1B shape
+    python -m scd_core.bench shape lumina-7b --layers 2   # the same at Lumina-mGPT-7B's 768 px sequence length
+    python -m scd_core.bench shape 1B --layers 2 --quantize none int8 nf4   # window cost per precision
+    python -m scd_core.bench video                    # synthetic video model: previous-frame drafts vs random / above
+    python -m scd_core.bench long                     # time per call at positions ~100 / 2000 / 8000 of 8k tokens
+    python -m scd_core.bench batches --sizes 1 4 16 --window 32 --shape 1B   # shared vs per-row pace
+    python -m scd_core.bench stream --shape 1B        # 64 jobs: batch 1, batches of 16, 16 slots
+    python -m scd_core.bench candidates --seeds 30    # candidates against SCD with maximal coupling, seed for seed
+    python -m scd_core.bench memory                   # weights and KV cache per precision at the published shapes
+    python -m scd_core.bench device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
+    python -m scd_core.bench compile                  # eager vs compiled: demo and Janus-Pro-1B shape, compile apart
+    python -m scd_core.bench auto                     # automatic window against pinned ones in fresh processes
+    python -m scd_core.bench auto-replay --processes 4 --images 5   # whole processes under fixed call costs
+    python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
+    ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
 
+A benchmark is one COMMANDS entry: its summary, its options (the shared ones below, or its own) and what runs
+it, a function of the parsed options returning the README section it fills and its tables (the `_name`
+functions here, each importing its module when it runs).
 Wall times are only comparable within one run on one machine; on a CPU quote the ratios.
 """
 
@@ -25,137 +28,218 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .nfe import model_tables, sampling_cost_table, shape_table, synthetic_tables
 from .tables import write_readme
+
+Option = tuple[tuple[str, ...], dict[str, Any]]  # argparse's add_argument(*flags, **settings)
+Result = tuple[str, str]  # (the README section it fills, the tables)
+
+
+def option(*flags: str, **settings: Any) -> Option:
+    return flags, settings
+
+
+# options several benchmarks share
+SEEDS = option("--seeds", type=int, default=5, metavar="N", help="seeds 0 .. N-1 for every setting (default: 5)")
+WINDOWS = option("--windows", type=int, nargs="+", default=[16, 32, 64],
+                 help="window widths to compare (default: 16 32 64)")
+WINDOW = option("--window", type=int, default=32, help="window width of every decoding (default: 32)")
+DEVICE = option("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
+DTYPE = option("--dtype", help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
+MODEL = option("--model", default="demo",
+               help='"demo" (the embedded digit model, the default) or a model folder')
+PROMPT = option("--prompt", default="7", help="prompt, or class label for the demo (default: 7)")
+JANUS_SHAPE = option("--shape", choices=("1B", "7B"),
+                     help="also a synthetic grid of Janus-Pro's 24 x 24 tokens and 16384 codes, and the cost of its "
+                          "calls at the Janus-Pro-1B or -7B shape")
+
+
+@dataclass(frozen=True)
+class Bench:
+    summary: str  # one line of `--help`
+    options: tuple[Option, ...]
+    run: Callable[[argparse.Namespace], Result]
+
+
+def _nfe(args: argparse.Namespace) -> Result:
+    from .nfe import model_tables, sampling_cost_table, synthetic_tables
+
+    seeds = list(range(args.seeds))
+    if args.model is None:
+        return "synthetic", synthetic_tables(seeds, args.windows) + "\n\n" + sampling_cost_table()
+    section = "demo" if args.model == "demo" else "model"
+    return section, model_tables(args.model, args.prompt, args.windows, seeds, args.device, args.dtype)
+
+
+def _shape(args: argparse.Namespace) -> Result:
+    from .nfe import shape_table
+    from .shapes import quantized_cost_table
+
+    if args.quantize:
+        return f"shape-{args.shape}-quantize", quantized_cost_table(args.shape, args.quantize, device=args.device,
+                                                                    dtype=args.dtype, layers=args.layers)
+    return f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype, args.layers)
+
+
+def _video(args: argparse.Namespace) -> Result:
+    from .video import video_tables
+
+    return "video", video_tables(list(range(args.seeds)), args.windows)
+
+
+def _long(args: argparse.Namespace) -> Result:
+    from .long import long_table
+
+    return "long", long_table(args.device, args.dtype)
+
+
+def _batches(args: argparse.Namespace) -> Result:
+    from .pace import pace_tables
+
+    return "batches", pace_tables(args.model, args.prompt, args.sizes, args.window, list(range(args.seeds)),
+                                  args.shape, args.device, args.dtype)
+
+
+def _stream(args: argparse.Namespace) -> Result:
+    from .stream import stream_tables
+
+    return "stream", stream_tables(args.model, args.jobs, args.slots, args.window, args.shape, args.device,
+                                   args.dtype)
+
+
+def _candidates(args: argparse.Namespace) -> Result:
+    from .candidates import candidate_table
+
+    return "candidates", candidate_table(list(range(args.seeds)))
+
+
+def _memory(args: argparse.Namespace) -> Result:
+    from .shapes import memory_table
+
+    return "memory", memory_table()
+
+
+def _device_check(args: argparse.Namespace) -> Result:
+    from .device_check import run
+
+    return "device-check", run(args.out, args.device, args.dtype, args.tiny)
+
+
+def _compile(args: argparse.Namespace) -> Result:
+    from .compiled import compile_tables
+
+    return "compile", compile_tables(list(range(args.seeds)), args.device, args.dtype, args.layers)
+
+
+def _auto(args: argparse.Namespace) -> Result:
+    from .auto import auto_tables
+
+    return "auto", auto_tables(list(range(args.seeds)), args.processes, args.images, args.layers, args.side)
+
+
+def _auto_replay(args: argparse.Namespace) -> Result:
+    from .auto import process_replay_table
+
+    return "auto-replay", process_replay_table(processes=args.processes, images=args.images)
+
+
+def _faithful(args: argparse.Namespace) -> Result:
+    from .faithful import faithful_tables
+
+    return "faithful", faithful_tables(list(range(args.seeds)))
+
+
+COMMANDS: dict[str, Bench] = {
+    "nfe": Bench("model calls, tokens per call and acceptance of AR, SJD and SCD side by side (a synthetic grid "
+                 "model at three entropies, or --model)",
+                 (option("--model", help='"demo" or a model folder instead of the synthetic grid model (then also '
+                                         "the time split of a call)"),
+                  PROMPT, WINDOWS, SEEDS, DEVICE, DTYPE), _nfe),
+    "shape": Bench("time of one window call against its width on a random-weight model at a published shape",
+                   (option("shape", choices=("1B", "7B", "lumina-7b"),
+                           help="Janus-Pro-1B, Janus-Pro-7B or Lumina-mGPT-7B (768 px)"),
+                    option("--layers", type=int,
+                           help="decoder layers to build; the table also gives the time per layer and at full "
+                                "depth (default: all that fit in memory)"),
+                    option("--quantize", nargs="+", choices=("none", "int8", "nf4"),
+                           help="the window cost with the backbone at each of these precisions (widths 1, 16, 64)"),
+                    DEVICE, DTYPE), _shape),
+    "video": Bench("a synthetic video model: AR, SJD and SCD with each way of drafting a new position",
+                   (WINDOWS, SEEDS), _video),
+    "long": Bench("time and sampling time per call along an 8193-token image of Emu3's shape (AR and SCD)",
+                  (DEVICE, DTYPE), _long),
+    "batches": Bench("calls per batch and time per image at several batch sizes, the batch at one pace against "
+                     "each row at its own",
+                     (MODEL, PROMPT, option("--sizes", type=int, nargs="+", default=[1, 4, 16],
+                                            help="batch sizes to measure (default: 1 4 16)"),
+                      WINDOW, SEEDS, JANUS_SHAPE, DEVICE, DTYPE), _batches),
+    "stream": Bench("a stream of jobs: one at a time, batches, and continuous batching (finished rows refilled)",
+                    (MODEL, option("--jobs", type=int, default=64, help="jobs in the stream (default: 64)"),
+                     option("--slots", type=int, default=16, help="rows decoding at once (default: 16)"),
+                     WINDOW, JANUS_SHAPE, DEVICE, DTYPE), _stream),
+    "candidates": Bench("several candidates for the first draft of each call against SCD with maximal coupling, "
+                        "window 32, seed for seed (the demo and the synthetic grids)", (SEEDS,), _candidates),
+    "memory": Bench("weights (bfloat16, int8, nf4) and KV cache of each family at its published shape; no weights "
+                    "downloaded", (), _memory),
+    "device-check": Bench("the prepared GPU check: window cost, sampling share, memory, AR against transformers and "
+                          "the predicted time per image at the published shapes (random weights)",
+                          (option("--out", type=Path, required=True, metavar="DIR",
+                                  help="folder for device_check.md and device_check.json"),
+                           option("--tiny", action="store_true",
+                                  help="tiny shapes: the same code in minutes on a CPU"),
+                           DEVICE, DTYPE), _device_check),
+    "compile": Bench("eager against compiled models, per call and per image, compile time apart, and where a demo "
+                     "call's time goes",
+                     (SEEDS, option("--layers", type=int, default=4,
+                                    help="decoder layers of the Janus-Pro-1B shape to build (default: 4)"),
+                      DEVICE, DTYPE), _compile),
+    "auto": Bench("time per image, automatic window against pinned ones, each image in a fresh process (the demo "
+                  "and a Janus-Pro-1B-shaped stand-in)",
+                  (SEEDS,
+                   option("--processes", type=int, nargs="+", default=[10],
+                          help="fresh processes: one number, or the demo's and the stand-in's (default: 10)"),
+                   option("--images", type=int, nargs="+", default=[4],
+                          help="automatic images per process: one number, or the demo's and the stand-in's "
+                               "(default: 4)"),
+                   option("--layers", type=int, default=2, help="decoder layers of the stand-in (default: 2)"),
+                   option("--side", type=int, default=24,
+                          help="tokens per side of the stand-in's image (default: 24)")), _auto),
+    "auto-replay": Bench("whole processes of automatic-window images replayed under fixed call costs, for three "
+                         "values of the exponent by which the automatic window expects the tokens a call commits "
+                         "to grow with its width (no timing)",
+                         (option("--processes", type=int, default=4, help="processes per cost profile (default: 4)"),
+                          option("--images", type=int, default=5, help="images per process (default: 5)")),
+                         _auto_replay),
+    "faithful": Bench("the faithful coupler (the default): the demo's images in bfloat16 that differ from window "
+                      "1's at other widths, and its calls against maximal and gumbel coupling", (SEEDS,), _faithful),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m scd_core.bench",
+                                     description="Benchmarks of the library, one command each (its options: "
+                                                 "python -m scd_core.bench COMMAND --help).",
+                                     epilog="Wall times are only comparable within one run on one machine.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, bench in COMMANDS.items():
+        sub = commands.add_parser(name, help=bench.summary, description=bench.summary)
+        for flags, settings in bench.options:
+            sub.add_argument(*flags, **settings)
+        sub.add_argument("--readme", type=Path, metavar="README",
+                         help="also write the tables into this file between its bench markers")
+    return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scd_core.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="a model folder (or 'demo') instead of the synthetic grid model")
-    parser.add_argument("--prompt", default="7", help="prompt or class label for --model")
-    parser.add_argument("--shape", choices=("1B", "7B", "lumina-7b"),
-                        help="window cost of a Janus-Pro- or Lumina-mGPT-shaped model")
-    parser.add_argument("--layers", type=int, help="--shape: layers to build (default: all that fit in memory); "
-                                                   "--auto: of the Janus-Pro-1B stand-in (default 2); "
-                                                   "--compile: of the Janus-Pro-1B shape (default 4)")
-    parser.add_argument("--quantize", nargs="+", choices=("none", "int8", "nf4"),
-                        help="--shape: window cost with the backbone at each of these precisions (windows 1/16/64)")
-    parser.add_argument("--video", action="store_true", help="synthetic video model (AR / SJD / SCD x draft init)")
-    parser.add_argument("--long", action="store_true",
-                        help="time and sampling time per call along an 8193-token Emu3-shaped image (AR, SCD)")
-    parser.add_argument("--device-check", action="store_true",
-                        help="window cost, sampling share, memory, AR vs transformers and predicted time per image "
-                             "for random-weight models at the published shapes (scd_core.bench.device_check); needs --out")
-    parser.add_argument("--out", type=Path, help="--device-check: folder for device_check.md and .json")
-    parser.add_argument("--tiny", action="store_true", help="--device-check: tiny shapes (tests the same code path)")
-    parser.add_argument("--auto", action="store_true",
-                        help="time per image, automatic window against fixed ones: demo and Janus-Pro-1B-shaped")
-    parser.add_argument("--auto-replay", action="store_true",
-                        help="whole processes of automatic images under fixed cost profiles, for REFINEMENT "
-                             "0.25 / 0.3 / 0.35 (no timing; the demo and the stand-in's grid)")
-    parser.add_argument("--processes", type=int, nargs="+", default=[10],
-                        help="--auto: fresh processes (one number, or the demo's and the stand-in's)")
-    parser.add_argument("--images", type=int, nargs="+", default=[4],
-                        help="--auto: automatic images per process (one number, or the demo's and the stand-in's)")
-    parser.add_argument("--side", type=int, default=24, help="--auto: grid side of the Janus-Pro-1B stand-in")
-    parser.add_argument("--faithful", action="store_true",
-                        help="faithful in bfloat16 (images differing from window 1's) and its calls against "
-                             "maximal and gumbel (scd_core.bench.faithful)")
-    parser.add_argument("--memory", action="store_true",
-                        help="weights (bf16 / int8 / nf4) and KV cache at each family's published shape; no weights")
-    parser.add_argument("--candidates", action="store_true",
-                        help="candidates=2..4 against SCD-MC at window 32, seed for seed (demo and the grids)")
-    parser.add_argument("--compile", action="store_true",
-                        help="eager vs compiled (load_model(..., compile=True)) per call and per image, compile "
-                             "time apart, and where a demo call's time goes (scd_core.bench.compiled)")
-    parser.add_argument("--windows", type=int, nargs="+", default=[16, 32, 64])
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--device")
-    parser.add_argument("--dtype")
-    parser.add_argument("--batches", type=int, nargs="+",
-                        help="--model (default demo): calls per batch and time per image at these batch sizes, "
-                             "shared pace vs per-row pace, at the first window; with --shape 1B/7B also the "
-                             "calls of a Janus-Pro-sized synthetic grid and the per-row cache's call cost at that "
-                             "Janus-Pro shape")
-    parser.add_argument("--stream", action="store_true",
-                        help="a stream of --jobs jobs: one at a time, independent batches and continuous batching "
-                             "at --slots slots (window: the first of --windows)")
-    parser.add_argument("--jobs", type=int, default=64, help="--stream: jobs in the stream")
-    parser.add_argument("--slots", type=int, default=16, help="--stream: rows decoding at once")
-    parser.add_argument("--readme", type=Path, help="write the tables into this README between bench markers")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     torch.set_grad_enabled(False)
-    seeds = list(range(args.seeds))
     started = time.perf_counter()
-    if args.stream:
-        from .stream import stream_tables
-
-        section = "stream"
-        text = stream_tables(args.model or "demo", args.jobs, args.slots, args.windows[0], args.shape, args.device,
-                             args.dtype)
-    elif args.batches:
-        from .pace import pace_tables
-
-        section = "batches"
-        text = pace_tables(args.model or "demo", args.prompt, args.batches, args.windows[0], seeds, args.shape,
-                           args.device, args.dtype)
-    elif args.memory:
-        from .shapes import memory_table
-
-        section, text = "memory", memory_table()
-    elif args.candidates:
-        from .candidates import candidate_table
-
-        section, text = "candidates", candidate_table(seeds)
-    elif args.auto:
-        from .auto import auto_tables
-
-        section, text = "auto", auto_tables(seeds, args.processes, args.images, args.layers or 2,
-                                                args.side)
-    elif args.faithful:
-        from .faithful import faithful_tables
-
-        section, text = "faithful", faithful_tables(seeds)
-    elif args.auto_replay:
-        from .auto import process_replay_table
-
-        section, text = "auto-replay", process_replay_table(processes=args.processes[0], images=args.images[0])
-    elif args.compile:
-        from .compiled import compile_tables
-
-        section, text = "compile", compile_tables(seeds, args.device, args.dtype, args.layers or 4)
-    elif args.device_check:
-        from .device_check import run
-
-        if args.out is None:
-            parser.error("--device-check needs --out DIR")
-        section, text = "device-check", run(args.out, args.device, args.dtype, args.tiny)
-    elif args.shape and args.quantize:
-        from .shapes import quantized_cost_table
-
-        section = f"shape-{args.shape}-quantize"
-        text = quantized_cost_table(args.shape, args.quantize, device=args.device, dtype=args.dtype, layers=args.layers)
-    elif args.shape:
-        section, text = f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype, args.layers)
-    elif args.long:
-        from .long import long_table
-
-        section, text = "long", long_table(args.device, args.dtype)
-    elif args.video:
-        from .video import video_tables
-
-        section, text = "video", video_tables(seeds, args.windows)
-    elif args.model:
-        section = "demo" if args.model == "demo" else "model"
-        text = model_tables(args.model, args.prompt, args.windows, seeds, args.device, args.dtype)
-    else:
-        section = "synthetic"
-        text = synthetic_tables(seeds, args.windows) + "\n\n" + sampling_cost_table()
+    section, text = COMMANDS[args.command].run(args)
     print(text)
     print(f"\n({time.perf_counter() - started:.0f} s)")
     if args.readme:

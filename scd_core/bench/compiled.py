@@ -1,7 +1,7 @@
 """Eager against compiled (`load_model(..., compile=True)`): time per call and per image, compile time apart,
 and where the time of a call goes.
 
-    python -m scd_core.bench --compile [--readme scd_core/bench/README.md]
+    python -m scd_core.bench compile [--readme scd_core/bench/README.md]
 
 Demo: AR (window 1) and SCD (maximal coupling, window 16) images, eager and compiled alternately, the same
 seeds; the first compiled image of each window pays the compilation (reported apart, then excluded).

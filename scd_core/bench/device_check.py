@@ -1,7 +1,7 @@
 """One prepared device check: what a window costs on this accelerator, and what that makes of an image.
 
-    python -m scd_core.bench --device-check --out DIR               # one GPU, the published shapes
-    python -m scd_core.bench --device-check --out DIR --device cpu --tiny   # the same code path, tiny shapes
+    python -m scd_core.bench device-check --out DIR               # one GPU, the published shapes
+    python -m scd_core.bench device-check --out DIR --device cpu --tiny   # the same code path, tiny shapes
 
 No weights are read or downloaded: each family's language model is built by transformers from a config with
 the published layer sizes and random weights (one family at a time, freed before the next).  For each it

@@ -1,6 +1,6 @@
 """The faithful coupler by default: does a seed reproduce where rounding differs, and what do its calls cost?
 
-    python -m scd_core.bench --faithful --seeds 16   # both tables (the demo in bfloat16; calls on every model)
+    python -m scd_core.bench faithful --seeds 16   # both tables (the demo in bfloat16; calls on every model)
 
 Reproducibility: in float32 faithful gives the window-1 (plain AR) tokens of a seed at every window, batch and
 slot (tests/test_reproducible.py).  In bfloat16 the logits of one position can round differently in a call of

@@ -1,6 +1,6 @@
 """Batches at a shared pace against batches whose rows each advance at their own pace.
 
-    python -m scd_core.bench --model demo --batches 1 4 16 --windows 32 [--shape 1B]
+    python -m scd_core.bench batches --model demo --sizes 1 4 16 --window 32 [--shape 1B]
 
 At a shared pace every row of a batch moves by the smallest commit count among
 them (what a cache with one length for the batch allows), so the calls a batch

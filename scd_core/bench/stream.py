@@ -1,6 +1,6 @@
 """A stream of jobs: one at a time, independent batches, and continuous batching side by side.
 
-    python -m scd_core.bench --stream --model demo --jobs 64 --slots 16 --windows 32 [--shape 1B]
+    python -m scd_core.bench stream --model demo --jobs 64 --slots 16 --window 32 [--shape 1B]
 
 The jobs are `classes` prompts x (jobs / classes) consecutive seeds, so a batch of
 `slots` rows with one prompt and seed s makes exactly the images of jobs s .. s +

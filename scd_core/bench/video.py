@@ -1,6 +1,6 @@
 """The video benchmark table: AR / SJD / SCD x draft initialisation x window on `VideoGridModel`.
 
-`python -m scd_core.bench --video` prints it (and `--readme` writes it between the
+`python -m scd_core.bench video` prints it (and `--readme` writes it between the
 `bench:video` markers).  `limit` is N / window, the fewest calls a window allows;
 `gap` is how many times that the measured calls are.
 """
