@@ -149,6 +149,33 @@ def _build_chameleon(shape: dict[str, int], layers: int, device: torch.device, d
     return backbone, head
 
 
+def _window_timings(backbone: Any, head: Any, embeds: torch.Tensor, prefix: int, windows: list[int], repeats: int,
+                    device: torch.device) -> dict[int, float]:
+    """Median seconds of one window call (backbone and head) of each width after `prefix` cached embeddings,
+    each call cropped from the cache again."""
+    from ..models.janus import cache_keyword, new_cache  # the adapter's own cache handling
+
+    cache = new_cache()
+    keyword = cache_keyword()
+    timings: dict[int, float] = {}
+    with torch.no_grad():
+        backbone(inputs_embeds=embeds[:, :prefix], use_cache=True, **{keyword: cache})
+        for window in windows:
+            samples = []
+            for attempt in range(repeats + 1):  # the first call warms up kernels and allocator
+                _sync(device)
+                started = time.perf_counter()
+                out = backbone(inputs_embeds=embeds[:, prefix:prefix + window], use_cache=True,
+                               **{keyword: cache})
+                head(out.last_hidden_state)
+                _sync(device)
+                if attempt:
+                    samples.append(time.perf_counter() - started)
+                cache.crop(-window)
+            timings[window] = statistics.median(samples)
+    return timings
+
+
 def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 32, 64),
                     device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None, *,
                     layers: Optional[int] = None, prefix: Optional[int] = None, batch_size: int = 1,
@@ -180,30 +207,10 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
     weight_bytes = module_bytes(backbone) + module_bytes(head)
     release_memory()  # the full-precision layers just replaced
     _reset_peak(device)  # the peak of the calls, not of building at full precision
-    from ..models.janus import cache_keyword, new_cache  # the adapter's own cache handling
-
     rows_in_batch = 2 * batch_size  # the CFG double batch
     generator = torch.Generator(device="cpu").manual_seed(0)
     embeds = torch.randn(rows_in_batch, prefix + max(windows), shape["hidden_size"], generator=generator)
-    embeds = (embeds * 0.02).to(device, dtype)
-    cache = new_cache()
-    keyword = cache_keyword()
-    timings: dict[int, float] = {}
-    with torch.no_grad():
-        backbone(inputs_embeds=embeds[:, :prefix], use_cache=True, **{keyword: cache})
-        for window in windows:
-            samples = []
-            for attempt in range(repeats + 1):  # the first call warms up kernels and allocator
-                _sync(device)
-                started = time.perf_counter()
-                out = backbone(inputs_embeds=embeds[:, prefix:prefix + window], use_cache=True,
-                               **{keyword: cache})
-                head(out.last_hidden_state)
-                _sync(device)
-                if attempt:
-                    samples.append(time.perf_counter() - started)
-                cache.crop(-window)
-            timings[window] = statistics.median(samples)
+    timings = _window_timings(backbone, head, (embeds * 0.02).to(device, dtype), prefix, windows, repeats, device)
     base = timings[windows[0]] if windows[0] == 1 else None
     peak_mb = peak_memory_mb(device)
     return [dict(size=size, window=window, seconds=seconds, ratio=None if base is None else seconds / base,
