@@ -96,7 +96,7 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
         raise ValueError(f"refill_at must be an integer in 1..slots={slots}, got {refill_at!r}")
     if config.window == AUTO_WINDOW and not couplers.coupler(config.coupler).width_free:
         free = " or ".join(couplers.names_where("width_free"))
-        raise ValueError(f"generate_many needs a pinned window with the {config.coupler} coupler: the automatic "
+        raise ValueError(f"a stream of jobs needs a pinned window with the {config.coupler} coupler: the automatic "
                          f"window's widths depend on the batch and on measured costs, so a job's tokens would "
                          f"depend on its neighbours; pin the window, or use the {free} coupler, whose tokens "
                          f"do not depend on the widths")
