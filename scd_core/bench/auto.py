@@ -56,7 +56,7 @@ class ShapedGridModel(GridModel):
     def __init__(self, size: str = "1B", layers: int = 4, context: int = 352, device: str = "cpu",
                  dtype: Optional[torch.dtype] = None, side: int = 24) -> None:
         from .shapes import JANUS_SHAPES, _build_backbone
-        from ..models.janus import cache_keyword, new_cache
+        from ..models.hf_cache import cache_keyword, new_cache
 
         super().__init__(rows=side, cols=side, vocab_size=16384, sharpness=MEDIUM_SHARPNESS, device=device)
         self.dtype = dtype or torch.float32

@@ -126,7 +126,7 @@ def build(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) ->
 def window_costs(model: Any, head: torch.nn.Module, shape: Shape, context: int,
                  device: torch.device) -> dict[int, float]:
     """Seconds of one call per width, two rows (CFG), `context` tokens already cached."""
-    from ..models.janus import cache_keyword, new_cache
+    from ..models.hf_cache import cache_keyword, new_cache
 
     backbone = model.model
     generator = torch.Generator().manual_seed(0)

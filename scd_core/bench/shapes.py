@@ -153,7 +153,7 @@ def _window_timings(backbone: Any, head: Any, embeds: torch.Tensor, prefix: int,
                     device: torch.device) -> dict[int, float]:
     """Median seconds of one window call (backbone and head) of each width after `prefix` cached embeddings,
     each call cropped from the cache again."""
-    from ..models.janus import cache_keyword, new_cache  # the adapter's own cache handling
+    from ..models.hf_cache import cache_keyword, new_cache  # the adapter's own cache handling
 
     cache = new_cache()
     keyword = cache_keyword()

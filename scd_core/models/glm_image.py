@@ -30,7 +30,7 @@ from .checkpoints import ModelLoadError
 from .family import Family
 from .generation_only import code_rows_head
 from .hf_folders import check_safetensors_weights
-from .janus import _row_cache_view, cache_keyword
+from .hf_cache import cache_keyword, row_cache_view
 from .memory import MemoryEstimate, checkpoint_shapes, estimate_from_shapes, weight_files
 from .quantize import quantize_then_move
 from .row_cache import RowCache
@@ -144,7 +144,7 @@ class GlmRowBackbone:
     def __init__(self, backbone: torch.nn.Module, rows: RowCache, offsets: torch.Tensor,
                  prompt: Optional[torch.Tensor] = None) -> None:
         self.backbone, self.rows, self.offsets, self.prompt = backbone, rows, offsets, prompt
-        self._cache = _row_cache_view()(rows)
+        self._cache = row_cache_view()(rows)
         self._cache_keyword = cache_keyword()
 
     def positions(self, slots: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,6 @@ lets transformers' layers write through a thin `Cache` view of it.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -28,6 +26,7 @@ import torch
 from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
 from .family import Family
+from .hf_cache import cache_keyword, row_cache_view
 from .hf_folders import check_safetensors_weights
 from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
@@ -69,45 +68,6 @@ class JanusPrompt:
     uncond: tuple[int, ...]
 
 
-def cache_keyword() -> str:
-    # transformers 5.24 renamed `past_key_values` to `cache`; the old name still works there with a warning.
-    from transformers import LlamaModel
-
-    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
-
-
-def new_cache() -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache()
-
-
-@functools.lru_cache(maxsize=None)
-def _row_cache_view() -> type:
-    """A transformers `Cache` whose storage is a RowCache (built lazily: transformers is imported on use)."""
-    from transformers import DynamicCache
-
-    class RowCacheView(DynamicCache):
-        """What the Llama layers call in every supported release: `update(k, v, layer_idx, ...)`.
-
-        Lengths are the RowCache's; the session passes the 4-D mask and the position
-        ids, so transformers never derives them from this cache.
-        """
-
-        def __init__(self, rows: RowCache) -> None:
-            super().__init__()
-            self.rows = rows
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            return self.rows.write(layer_idx, key_states, value_states)
-
-        def get_seq_length(self, layer_idx: int = 0) -> int:
-            return self.rows.longest
-
-    return RowCacheView
-
-
 class RowBackbone:
     """A transformers Llama backbone run over a RowCache: each row's tokens after its own cached slots.
 
@@ -117,7 +77,7 @@ class RowBackbone:
 
     def __init__(self, backbone: torch.nn.Module, rows: RowCache) -> None:
         self.backbone, self.rows = backbone, rows
-        self._cache = _row_cache_view()(rows)
+        self._cache = row_cache_view()(rows)
         self._cache_keyword = cache_keyword()
 
     def __call__(self, embeds: torch.Tensor, branches: int = 1) -> torch.Tensor:
