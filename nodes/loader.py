@@ -11,7 +11,6 @@ import torch
 from comfy.cli_args import args
 from comfy_api.latest import io
 from scd_core import load_model
-from scd_core.auto_window import CANDIDATES
 from scd_core.models.family import compilable, families
 from scd_core.models.loading import estimate_memory, pick_device
 from scd_core.models.checkpoints import ModelLoadError
@@ -176,16 +175,17 @@ class SCDModelLoader(io.ComfyNode):
         streamable = not compile  # see LoadedModel.to_compute_device
         if streamable:
             make_streamable(loaded.module)
-        image_cache = estimate_memory(path).cache_bytes(PROMPT_ALLOWANCE + loaded.num_tokens, 2, compute_dtype)
-        slot = SLOT_BYTES * loaded.vocab_size
-        cache = image_cache + CANDIDATES[-1] * slot  # one image at the automatic window's widest call
         patcher = classic_patcher_class()(module_holder(loaded.module, model), load_device=load_device,
                                           offload_device=offload_device, size=weights)
         follow_loads(patcher, loaded)
+        result = LoadedModel(name=model, model=loaded, patcher=patcher, streamable=streamable,
+                             image_cache_bytes=estimate_memory(path).cache_bytes(PROMPT_ALLOWANCE + loaded.num_tokens,
+                                                                                 2, compute_dtype),
+                             slot_bytes=SLOT_BYTES * loaded.vocab_size)
+        cache = result.memory_required  # one image at the automatic window's widest call
         fit = "" if load_device.type == "cpu" else fit_note(weights, cache, available_memory(load_device), streamable)
         note = " | ".join(filter(None, [memory_note(loaded, precision, weights, cache), fit, core_note(load_device)]))
         node_id = getattr(getattr(cls, "hidden", None), "unique_id", None)
         if node_id is not None:
             PromptServer.instance.send_progress_text(note, str(node_id))
-        return io.NodeOutput(LoadedModel(name=model, model=loaded, patcher=patcher, memory_required=cache,
-                                         streamable=streamable, image_cache_bytes=image_cache, slot_bytes=slot))
+        return io.NodeOutput(result)

@@ -24,7 +24,6 @@ class LoadedModel:
     name: str
     model: Any
     patcher: Any
-    memory_required: int = 0  # beyond the weights: KV cache and distributions, so ComfyUI frees that much too
     streamable: bool = False  # its layers cast their weights per call (nodes/lowvram.py): it may load partially
     image_cache_bytes: int = 0  # the KV cache of one sampled image (its CFG rows), at the loader's prompt allowance
     slot_bytes: int = 0  # the distributions of one window slot of one image, with their working copies
@@ -35,6 +34,11 @@ class LoadedModel:
         chains)."""
         width = min(CANDIDATES[-1] if window == AUTO_WINDOW else int(window), self.model.num_tokens)
         return batch_size * (self.image_cache_bytes + candidates * width * self.slot_bytes)
+
+    @property
+    def memory_required(self) -> int:
+        """Beyond the weights, for one image at the automatic window: what ComfyUI frees unless told more."""
+        return self.run_memory(1, AUTO_WINDOW)
 
     def to_compute_device(self, memory_required: int | None = None) -> None:
         """Load the weights for a node's use, asking ComfyUI to free `memory_required` bytes beside them
