@@ -30,20 +30,30 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from . import auto_window, couplers
+from . import couplers
 from .config import AUTO_WINDOW, SamplerConfig
 from .engine import GenerationResult, ModelOutputError, Run, generate
+from .given import unwrap
 from .model import Logits, Session, TokenModel
 
 
 @dataclasses.dataclass
 class _Job:
     index: int
-    cond: Any
+    cond: Any  # a conditioning, or a GivenCells around one
     seed: int
     session: Optional[Session] = None  # started for this job, prefilled once it is admitted
     result: Optional[GenerationResult] = None
     started: float = 0.0
+
+    def start(self, model: TokenModel) -> Session:
+        self.session = model.start(unwrap(self.cond)[0], 1)
+        return self.session
+
+    def cells(self, model: TokenModel) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """The job's given cells as its one row (`GivenCells.rows`), at the size its session started at."""
+        given = unwrap(self.cond)[1]
+        return None if given is None else given.rows(model.num_tokens, 1)
 
 
 class _Queue:
@@ -80,7 +90,7 @@ class _Queue:
 def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: SamplerConfig, slots: int = 16, *,
                   refill_at: Optional[int] = None) -> Iterator[tuple[int, GenerationResult]]:
     """Run `jobs`, (conditioning, seed) pairs read lazily, up to `slots` at a time; yields (job index, result) as
-    each job finishes.  A job's tokens equal `generate(model, cond, dataclasses.replace(config, seed=seed))`'s.
+    each job finishes.  A conditioning may be a `GivenCells` of one row (scd_core.given).  A job's tokens equal `generate(model, cond, dataclasses.replace(config, seed=seed))`'s.
 
     Finished rows' slots are refilled once `refill_at` are free (default 1: a refill folded into a decoding call
     costs no call, and waiting leaves slots idle) or none is busy.  Each result's `nfe` counts the calls its job
@@ -104,7 +114,7 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
     first = queue.peek()
     if first is None:
         return
-    first.session = model.start(first.cond, 1)
+    first.start(model)
     independent = getattr(first.session, "rows_per_cache", None) == 1
     # a compiled model's calls have static shapes: rows joining or leaving a running batch would change them
     streams = not getattr(first.session, "static_shapes", False)
@@ -179,6 +189,7 @@ class _Stream:
         self.shape = _image_shape(model)  # a family that takes several sizes switches to each prompt's in start
         self.rows: list[_Job] = []  # the job in each batch row
         self.joining_prefix: Optional[torch.Tensor] = None
+        self.joining_cells: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def generate(self, queue: _Queue) -> Iterator[tuple[int, GenerationResult]]:
         while queue or self.rows:
@@ -194,30 +205,36 @@ class _Stream:
 
     def _started(self, group: list[_Job]) -> list[_Job]:
         """`group` with a session each, and the tokens before their position 0 (`prefix_tokens`)."""
+        cells = []
         for job in group:
             if job.session is None:
-                job.session = self.model.start(job.cond, 1)
+                job.start(self.model)
             if _image_shape(self.model) != self.shape:
                 raise ValueError(f"job {job.index} asks for an image of {_image_shape(self.model)} (tokens, grid) "
                                  f"where the stream makes {self.shape}: give generate_many jobs of one image size")
+            cells.append(job.cells(self.model))
         self.joining_prefix = _prefixes([job.session for job in group])  # before admit changes the sessions
+        self.joining_cells = _stacked_cells(cells, self.model.num_tokens)
         return group
 
     def _join(self, logits: Logits, seconds: float) -> list[bool]:
         """Give the joining jobs, prefilled by a call that took `seconds`, their first token (a batch of one's
         first call) and rows after the others; returns which of them are done (one-token images)."""
         group, self.session.joining, self.session.admitted = self.session.joining, [], None
-        decoder = self.run.new_decoder([job.seed for job in group], logits[0].device, self.joining_prefix)
+        decoder = self.run.new_decoder([job.seed for job in group], logits[0].device, self.joining_prefix,
+                                       self.joining_cells)
         probs = decoder.probs(logits, 1)
         decoder.step(probs, 0)
         if torch.isnan(probs).any():
             raise ModelOutputError("model returned NaN logits in a prefill; float16 overflow is a common cause: "
                                    "try bfloat16 or float32")
+        _, forced = decoder.read_commits(decoder.committed)
         started = time.perf_counter() - seconds
-        for job in group:
+        for job, job_forced in zip(group, forced.tolist()):
             job.session, job.started = None, started
-            job.result = GenerationResult(tokens=torch.empty(0), nfe=1, committed=[1], acceptance=[1.0],
-                                          draft_changes=[0.0], windows=[1], fed=[1], prefill_s=seconds)
+            job.result = GenerationResult(tokens=torch.empty(0), nfe=1, committed=[1], forced=[job_forced],
+                                          acceptance=[1.0], draft_changes=[0.0], windows=[1], fed=[1],
+                                          prefill_s=seconds)
         self.run.join(decoder)
         self.rows += group
         return [self.run.n == 1] * len(group)  # each new row holds one token
@@ -233,20 +250,18 @@ class _Stream:
         acceptance = sum(outcome.acceptance) / len(outcome.acceptance) if outcome.acceptance else 1.0
         changes = outcome.changed / outcome.carried if outcome.carried else 0.0
         shared, live = torch.stack([outcome.shared, outcome.live.long()]).tolist()  # after verify's synchronisation
-        for job, shared in zip(self.rows, shared):
+        for job, shared, forced in zip(self.rows, shared, outcome.forced_rows):
             result = job.result
             result.nfe += 1
             result.committed.append(shared)
+            result.forced.append(forced)
             result.windows.append(call.width)
             result.fed.append(call.fed + call.pad)
             result.acceptance.append(acceptance)
             result.draft_changes.append(changes)
             result.forward_s += call.forward_s
             result.sample_s += sample_s
-        # the automatic window learns from the whole call, as in `Run.record`
-        cost_width = call.fed if self.run.static is not None else call.width + call.pad
-        self.run.policy.observe(auto_window.CallRecord(call.width, cost_width, outcome.counts, outcome.acceptance,
-                                                       self.run.decoder.batch))
+        self.run.observe(call, outcome)  # the automatic window learns from the whole call, as in `Run.record`
         finished = [not row_live for row_live in live]
         if joined is not None:
             finished += self._join(joined, call.forward_s)
@@ -276,6 +291,15 @@ class _Stream:
 
 def _image_shape(model: TokenModel) -> tuple:
     return model.num_tokens, tuple(getattr(model, "grid", None) or ())
+
+
+def _stacked_cells(cells: list[Optional[tuple[torch.Tensor, torch.Tensor]]], num_tokens: int
+                   ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The given cells of jobs joining together, (tokens, keep) each (jobs, N); a job without any keeps none."""
+    if all(part is None for part in cells):
+        return None
+    none = (torch.zeros(1, num_tokens, dtype=torch.long), torch.zeros(1, num_tokens, dtype=torch.bool))
+    return tuple(torch.cat([(none if part is None else part)[i] for part in cells]) for i in (0, 1))
 
 
 def _prefixes(sessions: list[Session]) -> Optional[torch.Tensor]:

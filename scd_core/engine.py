@@ -29,6 +29,7 @@ import torch
 
 from . import auto_window, couplers, rng, static_step, verify
 from .config import MAX_CANDIDATES, SamplerConfig
+from .given import forced_cells, unwrap
 from .model import Logits, Session, TokenModel, check_batch_size
 from .run_settings import code_tables, draft_source, sampling_settings
 from .sampling import recursive_rejection, sampler_tensors, to_probs, without_replacement
@@ -53,6 +54,7 @@ class IterationStats:
     tokens: torch.Tensor
     forward_s: float
     sample_s: float
+    forced: int = 0  # of `committed`, the tokens that were forced (given cells, row-ends), not sampled
 
 
 @dataclass
@@ -60,6 +62,7 @@ class GenerationResult:
     tokens: torch.Tensor
     nfe: int
     committed: list[int] = field(default_factory=list)
+    forced: list[int] = field(default_factory=list)  # of each call's `committed`, the forced tokens
     acceptance: list[float] = field(default_factory=list)
     draft_changes: list[float] = field(default_factory=list)
     windows: list[int] = field(default_factory=list)  # width of each call (1 for the prefill)
@@ -107,19 +110,36 @@ class _Decoder:
     tensor spans the codes only.  Forced framing ids need not be codes.
     """
 
-    # the state of each row, first dimension the batch: what `select` and `join` carry (the rest is shared)
+    # the state of each row, first dimension the batch: what `select` and `join` carry (the rest is shared);
+    # `free_before` and `host_committed` live on the host
     ROW_STATE = ("rows", "committed", "prefix", "keys", "calls", "seq", "proposals", "noise_window", "noise_start",
-                 "first_new", "drafted_at")
+                 "first_new", "drafted_at", "forced", "forced_ids", "free_before", "host_committed")
 
     def __init__(self, model: TokenModel, config: SamplerConfig, window: int, seeds: Sequence[int],
                  device: torch.device, rows_per_cache: int, prefix: Optional[torch.Tensor],
-                 copy_back: Optional[int], static: bool = False) -> None:
+                 copy_back: Optional[int], static: bool = False,
+                 given: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+        """`window`: the widest call the window policy asks for, in free positions; `given`: each row's cells
+        fixed in advance ((tokens, keep), each (batch, N), `GivenCells.rows`)."""
         self.config, self.coupler = config, couplers.coupler(config.coupler)
         self.static = static  # static shapes: state updated in place, nothing sized by host values
         batch = len(seeds)
         self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
-        self.window = min(window, self.n)  # the widest call; buffers are sized for it
         self.device = device
+        forced_tokens = getattr(model, "forced_tokens", None) or {}
+        self.code_ids, self.code_index = code_tables(getattr(model, "code_ids", None), self.vocab,
+                                                     forced_tokens.values(), device)
+        forced, forced_ids = forced_cells(forced_tokens, given, batch, self.n, self.code_ids)
+        # with given cells a call is widened over the forced positions in its way (`call_width`): it then spans
+        # up to `window` free positions plus a row's forced ones (a static run sizes for the whole image, so
+        # that its compiled shapes do not depend on the cells)
+        self.widening = given is not None
+        widest = self.n if static else window + int(forced.sum(1).max()) + 1
+        self.window = min(widest if self.widening else window, self.n)  # the widest call; buffers are sized for it
+        # free positions before each position (batch, N + 1), and each row's commit count, read back with
+        # every call: what `call_width` sizes a call from, on the host
+        self.free_before = torch.nn.functional.pad((~forced).long().cumsum(1), (1, 0))
+        self.host_committed = torch.zeros(batch, dtype=torch.long)
         self.noise = rng.KeyedRandom(device)
         # each row's randomness: its own seed, and the calls it took part in (so not the batch's iteration)
         self.keys = rng.seed_keys(seeds, device)
@@ -136,9 +156,6 @@ class _Decoder:
             if self.cfg_scales.shape != (self.n,):
                 raise ValueError(f"model.cfg_schedule must give {self.n} scales, got {tuple(self.cfg_scales.shape)}")
         self.copy_back = copy_back
-        forced_tokens = getattr(model, "forced_tokens", None) or {}
-        self.code_ids, self.code_index = code_tables(getattr(model, "code_ids", None), self.vocab,
-                                                     forced_tokens.values(), device)
         # tokens known before position 0 (a video's context frames): drafts may be copied from them
         self.prefix = (torch.zeros(batch, 0, dtype=torch.long, device=device) if prefix is None
                        else prefix.to(device=device, dtype=torch.long).expand(batch, -1))
@@ -147,10 +164,8 @@ class _Decoder:
         self.seq = torch.zeros(batch, span, dtype=torch.long, device=device)
         self.committed = torch.zeros(batch, dtype=torch.long, device=device)
         self.proposals = torch.zeros(batch, self.window, self.vocab, device=device)
-        self.forced = torch.zeros(span, dtype=torch.bool, device=device)
-        self.forced_ids = torch.zeros(span, dtype=torch.long, device=device)
-        for position, token in forced_tokens.items():
-            self.forced[position], self.forced_ids[position] = True, token
+        self.forced = torch.nn.functional.pad(forced, (0, span - self.n)).to(device)  # (batch, span), per row
+        self.forced_ids = torch.nn.functional.pad(forced_ids, (0, span - self.n)).to(device)
         # rows still decoding, by their index in the caller's batch; finished rows' tokens move to `finished`
         # when the batch is regrouped (keep_rows)
         self.rows = torch.arange(batch, device=device).unsqueeze(1)
@@ -242,7 +257,7 @@ class _Decoder:
         width = p.shape[1]
         positions = self.committed.unsqueeze(1) + self.slots[:width]
         drafts = self.seq.gather(1, positions[:, :width - 1])
-        forced = self.forced[positions]
+        forced = self.forced.gather(1, positions)
         codes, chain = self.to_index(drafts), None
         if tree is not None:
             chains, alternatives, valid = tree
@@ -261,8 +276,9 @@ class _Decoder:
             verified[:, 0] = torch.where(forced[:, 0], verified[:, 0], first)
         if self.config.verification == "token":  # block verification accounts for forced slots itself
             accepted = accepted | forced[:, :width - 1]
-        verified = torch.where(forced, self.forced_ids[positions], self.code_ids[verified])
-        coupled = torch.where(forced, self.forced_ids[positions], self.code_ids[coupled])
+        forced_ids = self.forced_ids.gather(1, positions)
+        verified = torch.where(forced, forced_ids, self.code_ids[verified])
+        coupled = torch.where(forced, forced_ids, self.code_ids[coupled])
 
         # commits per row: up to and including the first rejection, at most what is left
         rejected = torch.cat([~accepted, torch.ones(self.batch, 1, dtype=torch.bool, device=self.device)], dim=1)
@@ -290,8 +306,9 @@ class _Decoder:
         """A call's logits to its decisions, all on the device (the part of a step a compiled or captured call
         holds): returns (summary, commit counts (B,), tree chain kept or None).  The summary (float32, exact for
         these integers) holds the slowest row's commits, the largest count, a NaN flag, the live rows, the
-        draft changes and their number, the commit counts (one per cache group, width + 1 entries: the window
-        policy's observation), then the share of drafts accepted per slot."""
+        draft changes and their number, each row's commits so far (B entries), the commit counts (one per cache
+        group, width + 1 entries: the window policy's observation), then the share of drafts accepted per
+        slot."""
         branches = 1 if tree is None else tree[0].shape[1] + 1
         probs = self.probs((cond, uncond), cond.shape[1], branches)
         chains = None if tree is None else (chain_probs(probs, width, branches),) + tree
@@ -299,7 +316,8 @@ class _Decoder:
         values = torch.arange(width + 1, device=shared.device)  # counted as every backend can (no bincount)
         counts = (shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0)
         summary = torch.cat([torch.stack([self.committed.min(), shared.max(), torch.isnan(probs).any().long(),
-                                          (self.committed < self.n).sum()]), changes, counts]).float()
+                                          (self.committed < self.n).sum()]), changes, self.committed,
+                             counts]).float()
         return torch.cat([summary, accepted.float().mean(0)]), shared, chain
 
     def tokens(self, count: int) -> torch.Tensor:
@@ -321,7 +339,8 @@ class _Decoder:
     def select(self, index: torch.Tensor) -> None:
         """Go on with rows `index` only (a stream reads a finished row's tokens from `seq` itself)."""
         for name in self.ROW_STATE:
-            setattr(self, name, getattr(self, name)[index])
+            value = getattr(self, name)
+            setattr(self, name, value[index.to(value.device)])
         self.batch = index.numel()
 
     def join(self, other: "_Decoder") -> None:
@@ -331,12 +350,52 @@ class _Decoder:
         if other.noise_window.shape[1] != width:  # position-fixed noise: hashing it again gives the same values
             other.noise_window = self.noise.gumbel(other.keys, other.noise_start + self.slots[:width], self.vocab)
         longest = max(self.prefix.shape[1], other.prefix.shape[1])
-        for decoder in (self, other):  # one prefix width, and one width of drafted slots, for all rows
+        window = max(self.window, other.window)
+        for decoder in (self, other):  # one prefix width, one window, one width of drafted slots, for all rows
             decoder.prefix = torch.nn.functional.pad(decoder.prefix, (longest - decoder.prefix.shape[1], 0))
+            decoder._make_room(window)
             decoder.grow(max(self.ready, other.ready))
         for name in self.ROW_STATE:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         self.batch += other.batch
+        self.widening = self.widening or other.widening
+
+    def _make_room(self, window: int) -> None:
+        """Buffers for calls of `window` slots (a wider decoder joins: rows with more given cells)."""
+        extra = window - self.window
+        if extra > 0:
+            pad = torch.nn.functional.pad
+            self.seq, self.forced, self.forced_ids = (pad(t, (0, extra)) for t in (self.seq, self.forced,
+                                                                                   self.forced_ids))
+            self.proposals = pad(self.proposals, (0, 0, 0, extra))
+            self.window, self.slots = window, torch.arange(window, device=self.device)
+
+    def call_width(self, free: int) -> int:
+        """The slots of a call that verifies `free` free positions in each row still decoding (the widest row
+        decides): a row's forced positions before its `free`-th free one ride along, and so do the forced
+        positions after it when no free one follows (the image's end).  A row with fewer than `free` free
+        positions left feeds its last position as a draft too, as every call at the end does (`Run.feed`)."""
+        live = self.host_committed < self.n
+        committed, table = self.host_committed[live].unsqueeze(1), self.free_before[live]
+        before = table.gather(1, committed)
+        left, remaining = table[:, -1:] - before, self.n - committed  # free positions, and positions, left
+        reach = torch.searchsorted(table, before + free) - committed  # slots to the free-th free position
+        to_end = (left < free) | ((left == free) & (reach < remaining))
+        return int(torch.where(to_end, remaining + 1, reach).max())
+
+    def free_left(self) -> int:
+        """The most free positions any row still has to commit."""
+        return int((self.free_before[:, -1] - self.free_before.gather(1, self.host_committed.unsqueeze(1))[:, 0])
+                   .max())
+
+    def read_commits(self, committed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's commit count (B,), read back after a call; returns (tokens, forced ones) each row
+        committed in that call."""
+        before, self.host_committed = self.host_committed, committed.long().cpu()
+        count = self.host_committed - before
+        free = (self.free_before.gather(1, self.host_committed.unsqueeze(1))
+                - self.free_before.gather(1, before.unsqueeze(1)))[:, 0]
+        return count, count - free
 
     def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor, limit: int) -> None:
         """Carried drafts keep p as their proposal; new slots get a one-hot (set in _init_new_drafts)."""
@@ -382,7 +441,8 @@ class _Decoder:
             codes = self.to_index(torch.where(source + offset >= 0, copied, left))
         # one-hot by comparison: F.one_hot may check its input's range on the host, which a graph cannot
         proposal = (codes.unsqueeze(-1) == torch.arange(self.vocab, device=self.device)).to(self.proposals.dtype)
-        tokens = torch.where(self.forced[positions], self.forced_ids[positions], self.code_ids[codes])
+        tokens = torch.where(self.forced.gather(1, positions), self.forced_ids.gather(1, positions),
+                             self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
         if self.coupler.reads_proposals:
             drafted = self.proposals[:, start:stop]
@@ -401,6 +461,8 @@ class Call:
     forward_s: float
     decided: Optional[tuple] = None  # a captured static step's decisions, made with its forward
     prefill: bool = False      # the prompt's call: nothing of it to rewind, and no window chose its width
+    free: int = 1              # the width the window policy chose: free positions to verify per row
+    eager: bool = False        # a static run's call wider than its bucket, run eagerly (`Run.feed`)
 
 
 @dataclass
@@ -416,6 +478,9 @@ class Outcome:
     carried: int               # ... out of these
     live: torch.Tensor         # (B,) rows not finished
     live_count: int
+    forced: int                # of `committed`, the forced tokens (the slowest row's)
+    forced_rows: list[int]     # the forced tokens each row committed
+    free_counts: list[int]     # free_counts[c]: rows (cache groups) that committed c free tokens, c = 0 .. free
 
 
 class Run:
@@ -426,11 +491,13 @@ class Run:
     """
 
     def __init__(self, model: TokenModel, session: Session, config: SamplerConfig, batch_size: int,
-                 sync_timing: bool = False, rows_leave: bool = False) -> None:
+                 sync_timing: bool = False, rows_leave: bool = False,
+                 given: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
         """`session` comes first from `model.start`: a family may adopt the image size its `cond` was made for.
         `rows_leave`: rows join and leave between calls (a stream: `join`, `leave`), so each rewinds on its own
-        and finished rows are never regrouped."""
+        and finished rows are never regrouped.  `given`: the rows' cells fixed in advance (`GivenCells.rows`)."""
         self.model, self.config, self.batch_size, self.sync_timing = model, config, batch_size, sync_timing
+        self.given = given
         self.session = session
         self.copy_back = draft_source(model, config)
         self.rows_per_cache = getattr(self.session, "rows_per_cache", batch_size)
@@ -467,19 +534,22 @@ class Run:
         t0 = time.perf_counter()
         logits = self.session.prefill()
         seeds = [self.config.seed + row for row in range(self.batch_size)]  # row i: seed s + i (mod 2**64)
-        self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None))
+        self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None),
+                                        self.given)
         if self.compiled:
             self.static = static_step.StaticCalls(self.session, self.decoder, _weights(self.model))
         return Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
 
-    def new_decoder(self, seeds: Sequence[int], device: torch.device, prefix: Optional[torch.Tensor]) -> _Decoder:
-        """The decoding state of rows with these seeds, right after their prefill."""
+    def new_decoder(self, seeds: Sequence[int], device: torch.device, prefix: Optional[torch.Tensor],
+                    given: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> _Decoder:
+        """The decoding state of rows with these seeds (and these given cells), right after their prefill."""
         return _Decoder(self.model, self.config, self.policy.widest, seeds, device, self.rows_per_cache, prefix,
-                        self.copy_back, static=self.compiled)
+                        self.copy_back, static=self.compiled, given=given)
 
     def choose_window(self) -> int:
-        """The call's window, from the window policy (pinned, or chosen from earlier calls)."""
-        return self.policy.choose(self.n - self.done)
+        """The call's window, from the window policy (pinned, or chosen from earlier calls): free positions to
+        verify, the forced ones in their way riding along (`_Decoder.call_width`)."""
+        return self.policy.choose(self.decoder.free_left() if self.decoder.widening else self.n - self.done)
 
     def feed(self, window: int) -> Call:
         """One forward of the window's inputs: the last committed token and the drafts, or, with candidates, the
@@ -488,30 +558,37 @@ class Run:
         # the last position is fed as a draft too (its slot then yields an unused distribution), so it is
         # verified like every other draft whether or not other rows of the batch are behind: a row's tokens do
         # not depend on its batch
-        width = min(window, self.n - self.done + 1)
-        if self.static is not None:  # the bucket's width: drafts past the end fill it, each row's verification
-            # ends at its last position (`_Window.drafts_left`)
+        width = self.decoder.call_width(window) if self.decoder.widening else min(window, self.n - self.done + 1)
+        if self.static is not None and width <= window:  # the bucket's width: drafts past the end fill it, each
+            # row's verification ends at its last position (`_Window.drafts_left`)
             logits, decided = self.static.forward(self.decoder.window_inputs(window))
-            return Call(width, window, 0, logits, None, self._elapsed(t0), decided)
+            return Call(width, window, 0, logits, None, self._elapsed(t0), decided, free=window)
+        if self.static is not None:  # widened over forced cells past the bucket: one eager call of its own
+            # width (a graph for a width that may not come again would cost more than it saves)
+            with static_step.eager_regions():
+                logits = self.session.forward(self.decoder.window_inputs(width))
+            return Call(width, width, 0, logits, None, self._elapsed(t0), free=window, eager=True)
         # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
-        pad = min(window - width, self.done - 1) if self.config.fixed_shapes else 0
+        pad = max(0, min(window - width, self.done - 1)) if self.config.fixed_shapes else 0
         if pad:
             self._rewind_all(pad)
         inputs = self.decoder.window_inputs(width, pad)
         tree = None
-        if self.branches > 1 and width > 1:
+        if self.branches > 1 and 1 < width <= window:  # (a call widened over forced cells feeds no tree: its
+            # chains would repeat them)
             tree = self.decoder.alternatives(self.branches - 1)
         fed, logits = self._forward(inputs, None if tree is None else tree[0])
         if pad:
             logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
-        return Call(width, fed - pad, pad, logits, tree, self._elapsed(t0))
+        return Call(width, fed - pad, pad, logits, tree, self._elapsed(t0), free=window)
 
     def verify(self, call: Call) -> Outcome:
         """Verify, commit and re-draft on the device (`_Decoder.decide`), then the iteration's one host
         synchronisation: counts, flags, the commit counts and the per-slot acceptance."""
-        if self.static is not None and call.decided is not None:  # a static call decided with its forward
+        static = self.static is not None and not call.prefill and not call.eager  # decided at its bucket's width
+        if static and call.decided is not None:  # a static call decided with its forward
             decided = call.decided
-        elif self.static is not None and not call.prefill:
+        elif static:
             decided = self.static.decide(call.logits)
         else:
             decided = self.decoder.decide(*call.logits, call.width, self.max_shift, call.tree)
@@ -519,17 +596,25 @@ class Run:
         live = self.decoder.committed < self.n
         summary = summary_tensor.tolist()
         slowest, self.max_shift, has_nan, live_count, changed, carried = map(int, summary[:6])
+        rows = self.decoder.batch
+        commits, forced_rows = self.decoder.read_commits(torch.tensor(summary[6:6 + rows]))
         # a static call decided at its bucket width: its commit counts and acceptance are cut to the true width
-        decided_width = call.width if self.static is None or call.prefill else call.fed
-        counts = list(map(int, summary[6:6 + decided_width + 1]))
-        acceptance = summary[6 + len(counts):][:call.width - 1]
+        decided_width = call.fed if static else call.width
+        counts = list(map(int, summary[6 + rows:6 + rows + decided_width + 1]))
+        acceptance = summary[6 + rows + len(counts):][:call.width - 1]
         if has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {self.iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
         committed, self.done = slowest - self.done, slowest
+        slowest_row = int(self.decoder.host_committed.argmin())
+        forced = committed - int(self.decoder.free_before[slowest_row, self.done]
+                                 - self.decoder.free_before[slowest_row, self.done - committed])
+        # free tokens per cache group, a count past the chosen width censored at it (the window's observation)
+        free = (commits - forced_rows)[::self.rows_per_cache].clamp(max=call.free)
+        free_counts = torch.bincount(free, minlength=call.free + 1).tolist()
         return Outcome(shared, chain, committed, counts[:call.width + 1], acceptance, changed, carried, live,
-                        live_count)
+                       live_count, forced, forced_rows.tolist(), free_counts)
 
     def settle_cache(self, call: Call, outcome: Outcome) -> None:
         """Keep the tree chain each row chose, rewind what was not committed, drop finished rows."""
@@ -566,6 +651,7 @@ class Run:
         result.windows.append(call.width)
         result.fed.append(call.fed + call.pad)
         result.committed.append(outcome.committed)
+        result.forced.append(outcome.forced)
         acceptance = outcome.acceptance
         result.acceptance.append(sum(acceptance) / len(acceptance) if acceptance else 1.0)
         result.draft_changes.append(outcome.changed / outcome.carried if outcome.carried else 0.0)
@@ -576,12 +662,20 @@ class Run:
         result.sample_s += sample_s
         if callback is not None:
             callback(IterationStats(self.iteration, outcome.committed, self.done, self.n, result.nfe, acceptance,
-                                    self.decoder.tokens(self.done), call.forward_s, sample_s))
-        if not call.prefill:  # a static call costs its bucket's width, however few of its slots were verified
-            cost_width = call.fed if self.static is not None else call.width + call.pad
-            self.policy.observe(auto_window.CallRecord(call.width, cost_width, outcome.counts, acceptance,
-                                                       self.decoder.batch))
+                                    self.decoder.tokens(self.done), call.forward_s, sample_s, outcome.forced))
+        self.observe(call, outcome)
         self.iteration += 1
+
+    def observe(self, call: Call, outcome: Outcome) -> None:
+        """Tell the window policy what came of a call it chose the width of."""
+        if call.prefill:
+            return
+        # a static call costs its bucket's width, however few of its slots were verified
+        cost_width = call.fed if self.static is not None and not call.eager else call.width + call.pad
+        # widened over forced cells, a call is the width it was chosen at, in free positions, costing its own
+        width, counts = (call.free, outcome.free_counts) if self.decoder.widening else (call.width, outcome.counts)
+        self.policy.observe(auto_window.CallRecord(width, cost_width, counts, outcome.acceptance,
+                                                   self.decoder.batch))
 
     def _forward(self, inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[int, Logits]:
         """Feed a window's inputs, or the tree they make with the first draft's alternatives; (tokens fed, logits)."""
@@ -621,13 +715,17 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
              should_cancel: Optional[Callable[[], bool]] = None, sync_timing: bool = False) -> GenerationResult:
     """Sample `batch_size` token sequences from `model` given `cond`.
 
-    The output law equals plain AR sampling from the same p for every coupler and
-    window.  `sync_timing` synchronises the device after each forward so that the
+    `cond` may be a `GivenCells` (scd_core.given): its kept cells are forced in every row, the others
+    sampled.  The output law equals plain AR sampling from the same p (given the kept cells) for every
+    coupler and window.  `sync_timing` synchronises the device after each forward so that the
     forward/sampling split is exact (slower; for benchmarks).
     """
     check_batch_size(batch_size)
     started = time.perf_counter()
-    run = Run(model, model.start(cond, batch_size), config, batch_size, sync_timing)
+    cond, given = unwrap(cond)
+    session = model.start(cond, batch_size)  # (a family may switch to the size `cond` was made for)
+    cells = None if given is None else given.rows(model.num_tokens, batch_size)
+    run = Run(model, session, config, batch_size, sync_timing, given=cells)
     while run.done < run.n:
         if should_cancel is not None and should_cancel():
             raise GenerationCancelled(f"generation cancelled after {run.done} of {run.n} tokens")

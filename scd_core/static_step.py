@@ -29,6 +29,7 @@ attention (`models.row_attention.attention_layer`).  Trees of candidates are ref
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any, Callable, Optional
 
@@ -43,6 +44,7 @@ OLDEST_TESTED_TORCH = (2, 13)  # tests/run.sh's oldest tier: compile=True runs e
 WARMUP_CALLS = 2  # eager calls of a width before its graph is captured (they are real calls, not repeats)
 BACKEND = "inductor"
 _WARNED: set[str] = set()
+_EAGER = [0]  # > 0 within `eager_regions`
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -78,7 +80,7 @@ class CompiledRegion:
         self.failed = False
 
     def __call__(self, *args: Any) -> Any:
-        if self.failed:
+        if self.failed or _EAGER[0]:
             return self.fn(*args)
         try:
             if BACKEND not in self.compiled:
@@ -96,6 +98,17 @@ class CompiledRegion:
             _warn_once(f"compile:{self.name}", f"torch.compile of {self.name} failed, running it eagerly: "
                        f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
             return result
+
+
+@contextlib.contextmanager
+def eager_regions() -> Any:
+    """Compiled regions run their own function within: for a call of a shape no bucket has (a call widened over
+    given cells), which would compile a graph for a width that may not come again."""
+    _EAGER[0] += 1
+    try:
+        yield
+    finally:
+        _EAGER[0] -= 1
 
 
 def compile_region(fn: Callable[..., Any], name: str) -> CompiledRegion:
