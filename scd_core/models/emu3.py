@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -27,10 +27,12 @@ from .checkpoints import ModelLoadError
 from .family import Family
 from .generation_only import code_rows_head
 from .hf_folders import check_safetensors_weights
+from .image_encoder import LazyImageEncoder, hf_vq_encoder
 from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
 from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nulls
+from ..image_input import no_image_encoder
 from ..model import check_start, compute_device
 from ..static_step import Compilable
 
@@ -56,6 +58,8 @@ DOWNSAMPLE = 8  # pixels per token side, as Emu3's processor assumes
 UNUSED_MODULES = ("model.vqmodel.encoder", "model.vqmodel.quant_conv")
 # their checkpoint names, in the published (BAAI/Emu3-Gen-hf) and in transformers' own spelling
 UNUSED_WEIGHTS = ("vqmodel.encoder.", "vqmodel.quant_conv.", "model.vqmodel.encoder.", "model.vqmodel.quant_conv.")
+# What an image in the prompt loads on first use: the encoder side and the codebook, in both spellings.
+IMAGE_ENCODER_WEIGHTS = UNUSED_WEIGHTS + ("vqmodel.quantize.", "model.vqmodel.quantize.")
 # The published shards' names -> transformers' module names (transformers renames them the same way on loading).
 PUBLISHED_NAMES = (("text_model.model.", "model.text_model."), ("text_model.lm_head.", "lm_head."),
                    ("vqmodel.", "model.vqmodel."))
@@ -95,8 +99,11 @@ class Emu3Model(Compilable):
     default_top_k = 2048
     default_temperature = 1.0
 
-    def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer, code_ids: torch.Tensor) -> None:
+    def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer, code_ids: torch.Tensor,
+                 image_encoder: Optional[LazyImageEncoder] = None) -> None:
+        """`image_encoder`: the VQ's encoder side, loaded on the first `encode_image` (None: no image input)."""
         self.module = module
+        self.image_encoder = image_encoder
         self._tokenizer = tokenizer
         self.code_ids = code_ids
         self.vocab_size = code_ids.numel()
@@ -176,6 +183,49 @@ class Emu3Model(Compilable):
         images = self.module.model.vqmodel.decode(codes)
         return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
 
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """ComfyUI IMAGE (batch, H, W, 3) in 0..1 -> token ids (batch, num_tokens) at the current size, as
+        `decode` takes them (row ends and closing tokens included).  The authors resize an image to the pixel
+        area and round each side to 8 px; one of another aspect than the current size is scaled to cover it and
+        centre-cropped."""
+        if self.image_encoder is None:
+            raise no_image_encoder(self)
+        codes = self.image_encoder.codes(images, self.image_shape, self.device)
+        batch, rows = codes.shape[0], self.size[0]
+        row_ends = torch.full((batch, rows, 1), self._row_end)
+        closing = torch.tensor([self._frame_end, self._image_end, self._eos]).expand(batch, 3)
+        return torch.cat([torch.cat([self.code_ids[codes], row_ends], dim=2).flatten(1), closing], dim=1)
+
+
+class Emu3ImageCodes(torch.nn.Module):
+    """Emu3's VQ encoder side: transformers' Emu3VQVAE.encode, one image at a time (its nearest-code search
+    holds a positions x 32768 distance matrix)."""
+
+    def __init__(self, vq: torch.nn.Module) -> None:
+        super().__init__()
+        self.vq = vq
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels (batch, 3, H, W) in -1..1 -> codes (batch, H/8, W/8)."""
+        sizes = torch.tensor([pixels.shape[-2:]])
+        codes = []
+        for image in pixels.split(1):
+            encoded = self.vq.encode(image, sizes)
+            codes.append(getattr(encoded, "image_tokens", encoded)[0])  # a list before transformers 5
+        return torch.stack(codes)
+
+
+def image_encoder(folder: Path, config: Any, dtype: torch.dtype) -> LazyImageEncoder:
+    """The VQ encoder of the Emu3 folder `folder` (its Emu3Config `config`), read on first use at `dtype`."""
+    from transformers import Emu3VQVAE
+
+    files = sorted(folder.glob("*.safetensors"))
+    renames = (("model.vqmodel.", ""), ("vqmodel.", ""))
+    return LazyImageEncoder(
+        FAMILY.label, files, IMAGE_ENCODER_WEIGHTS,
+        lambda vq_dtype: Emu3ImageCodes(hf_vq_encoder(Emu3VQVAE, config.vq_config, files, renames, vq_dtype,
+                                                      HF_FORMAT_HINT)), dtype)
+
 
 def _config_type(folder: Path) -> Optional[str]:
     path = folder / "config.json"
@@ -238,6 +288,6 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     module = read_hf_network(folder, HFNetwork(Emu3Config, Emu3ForConditionalGeneration, UNUSED_MODULES,
                                                "model.text_model", "Emu3-Gen", HF_FORMAT_HINT, PUBLISHED_NAMES),
                              dtype, quantize)
-    model = Emu3Model(module, tokenizer, code_ids)  # slices lm_head to the image codes
+    model = Emu3Model(module, tokenizer, code_ids, image_encoder(folder, module.config, dtype))  # slices lm_head
     quantize_then_move(model.module, module.model.text_model, "none", dtype, device)
     return model

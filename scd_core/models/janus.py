@@ -28,6 +28,7 @@ from .checkpoints import ModelLoadError
 from .family import Family
 from .hf_cache import cache_keyword, row_cache_view
 from .hf_folders import check_safetensors_weights
+from .image_encoder import LazyImageEncoder, hf_vq_encoder
 from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
 from .row_cache import RowCache
@@ -35,6 +36,8 @@ from .streaming import HFNetwork, read_hf_network
 from ..model import check_start, compute_device
 from ..static_step import Compilable
 from .tokenizer_files import TextTokenizer, read_json
+from .vq16 import cosine_nearest, encode_latent
+from ..image_input import no_image_encoder
 
 MODEL_TYPE = "janus"
 FAMILY = Family(
@@ -57,6 +60,10 @@ PROMPT_TEMPLATE = "<|User|>: {text}\n\n<|Assistant|>:"
 UNUSED_MODULES = ("model.vision_model", "model.aligner", "lm_head", "model.vqmodel.encoder",
                   "model.vqmodel.quant_conv")
 UNUSED_WEIGHTS = tuple(f"{name}." for name in UNUSED_MODULES)  # their names in the checkpoint
+# What an image in the prompt loads on first use: the VQ's encoder side and its codebook (checkpoint names).
+IMAGE_ENCODER_WEIGHTS = ("model.vqmodel.encoder.", "model.vqmodel.quant_conv.", "model.vqmodel.quantize.")
+# Janus's image processor fits an image inside its square and pads it with its mean colour, int(0.5 * 255).
+PAD_GREY = 127 / 255
 CACHE_TOKENS = 64 + 576  # a prompt and the 24 x 24 codes (memory estimates)
 
 
@@ -102,8 +109,11 @@ class JanusModel(Compilable):
     default_temperature = 1.0
     default_top_k = None  # the reference sampler draws from the full distribution
 
-    def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer) -> None:
+    def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer,
+                 image_encoder: Optional[LazyImageEncoder] = None) -> None:
+        """`image_encoder`: the VQ's encoder side, loaded on the first `encode_image` (None: no image input)."""
         self.module = module
+        self.image_encoder = image_encoder
         self._tokenizer = tokenizer
         self._bos = tokenizer.special_id("bos_token", BOS_TOKEN)
         self._pad = tokenizer.token_id(CFG_PAD_TOKEN)
@@ -112,6 +122,7 @@ class JanusModel(Compilable):
         side = module.config.vision_config.image_size // module.config.vision_config.patch_size
         self.grid = (side, side)
         self.num_tokens = side * side
+        self.image_pixels = side * 2 ** (len(vq_config.channel_multiplier) - 1)  # the VQ's square side
         self.vocab_size = vq_config.num_embeddings
 
     @property
@@ -159,6 +170,40 @@ class JanusModel(Compilable):
         images = self.module.decode_image_tokens(tokens.to(self.device, torch.long))
         return ((images.float() + 1) / 2).clamp(0, 1).cpu()
 
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """ComfyUI IMAGE (batch, H, W, 3) in 0..1 -> codes (batch, num_tokens) as `decode` takes them; an image
+        of another size is scaled to fit the VQ's square and padded in grey, as Janus's image processor does."""
+        if self.image_encoder is None:
+            raise no_image_encoder(self)
+        side = self.image_pixels
+        return self.image_encoder.codes(images, (side, side), self.device).flatten(1)
+
+
+class JanusImageCodes(torch.nn.Module):
+    """Janus's VQ encoder side (transformers' modules) with the authors' quantiser: the nearest code once latent
+    and codebook rows are L2-normalised (`codebook_l2_norm`).  transformers' JanusVQVAEVectorQuantizer compares
+    them unnormalised, which picks other codes wherever the codebook rows are not of unit length."""
+
+    def __init__(self, vq: torch.nn.Module) -> None:
+        super().__init__()
+        self.vq = vq
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels (batch, 3, H, W) in -1..1 -> codes (batch, H/16, W/16)."""
+        return cosine_nearest(encode_latent(self.vq, pixels), self.vq.quantize.embedding.weight)
+
+
+def image_encoder(folder: Path, config: Any, dtype: torch.dtype) -> LazyImageEncoder:
+    """The VQ encoder of the Janus folder `folder` (its JanusConfig `config`), read on first use at `dtype`."""
+    from transformers import JanusVQVAE
+
+    files = sorted(folder.glob("*.safetensors"))
+    return LazyImageEncoder(
+        FAMILY.label, files, IMAGE_ENCODER_WEIGHTS,
+        lambda vq_dtype: JanusImageCodes(hf_vq_encoder(JanusVQVAE, config.vq_config, files,
+                                                       (("model.vqmodel.", ""),), vq_dtype, HF_FORMAT_HINT)),
+        dtype, fit="pad", fill=PAD_GREY)
+
 
 def detect(folder: Path) -> bool:
     """A Janus folder: config.json of model_type "janus" (or the original layout, to explain it)."""
@@ -197,4 +242,4 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     net = read_hf_network(folder, HFNetwork(JanusConfig, JanusForConditionalGeneration, UNUSED_MODULES,
                                             "model.language_model", "Janus-Pro", HF_FORMAT_HINT), dtype, quantize)
     quantize_then_move(net, net.model.language_model, "none", dtype, device)
-    return JanusModel(net, tokenizer)
+    return JanusModel(net, tokenizer, image_encoder(folder, net.config, dtype))

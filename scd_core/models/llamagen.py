@@ -44,14 +44,16 @@ import torch.nn.functional as F
 from .captions import clean_caption
 from .checkpoints import ModelLoadError, read_weights
 from .family import Family
+from .image_encoder import LazyImageEncoder
 from .quantize import quantize_linears, quantize_then_move
 from .row_cache import LayerSlots, RowCache
 from .row_session import RowSession
 from .t5_encoder import load_t5_encoder
 from .tokenizer_files import positive_int, without_nulls
+from ..image_input import no_image_encoder
 from ..model import check_batch_size, compute_device
 from ..static_step import Compilable
-from .vq16 import VQModel, vq_from_state_dict
+from .vq16 import ENCODER_KEYS, VQModel, encoder_from_state_dict, vq_from_state_dict
 
 IMAGENET_CLASSES = 1000  # the original class-conditional checkpoints
 
@@ -60,6 +62,8 @@ PRESETS = {"GPT-B": (768, 12), "GPT-L": (1024, 16), "GPT-XL": (1280, 20), "GPT-X
            "GPT-XXXL": (2560, 40), "GPT-1B": (2048, 32), "GPT-3B": (3200, 32), "GPT-7B": (4096, 32)}
 HEADS_BY_WIDTH = {dim: heads for dim, heads in PRESETS.values()}
 T5_MAX_TOKENS = 120
+# The VQ's encoder side: loaded on the first image in the prompt only (memory estimates leave it out).
+UNUSED_WEIGHTS = ENCODER_KEYS
 FAMILY = Family(
     label="LlamaGen", also="demo", holds="a LlamaGen folder (GPT and VQ checkpoints)",
     downloads=(("llamagen", "a LlamaGen GPT checkpoint such as c2i_B_256.pt and the VQ checkpoint vq_ds16_c2i.pt "
@@ -422,7 +426,9 @@ class LlamaGenModel(Compilable):
 
     def __init__(self, gpt: GPT, vq: VQModel, image_size: int, family: str = "llamagen",
                  captioner: Optional[T5Captioner] = None, cfg_scale: Optional[float] = None,
-                 top_k: Optional[int] = None, class_names: Optional[list[str]] = None):
+                 top_k: Optional[int] = None, class_names: Optional[list[str]] = None,
+                 image_encoder: Optional[LazyImageEncoder] = None):
+        """`image_encoder`: the VQ's encoder side, loaded on the first `encode_image` (None: no image input)."""
         cfg = gpt.config
         self.config = cfg
         self.family = family
@@ -436,6 +442,7 @@ class LlamaGenModel(Compilable):
         top_k = top_k if top_k is not None else (1000 if text else 2000)
         self.default_top_k = top_k if top_k < cfg.vocab_size else None
         self.class_names = class_names
+        self.image_encoder = image_encoder
         parts = {"gpt": gpt, "vq": vq}
         if captioner is not None:
             parts["t5"] = captioner
@@ -483,6 +490,13 @@ class LlamaGenModel(Compilable):
             raise ValueError(f"token ids must be in 0..{self.vocab_size - 1}")
         images = vq.decode(codes, self.grid)
         return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """ComfyUI IMAGE (batch, H, W, 3) in 0..1 -> codes (batch, num_tokens) as `decode` takes them; an image
+        of another size is scaled to cover the model's and centre-cropped, as LlamaGen's training data was."""
+        if self.image_encoder is None:
+            raise no_image_encoder(self)
+        return self.image_encoder.codes(images, (self.image_size, self.image_size), self.device).flatten(1)
 
 
 # ----------------------------------------------------------------------------- folders
@@ -577,6 +591,13 @@ def text_encoder_folder(folder: Path) -> Optional[Path]:
     return Path(t5_folder) if t5_folder is not None and Path(t5_folder).is_dir() else None
 
 
+def _image_encoder(vq_path: Path, norm_groups: int, demo: bool, dtype: torch.dtype) -> LazyImageEncoder:
+    """The VQ's encoder side, read from `vq_path` on the first `encode_image` at `dtype` (the decoder's)."""
+    return LazyImageEncoder("the demo" if demo else FAMILY.label, [vq_path], ENCODER_KEYS + ("quantize.embedding.",),
+                            lambda vq_dtype: encoder_from_state_dict(read_weights(vq_path), str(vq_path),
+                                                                     norm_groups).to(vq_dtype), dtype)
+
+
 def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LlamaGenModel:
     """Load a LlamaGen folder onto `device`, computing in `dtype`, the transformer blocks' linear layers (and the
     T5 encoder's, text-to-image) at `quantize` precision (quantize.PRECISIONS); the class/caption embedders, the
@@ -592,8 +613,9 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     if n_head is not None:
         n_head = positive_int(n_head, "n_head", folder)
     vq_settings = settings.get("vq") or {}
-    vq = vq_from_state_dict(read_weights(settings["vq_checkpoint"]), str(settings["vq_checkpoint"]),
-                            norm_groups=positive_int(vq_settings.get("norm_groups", 32), "vq.norm_groups", folder))
+    vq_path, norm_groups = settings["vq_checkpoint"], positive_int(vq_settings.get("norm_groups", 32),
+                                                                   "vq.norm_groups", folder)
+    vq = vq_from_state_dict(read_weights(vq_path), str(vq_path), norm_groups, with_encoder=False)
     if image_size % vq.config.downsample:
         raise ModelLoadError(f"{folder}: image_size {image_size} is not a multiple of the VQ's "
                              f"{vq.config.downsample}x downsampling")
@@ -618,6 +640,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
         captioner = T5Captioner(Path(t5_folder), dtype, cfg.cls_token_num, quantize)
     model = LlamaGenModel(gpt.to(dtype), vq, image_size, family=settings.get("family", "llamagen"),
                           captioner=captioner, cfg_scale=settings.get("cfg_scale"), top_k=settings.get("top_k"),
-                          class_names=settings.get("class_names"))
+                          class_names=settings.get("class_names"),
+                          image_encoder=_image_encoder(vq_path, norm_groups, settings.get("family") == "demo",
+                                                       vq.post_quant_conv.weight.dtype))
     quantize_then_move(model.module, gpt.layers, "none", dtype, device)
     return model

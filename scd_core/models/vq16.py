@@ -4,7 +4,8 @@ A taming-style convolutional encoder/decoder around an L2-normalised codebook.
 Parameter names match the original `vq_ds16_*.pt` checkpoints, so their state
 dicts load unchanged; channel multipliers, base width, residual blocks and the
 GroupNorm group count are configurable so a small variant (the demo's) uses the
-same code.  The encoder is optional: generation only needs the decoder.
+same code.  The encoder is optional: generation only needs the decoder, so loading leaves it out
+(`vq_from_state_dict(..., with_encoder=False)`) and `VQEncoder` reads it when an image is first encoded.
 """
 
 from __future__ import annotations
@@ -188,7 +189,34 @@ class VectorQuantizer(nn.Module):
 
     def nearest(self, z: torch.Tensor) -> torch.Tensor:
         """Code index of each latent vector (..., dim) by cosine similarity (both sides L2-normalised)."""
-        return (F.normalize(z, dim=-1) @ self.codebook().t()).argmax(dim=-1)
+        return cosine_nearest(z, self.embedding.weight)
+
+
+def cosine_nearest(latents: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+    """Index of the codebook row (codes, dim) nearest each latent (..., dim) once both are L2-normalised: the
+    VQ-16 quantiser's rule (LlamaGen's and Janus's `codebook_l2_norm`)."""
+    return (F.normalize(latents, dim=-1) @ F.normalize(codebook, dim=-1).t().to(latents.dtype)).argmax(dim=-1)
+
+
+def encode_latent(vq: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Images (B, 3, H, W) in [-1, 1] -> unquantised latents (B, H/d, W/d, embed_dim), through `vq`'s encoder
+    and quant_conv."""
+    return vq.quant_conv(vq.encoder(images)).permute(0, 2, 3, 1)
+
+
+class VQEncoder(nn.Module):
+    """The encoder side alone (encoder, quant_conv, codebook; the checkpoint's names): images -> codes."""
+
+    def __init__(self, cfg: VQConfig):
+        super().__init__()
+        self.config = cfg
+        self.encoder = Encoder(cfg)
+        self.quant_conv = nn.Conv2d(cfg.z_channels, cfg.codebook_embed_dim, 1)
+        self.quantize = VectorQuantizer(cfg)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, 3, H, W) in [-1, 1] -> codes (B, H/d, W/d)."""
+        return self.quantize.nearest(encode_latent(self, images))
 
 
 class VQModel(nn.Module):
@@ -206,7 +234,7 @@ class VQModel(nn.Module):
         """Images (B, 3, H, W) in [-1, 1] -> unquantised latents (B, H/d, W/d, embed_dim)."""
         if not self.config.with_encoder:
             raise ValueError("this VQ model was loaded without its encoder")
-        return self.quant_conv(self.encoder(images)).permute(0, 2, 3, 1)
+        return encode_latent(self, images)
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """Images (B, 3, H, W) in [-1, 1] -> codes (B, H/d * W/d), row-major."""
@@ -251,12 +279,30 @@ def infer_vq_config(state: dict[str, torch.Tensor], norm_groups: int = 32,
                     with_encoder=with_encoder)
 
 
-def vq_from_state_dict(state: dict[str, torch.Tensor], source: str, norm_groups: int = 32) -> VQModel:
-    """Build a VQModel matching `state` and load it strictly; `source` names the file in errors."""
-    state = {k: v for k, v in state.items() if k not in IGNORED_KEYS}
+ENCODER_KEYS = ("encoder.", "quant_conv.")  # the encoder side's names in the checkpoints
+
+
+def vq_from_state_dict(state: dict[str, torch.Tensor], source: str, norm_groups: int = 32,
+                       with_encoder: bool = True) -> VQModel:
+    """Build a VQModel matching `state` and load it strictly; `source` names the file in errors.  Without
+    `with_encoder` the encoder side is left out (generation only decodes; see `encoder_from_state_dict`)."""
+    state = {k: v for k, v in state.items() if k not in IGNORED_KEYS
+             and (with_encoder or not k.startswith(ENCODER_KEYS))}
+    return _loaded(VQModel, infer_vq_config(state, norm_groups), state, source)
+
+
+def encoder_from_state_dict(state: dict[str, torch.Tensor], source: str, norm_groups: int = 32) -> VQEncoder:
+    """The encoder side of the VQ in `state` (encoder, quant_conv and codebook), loaded strictly."""
     cfg = infer_vq_config(state, norm_groups)
+    if not cfg.with_encoder:
+        raise ModelLoadError(f"{source} holds no VQ encoder weights (encoder.*), so it cannot encode images")
+    kept = {k: v for k, v in state.items() if k.startswith((*ENCODER_KEYS, "quantize.embedding."))}
+    return _loaded(VQEncoder, cfg, kept, source)
+
+
+def _loaded(kind: type[nn.Module], cfg: VQConfig, state: dict[str, torch.Tensor], source: str) -> nn.Module:
     try:
-        model = VQModel(cfg)
+        model = kind(cfg)
         model.load_state_dict(state, strict=True)
     except (RuntimeError, ValueError) as err:
         raise ModelLoadError(f"{source}: VQ weights do not fit the VQ-16 design "
