@@ -276,7 +276,16 @@ class LuminaModel:
         return torch.cat((grid, torch.full((grid.shape[0], 1), self._eoi, dtype=grid.dtype)), dim=1)
 
     def add_image(self, cond: LuminaPrompt, images: torch.Tensor, task: str) -> Any:
-        """Lumina-mGPT 2.0-Omni's image-conditioned generation, as the authors' generate.py (--task i2i) builds it.
+        """Lumina-mGPT 2.0-Omni's image-conditioned generation, as the authors' generate.py (--task i2i) builds it:
+        a `GivenCells` of `omni_cells`."""
+        prompt, tokens, keep = self.omni_cells(cond, images, task)
+        from ..given import GivenCells
+
+        return GivenCells(prompt, tokens, keep)
+
+    def omni_cells(self, cond: LuminaPrompt, images: torch.Tensor, task: str
+                   ) -> tuple[LuminaPrompt, torch.Tensor, torch.Tensor]:
+        """The prompt, cell tokens and kept cells of Lumina-mGPT 2.0-Omni's image-conditioned generation.
 
         The image is center-cropped to the upper half of the current W x H panel (H/2 a multiple of 32) and
         tokenized; the prompt becomes their dual-panel template naming what the upper half shows; the sequence
@@ -308,9 +317,7 @@ class LuminaModel:
         tokens[:, : upper.shape[1]] = upper
         keep = torch.zeros_like(tokens, dtype=torch.bool)
         keep[:, : upper.shape[1]] = True
-        from ..given import GivenCells
-
-        return GivenCells(prompt, tokens, keep)
+        return prompt, tokens, keep
 
     def start(self, cond: LuminaPrompt, batch_size: int) -> CFGSession:
         check_start(cond, LuminaPrompt, "LuminaModel.encode()", batch_size)
