@@ -249,10 +249,9 @@ class LuminaModel:
         the encoder's weights in the decoder's dtype: for the published checkpoints about 110M parameters for
         MoVQGAN-270M (420 MiB in float32) and 29M for Chameleon's VQGAN (115 MiB in float32)."""
         if self._encoder is None:
-            vq = self.module["vq"]
-            encoder = load_encoder(read_weights(self._vq_path), str(self._vq_path))
-            self._encoder = encoder.to(device=vq.post_quant_conv.weight.device, dtype=vq.post_quant_conv.weight.dtype)
-        return self._encoder
+            self._encoder = load_encoder(read_weights(self._vq_path), str(self._vq_path))
+        weight = self.module["vq"].post_quant_conv.weight  # follows the decoder wherever the model was moved
+        return self._encoder.to(device=weight.device, dtype=weight.dtype)
 
     def _image_codes(self, images: torch.Tensor, width: int, height: int) -> torch.Tensor:
         """ComfyUI images (B, H, W, 3) in 0..1, center-cropped to width x height as the authors' preprocessing does,
