@@ -216,3 +216,10 @@ def test_omni_panel_decodes_as_the_authors_decode_it(omni: lumina.LuminaModel) -
         pixels = omni.module["vq"].decode(codes.view(1, -1), 8, 4)
     expected = ((pixels + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1)
     assert got.shape == (1, 64, 32, 3) and torch.allclose(got, expected, atol=1e-6)
+
+
+def test_an_empty_omni_folder_is_told_what_to_download() -> None:
+    from scd_core.models.loading import download_hint
+
+    assert "Alpha-VLLM/Lumina-mGPT-2.0-Omni" in download_hint("Lumina-mGPT-2.0-Omni")
+    assert "Omni" not in download_hint("Lumina-mGPT-2.0")

@@ -69,7 +69,9 @@ MODEL_TYPE = "chameleon"
 FAMILY = Family(
     label="Lumina-mGPT",
     holds="a Lumina-mGPT folder (model_type 'chameleon' plus vqgan.ckpt or movqgan_270M.ckpt)",
-    downloads=(("lumina-mgpt-2", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0 plus MoVQGAN's "
+    downloads=(("lumina-mgpt-2.0-omni", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0-Omni (keep 'Omni' in "
+                                        "the folder name) plus MoVQGAN's movqgan_270M.ckpt"),
+               ("lumina-mgpt-2", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0 plus MoVQGAN's "
                                  "movqgan_270M.ckpt"),
                ("lumina", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-7B-768 (or -512, -1024) plus "
                           "Chameleon's vqgan.ckpt and vqgan.yaml")),
