@@ -97,11 +97,15 @@ def test_encode_image_gives_transformers_codes_at_the_engines_positions(which: s
     assert model.decode(tokens).shape == (2, size, size, 3)
 
 
-def test_encoder_loads_on_first_use_only(tiny_lumina2_dir: Path) -> None:
-    model = load_model(tiny_lumina2_dir, device="cpu", dtype="float32")
+def test_encoder_loads_on_first_use_only_and_encodes_in_float32(tiny_lumina_dir: Path) -> None:
+    """As the authors' tokenizers encode (created in float32, only moved to the device): a bfloat16 model gives the
+    codes of a float32 one."""
+    model = load_model(tiny_lumina_dir, device="cpu", dtype="bfloat16")
     assert model._encoder is None  # generation never reads the encoder
-    model.encode_image(eight_bit_images(1, RESOLUTION_2, RESOLUTION_2))
+    images = eight_bit_images(2, RESOLUTION_1, RESOLUTION_1, seed=7)
+    codes = model.encode_image(images)
     assert model._encoder is not None and model._encoder.quant_conv.weight.dtype == torch.float32
+    assert torch.equal(codes, load_model(tiny_lumina_dir, device="cpu", dtype="float32").encode_image(images))
 
 
 def test_center_crop_follows_the_authors_steps() -> None:

@@ -110,7 +110,7 @@ class Variant:
     cfg_floor: Optional[float]    # 2.0: the guidance decays to this floor along the image (`decaying_guidance`)
     vq_dtype: Optional[torch.dtype]  # the decoder's dtype whatever the model's (None: the model's)
     checkpoint: str                  # how errors name it
-    image_tasks: tuple[str, ...] = ()  # image-conditioned tasks it was trained for (OMNI_TASKS)
+    image_tasks: tuple[str, ...] = ()  # image-conditioned tasks it was trained for (OMNI_PANELS)
 
 
 LUMINA_1 = Variant("lumina-mgpt", VQGAN_CHECKPOINT, (".", "chameleon", "chameleon/tokenizer"), 16,
@@ -247,20 +247,20 @@ class LuminaModel:
         return self._variant.image_tasks
 
     def _vq_encoder(self) -> VQEncoder:
-        """The image tokenizer's encoder, read from its checkpoint on first use (generation never needs it).  It adds
-        the encoder's weights in the decoder's dtype: for the published checkpoints about 110M parameters for
-        MoVQGAN-270M (420 MiB in float32) and 29M for Chameleon's VQGAN (115 MiB in float32)."""
+        """The image tokenizer's encoder, read from its checkpoint on first use (generation never needs it), in
+        float32 whatever the model's dtype, as both authors' tokenizers encode.  It adds, for the published
+        checkpoints, about 110M parameters (420 MiB) for MoVQGAN-270M and 29M (115 MiB) for Chameleon's VQGAN."""
         if self._encoder is None:
             self._encoder = load_encoder(read_weights(self._vq_path), str(self._vq_path))
-        weight = self.module["vq"].post_quant_conv.weight  # follows the decoder wherever the model was moved
-        return self._encoder.to(device=weight.device, dtype=weight.dtype)
+        device = self.module["vq"].post_quant_conv.weight.device  # follows the decoder wherever the model was moved
+        return self._encoder.to(device=device, dtype=torch.float32)
 
     def _image_codes(self, images: torch.Tensor, width: int, height: int) -> torch.Tensor:
         """ComfyUI images (B, H, W, 3) in 0..1, center-cropped to width x height as the authors' preprocessing does,
         to codes (B, height/d, width/d)."""
         pixels = authors_center_crop(images, width, height)  # (B, 3, height, width) in [-1, 1]
         d = self._variant.downsample
-        codes = self._vq_encoder().encode(pixels.to(self.device))
+        codes = self._vq_encoder().encode(pixels)
         return codes.view(-1, height // d, width // d).cpu()
 
     def _code_grid_ids(self, codes: torch.Tensor) -> torch.Tensor:

@@ -103,7 +103,7 @@ class VQEncoder(nn.Module):
         if images.dim() != 4 or images.shape[1] != 3 or images.shape[2] % d or images.shape[3] % d:
             raise ValueError(f"expected images (batch, 3, H, W) with H and W multiples of {d}, got "
                              f"{tuple(images.shape)}")
-        z = self.quant_conv(self.encoder(images.to(self.quant_conv.weight.dtype)))
+        z = self.quant_conv(self.encoder(images.to(self.quant_conv.weight)))  # its device and dtype
         z = z.permute(0, 2, 3, 1).flatten(1, 2)  # (B, rows*cols, dim)
         book = self.quantize.embedding.weight.to(z.dtype)
         distance = z.pow(2).sum(-1, keepdim=True) + book.pow(2).sum(-1) - 2 * z @ book.t()
