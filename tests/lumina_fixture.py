@@ -131,24 +131,24 @@ def taming_decoder_shapes(widths: tuple[int, ...], blocks: int, attn_levels: tup
     def conv(name: str, out: int, inp: int, k: int) -> None:
         shapes[name + ".weight"], shapes[name + ".bias"] = (out, inp, k, k), (out,)
 
-    def norm(name: str, ch: int) -> None:
-        if spatial:
+    def norm(name: str, ch: int, conditioned: bool = spatial) -> None:
+        if conditioned:
             shapes[name + ".norm_layer.weight"] = shapes[name + ".norm_layer.bias"] = (ch,)
             conv(name + ".conv_y", ch, embed, 1)
             conv(name + ".conv_b", ch, embed, 1)
         else:
             shapes[name + ".weight"] = shapes[name + ".bias"] = (ch,)
 
-    def resnet(name: str, inp: int, out: int) -> None:
-        norm(name + ".norm1", inp)
+    def resnet(name: str, inp: int, out: int, conditioned: bool = spatial) -> None:
+        norm(name + ".norm1", inp, conditioned)
         conv(name + ".conv1", out, inp, 3)
-        norm(name + ".norm2", out)
+        norm(name + ".norm2", out, conditioned)
         conv(name + ".conv2", out, out, 3)
         if inp != out:
             conv(name + ".nin_shortcut", out, inp, 1)
 
-    def attention(name: str, ch: int) -> None:
-        norm(name + ".norm", ch)
+    def attention(name: str, ch: int, conditioned: bool = spatial) -> None:
+        norm(name + ".norm", ch, conditioned)
         for part in ("q", "k", "v", "proj_out"):
             conv(f"{name}.{part}", ch, ch, 1)
 
@@ -167,10 +167,23 @@ def taming_decoder_shapes(widths: tuple[int, ...], blocks: int, attn_levels: tup
             conv(f"decoder.up.{level}.upsample.conv", block_in, block_in, 3)
     norm("decoder.norm_out", block_in)
     conv("decoder.conv_out", 3, block_in, 3)
-    # the encoder side is in the checkpoints too (a few of its keys suffice: the loader sets it aside)
+    # the encoder (plain GroupNorm in both tokenizers): base width widths[0], `blocks` residual blocks per level,
+    # a stride-2 conv after every level but the last; generation sets it aside, encode_image reads it
     conv("encoder.conv_in", widths[0], 3, 3)
-    shapes["encoder.norm_out.weight"] = shapes["encoder.norm_out.bias"] = (widths[-1],)
-    conv("encoder.conv_out", z, widths[-1], 3)
+    block_in = widths[0]
+    for level, width in enumerate(widths):
+        for j in range(blocks):
+            resnet(f"encoder.down.{level}.block.{j}", block_in, width, False)
+            block_in = width
+            if level in attn_levels:
+                attention(f"encoder.down.{level}.attn.{j}", block_in, False)
+        if level != len(widths) - 1:
+            conv(f"encoder.down.{level}.downsample.conv", block_in, block_in, 3)
+    resnet("encoder.mid.block_1", block_in, block_in, False)
+    attention("encoder.mid.attn_1", block_in, False)
+    resnet("encoder.mid.block_2", block_in, block_in, False)
+    norm("encoder.norm_out", block_in, False)
+    conv("encoder.conv_out", z, block_in, 3)
     conv("quant_conv", embed, z, 1)
     return shapes
 

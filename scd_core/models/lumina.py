@@ -44,7 +44,7 @@ UNUSED_PREFIXES.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -52,7 +52,7 @@ import torch
 
 from ..model import check_start, compute_device
 from .cfg_session import CFGSession, cfg_prefix, check_positions
-from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
+from .checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_weights
 from .family import Family
 from .generation_only import code_rows_head
 from .hf_folders import load_or_refuse
@@ -63,12 +63,15 @@ from .chameleon_vqgan import CHECKPOINT as VQGAN_CHECKPOINT, load_chameleon_vqga
 from .janus import RowBackbone
 from .movqgan import CHECKPOINT as MOVQGAN_CHECKPOINT, load_movqgan
 from .taming import VQDecoder
+from .taming_encoder import VQEncoder, load_encoder
 
 MODEL_TYPE = "chameleon"
 FAMILY = Family(
     label="Lumina-mGPT",
     holds="a Lumina-mGPT folder (model_type 'chameleon' plus vqgan.ckpt or movqgan_270M.ckpt)",
-    downloads=(("lumina-mgpt-2", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0 plus MoVQGAN's "
+    downloads=(("lumina-mgpt-2.0-omni", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0-Omni (keep 'Omni' in "
+                                        "the folder name) plus MoVQGAN's movqgan_270M.ckpt"),
+               ("lumina-mgpt-2", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0 plus MoVQGAN's "
                                  "movqgan_270M.ckpt"),
                ("lumina", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-7B-768 (or -512, -1024) plus "
                           "Chameleon's vqgan.ckpt and vqgan.yaml")),
@@ -106,14 +109,24 @@ class Variant:
     square_only: bool             # Lumina-mGPT 1: other aspects not checked against its authors' code
     cfg_floor: Optional[float]    # 2.0: the guidance decays to this floor along the image (`decaying_guidance`)
     vq_dtype: Optional[torch.dtype]  # the decoder's dtype whatever the model's (None: the model's)
+    checkpoint: str                  # how errors name it
+    image_tasks: tuple[str, ...] = ()  # image-conditioned tasks it was trained for (OMNI_PANELS)
 
 
 LUMINA_1 = Variant("lumina-mgpt", VQGAN_CHECKPOINT, (".", "chameleon", "chameleon/tokenizer"), 16,
                    cfg_scale=3.0, top_k=2000, default_resolution=None,  # CFG 3 as in the authors' code
-                   square_only=True, cfg_floor=None, vq_dtype=None)
+                   square_only=True, cfg_floor=None, vq_dtype=None, checkpoint="Lumina-mGPT 1")
 LUMINA_2 = Variant("lumina-mgpt-2", MOVQGAN_CHECKPOINT, (".", "movqgan", "movqgan/270M"), 8,
                    cfg_scale=4.0, top_k=4096, default_resolution=768,  # the 2.0 README's settings
-                   square_only=False, cfg_floor=4.0, vq_dtype=torch.float32)
+                   square_only=False, cfg_floor=4.0, vq_dtype=torch.float32, checkpoint="Lumina-mGPT 2.0")
+# Lumina-mGPT 2.0-Omni's image-conditioned tasks as the authors' generate.py builds them (--task i2i --i2i_task):
+# what the given upper half of the dual panel shows, as their prompt names it ("subject" is their literal string).
+# Their code builds no other image-conditioned prompt: editing, hed and openpose appear only in text-to-pair prompts.
+OMNI_PANELS = {"depth": "depth map", "canny": "canny edge map",
+               "subject": "Bubbly and effervescent with a sparkling allure."}
+OMNI_TEMPLATE = ("Generate a dual-panel image of {width}x{height} where the <upper half> displays a <{panel}>, while "
+                 "the <lower half> retains the original image for direct visual comparison:\n{prompt}")
+LUMINA_2_OMNI = replace(LUMINA_2, checkpoint="Lumina-mGPT 2.0-Omni", image_tasks=tuple(OMNI_PANELS))
 # Chameleon's text tokenizer, for the 512 px repository that ships none.
 TOKENIZER_PLACES = ((".", "tokenizer.json"), (".", "text_tokenizer.json"), ("chameleon", "text_tokenizer.json"),
                     ("chameleon/tokenizer", "text_tokenizer.json"))
@@ -126,6 +139,8 @@ class LuminaPrompt:
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
     image_size: tuple[int, int]  # (width, height) pixels the header asks for: the session must generate it
+    text: str = ""                   # the prompt and negative prompt as given, for `add_image` to re-template
+    negative: Optional[str] = None
 
 
 def decaying_guidance(scale: float, num_tokens: int, cells: int, floor: float) -> torch.Tensor:
@@ -149,7 +164,7 @@ class LuminaModel:
     default_temperature = 1.0
 
     def __init__(self, net: torch.nn.Module, vq: VQDecoder, tokenizer: TextTokenizer, code_ids: torch.Tensor,
-                 variant: Variant, resolution: int, bos: int) -> None:
+                 variant: Variant, resolution: int, bos: int, vq_path: Path) -> None:
         # generation samples only the image-code rows of lm_head (8192 or 16384 of 65536+): the others are freed
         net.lm_head = code_rows_head(net.lm_head, code_ids)
         self.module = torch.nn.ModuleDict({"lm": net, "vq": vq}).eval()
@@ -164,6 +179,8 @@ class LuminaModel:
         self._bos = bos
         self._boi, self._eoi, self._row_end = (tokenizer.token_id(t) for t in (BOI, EOI, ROW_END))
         self._variant = variant
+        self._vq_path = vq_path
+        self._encoder: Optional[VQEncoder] = None
         self.set_image_size(resolution, resolution)
 
     def set_image_size(self, width: int, height: int) -> None:
@@ -211,16 +228,97 @@ class LuminaModel:
             raise ValueError(f"negative_prompt must be a string or None, got {type(negative_prompt).__name__}")
         header = (self._boi, *self._size_tokens)
         cond = self._prompt_ids(prompt) + header
-        uncond = header if negative_prompt is None or not negative_prompt.strip() else \
-            self._prompt_ids(negative_prompt) + header
-        return LuminaPrompt(cond=cond, uncond=uncond, image_size=self.image_size)
+        if negative_prompt is not None and not negative_prompt.strip():
+            negative_prompt = None
+        uncond = header if negative_prompt is None else self._prompt_ids(negative_prompt) + header
+        return LuminaPrompt(cond=cond, uncond=uncond, image_size=self.image_size, text=prompt,
+                            negative=negative_prompt)
 
-    def _prompt_ids(self, text: str) -> tuple[int, ...]:
+    def _prompt_ids(self, text: str, template: str = PROMPT_TEMPLATE, **fields: str) -> tuple[int, ...]:
         """BOS, then the template around the text as given (not stripped) and the end-of-turn token, encoded
         as one string, as the authors' conversation template does."""
         width, height = self.image_size
-        body = PROMPT_TEMPLATE.format(width=width, height=height, prompt=text)
+        body = template.format(width=width, height=height, prompt=text, **fields)
         return (self._bos, *self._tokenizer.encode(body + END_OF_TURN))
+
+    @property
+    def image_tasks(self) -> tuple[str, ...]:
+        """The image-conditioned tasks of the loaded checkpoint (Lumina-mGPT 2.0-Omni's; none for the others)."""
+        return self._variant.image_tasks
+
+    def _vq_encoder(self) -> VQEncoder:
+        """The image tokenizer's encoder, read from its checkpoint on first use (generation never needs it), in
+        float32 whatever the model's dtype, as both authors' tokenizers encode.  It adds, for the published
+        checkpoints, about 110M parameters (420 MiB) for MoVQGAN-270M and 29M (115 MiB) for Chameleon's VQGAN."""
+        if self._encoder is None:
+            self._encoder = load_encoder(read_weights(self._vq_path), str(self._vq_path))
+        device = self.module["vq"].post_quant_conv.weight.device  # follows the decoder wherever the model was moved
+        return self._encoder.to(device=device, dtype=torch.float32)
+
+    def _image_codes(self, images: torch.Tensor, width: int, height: int) -> torch.Tensor:
+        """ComfyUI images (B, H, W, 3) in 0..1, center-cropped to width x height as the authors' preprocessing does,
+        to codes (B, height/d, width/d)."""
+        pixels = authors_center_crop(images, width, height)  # (B, 3, height, width) in [-1, 1]
+        d = self._variant.downsample
+        codes = self._vq_encoder().encode(pixels)
+        return codes.view(-1, height // d, width // d).cpu()
+
+    def _code_grid_ids(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes (B, rows, cols) to the engine's ids (B, rows * (cols + 1)): each row's code ids, then a row-end."""
+        ids = self.code_ids[codes]
+        row_ends = torch.full((*ids.shape[:2], 1), self._row_end, dtype=ids.dtype)
+        return torch.cat((ids, row_ends), dim=2).flatten(1)
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """ComfyUI IMAGE (B, H, W, 3) in 0..1 -> (B, num_tokens) ids at the current size, row-ends and end-of-image
+        included (what `decode` takes); the image resized and center-cropped as the authors' preprocessing does."""
+        width, height = self.image_size
+        grid = self._code_grid_ids(self._image_codes(images, width, height))
+        return torch.cat((grid, torch.full((grid.shape[0], 1), self._eoi, dtype=grid.dtype)), dim=1)
+
+    def add_image(self, cond: LuminaPrompt, images: torch.Tensor, task: str) -> Any:
+        """Lumina-mGPT 2.0-Omni's image-conditioned generation, as the authors' generate.py (--task i2i) builds it:
+        a `GivenCells` of `omni_cells`."""
+        prompt, tokens, keep = self.omni_cells(cond, images, task)
+        from ..given import GivenCells
+
+        return GivenCells(prompt, tokens, keep)
+
+    def omni_cells(self, cond: LuminaPrompt, images: torch.Tensor, task: str
+                   ) -> tuple[LuminaPrompt, torch.Tensor, torch.Tensor]:
+        """The prompt, cell tokens and kept cells of Lumina-mGPT 2.0-Omni's image-conditioned generation.
+
+        The image is center-cropped to the upper half of the current W x H panel (H/2 a multiple of 32) and
+        tokenized; the prompt becomes their dual-panel template naming what the upper half shows; the sequence
+        is header, then the upper half's rows (codes and row-ends), from which the model continues the lower
+        half.  Those rows are given cells (`GivenCells`) in both the cond and the uncond branch, as in their
+        sequence, whose uncond context is everything from begin-of-image on.  The guidance: their processor first
+        updates its scale at the first sampled token, with n >= half the image's tokens, which puts any scale
+        other than 1 at the floor 4; `cfg_schedule` is at that floor from the same point on.
+        """
+        if task not in self.image_tasks:
+            offered = f"it takes {', '.join(self.image_tasks)}" if self.image_tasks else \
+                "it takes no image in the prompt (Lumina-mGPT 2.0-Omni does: depth, canny, subject)"
+            raise ValueError(f"task {task!r} is not one the {self._variant.checkpoint} checkpoint was trained "
+                             f"for: {offered}")
+        check_start(cond, LuminaPrompt, "LuminaModel.encode()", 1)
+        if cond.image_size != self.image_size:
+            self.set_image_size(*cond.image_size)
+        width, height = self.image_size
+        if height % (2 * GRID_CELL):
+            raise ValueError(f"a dual panel needs a height that halves into multiples of {GRID_CELL} pixels: got "
+                             f"{width} x {height}; the authors use 512 x 1024")
+        upper = self._code_grid_ids(self._image_codes(images, width, height // 2))
+        header = (self._boi, *self._size_tokens)
+        prompt = LuminaPrompt(cond=self._prompt_ids(cond.text, OMNI_TEMPLATE, panel=OMNI_PANELS[task]) + header,
+                              uncond=cond.uncond, image_size=cond.image_size, text=cond.text, negative=cond.negative)
+        tokens = torch.full((upper.shape[0], self.num_tokens), int(self.code_ids[0]), dtype=torch.long)
+        for position, token in self.forced_tokens.items():
+            tokens[:, position] = token
+        tokens[:, : upper.shape[1]] = upper
+        keep = torch.zeros_like(tokens, dtype=torch.bool)
+        keep[:, : upper.shape[1]] = True
+        return prompt, tokens, keep
 
     def start(self, cond: LuminaPrompt, batch_size: int) -> CFGSession:
         check_start(cond, LuminaPrompt, "LuminaModel.encode()", batch_size)
@@ -253,6 +351,35 @@ class LuminaModel:
         return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
 
 
+def authors_center_crop(images: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """ComfyUI IMAGE (B, H, W, 3) in 0..1 -> (B, 3, height, width) in [-1, 1], as the authors prepare an image:
+    8-bit RGB; halved with a box filter while both sides are at least twice the target; bicubic resize by the
+    larger of the two scales (sides rounded); the centre cut out.  (Lumina-mGPT 1 trains with a random offset;
+    its centre is used here.)  An image of another size than the target is resized with a warning naming both."""
+    import warnings
+
+    import numpy as np
+    from PIL import Image
+
+    if not isinstance(images, torch.Tensor) or images.dim() != 4 or images.shape[-1] != 3 or not images.shape[0]:
+        shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+        raise ValueError(f"images must be a ComfyUI IMAGE (batch, height, width, 3), got {shape}")
+    if (images.shape[2], images.shape[1]) != (width, height):
+        warnings.warn(f"the image is {images.shape[2]} x {images.shape[1]} px; it is resized and center-cropped "
+                      f"to {width} x {height} as the authors' preprocessing does", stacklevel=3)
+    out = []
+    for image in (images.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).numpy():
+        pil = Image.fromarray(image, "RGB")
+        while pil.size[0] >= 2 * width and pil.size[1] >= 2 * height:
+            pil = pil.resize((pil.size[0] // 2, pil.size[1] // 2), resample=Image.BOX)
+        scale = max(width / pil.size[0], height / pil.size[1])
+        pil = pil.resize(tuple(round(side * scale) for side in pil.size), resample=Image.BICUBIC)
+        left, top = (pil.size[0] - width) // 2, (pil.size[1] - height) // 2
+        pixels = np.asarray(pil.crop((left, top, left + width, top + height)), dtype=np.float64) / 255.0
+        out.append(torch.from_numpy(pixels * 2 - 1).permute(2, 0, 1))
+    return torch.stack(out).float()
+
+
 # ----------------------------------------------------------------------------- folders
 
 def detect(folder: Path) -> bool:
@@ -276,7 +403,9 @@ def _variant(folder: Path) -> tuple[Variant, Path]:
     for variant in (LUMINA_2, LUMINA_1):
         path = _find(folder, variant.vq_places, variant.vq_file)
         if path is not None:
-            return variant, path
+            # the Omni repository's files are the plain 2.0 layout: its name (Lumina-mGPT-2.0-Omni) tells it
+            omni = variant is LUMINA_2 and "omni" in folder.name.lower()
+            return (LUMINA_2_OMNI if omni else variant), path
     raise ModelLoadError(f"{folder} has no image tokenizer checkpoint: put Chameleon's {VQGAN_CHECKPOINT} (with "
                          f"vqgan.yaml) in the folder or in chameleon/ for Lumina-mGPT 1, or {MOVQGAN_CHECKPOINT} in "
                          "the folder or in movqgan/ for Lumina-mGPT 2.0")
@@ -323,7 +452,7 @@ def _bos(tokenizer: TextTokenizer, variant: Variant) -> int:
 def _code_ids(tokenizer: TextTokenizer, variant: Variant, codebook_size: int, vocab_size: int,
               folder: Path) -> torch.Tensor:
     """The token id of each image code, in code order."""
-    if variant is LUMINA_2:
+    if variant is not LUMINA_1:
         ids = torch.arange(MOVQ_CODE_OFFSET, MOVQ_CODE_OFFSET + codebook_size)
     else:
         code_to_id: dict[int, int] = {}
@@ -460,7 +589,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     bos = _bos(tokenizer, variant)
     def build() -> LuminaModel:
         net = _read_network(folder, dtype, quantize)  # quantised while reading: never whole in `dtype`
-        model = LuminaModel(net, vq.to(variant.vq_dtype or dtype), tokenizer, code_ids, variant, resolution, bos)
+        model = LuminaModel(net, vq.to(variant.vq_dtype or dtype), tokenizer, code_ids, variant, resolution, bos,
+                            vq_path)
         quantize_then_move(model.module, net.model, "none", dtype, device)
         return model
 
