@@ -12,7 +12,8 @@ from lumina_fixture import (BOI, CHAMELEON_VQ, END_OF_TURN, EOI, MOVQ_OFFSET, MO
                             ROW_END, SIDE, SPECIAL_IDS_1, SPECIAL_IDS_2, tiny_lumina2_dir,  # noqa: F401
                             tiny_lumina_dir)  # noqa: F401
 
-from scd_core import load_model
+from scd_core import SamplerConfig, generate, load_model
+from scd_core.given import GivenCells
 from scd_core.models import lumina
 from scd_core.models.checkpoints import read_weights
 from scd_core.models.tokenizer_files import TextTokenizer
@@ -227,3 +228,18 @@ def test_an_empty_omni_folder_is_told_what_to_download() -> None:
 
     assert "Alpha-VLLM/Lumina-mGPT-2.0-Omni" in download_hint("Lumina-mGPT-2.0-Omni")
     assert "Omni" not in download_hint("Lumina-mGPT-2.0")
+
+
+
+def test_omni_generation_keeps_the_given_half_and_faithful_windows_agree(omni_dir: Path) -> None:
+    """Through the engine: the given upper half comes back unchanged, and faithful windows give window 1's tokens."""
+    model = load_model(omni_dir, device="cpu", dtype=torch.float64)
+    model.set_image_size(32, 64)
+    cond = model.add_image(model.encode(PROMPT), eight_bit_images(1, 32, 32, seed=5), "depth")
+    assert isinstance(cond, GivenCells)
+    ar = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=3), batch_size=2)
+    assert torch.equal(ar.tokens[:, :20], cond.tokens[:, :20].expand(2, -1))
+    for window in (4, 9):
+        result = generate(model, cond, SamplerConfig(coupler="faithful", window=window, seed=3), batch_size=2)
+        assert torch.equal(result.tokens, ar.tokens) and result.nfe < ar.nfe
+    assert model.decode(ar.tokens).shape == (2, 64, 32, 3)
