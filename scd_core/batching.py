@@ -70,6 +70,12 @@ class _Queue:
             except (TypeError, ValueError):
                 raise ValueError(f"job {index} must be a (conditioning, seed) pair, got {job!r}") from None
             dataclasses.replace(self._config, seed=seed)  # a bad seed is reported before the job starts
+            if unwrap(cond)[1] is not None and not couplers.coupler(self._config.coupler).width_free:
+                free = " or ".join(couplers.names_where("width_free"))
+                raise ValueError(f"job {index} has given cells, which a stream of jobs takes with the {free} "
+                                 f"coupler only: calls widen over the kept cells of every row, so with the "
+                                 f"{self._config.coupler} coupler a job's tokens would depend on its neighbours; "
+                                 f"use {free}, or run the job with generate")
             return _Job(index, cond, seed)
         return None
 
@@ -90,7 +96,8 @@ class _Queue:
 def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: SamplerConfig, slots: int = 16, *,
                   refill_at: Optional[int] = None) -> Iterator[tuple[int, GenerationResult]]:
     """Run `jobs`, (conditioning, seed) pairs read lazily, up to `slots` at a time; yields (job index, result) as
-    each job finishes.  A conditioning may be a `GivenCells` of one row (scd_core.given).  A job's tokens equal `generate(model, cond, dataclasses.replace(config, seed=seed))`'s.
+    each job finishes.  A job's tokens equal `generate(model, cond, dataclasses.replace(config, seed=seed))`'s.
+    A conditioning may be a `GivenCells` of one row (scd_core.given) with a width-free coupler (faithful).
 
     Finished rows' slots are refilled once `refill_at` are free (default 1: a refill folded into a decoding call
     costs no call, and waiting leaves slots idle) or none is busy.  Each result's `nfe` counts the calls its job

@@ -391,7 +391,8 @@ class _Decoder:
     def read_commits(self, committed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's commit count (B,), read back after a call; returns (tokens, forced ones) each row
         committed in that call."""
-        before, self.host_committed = self.host_committed, committed.long().cpu()
+        # a copy: on the CPU `committed` may be the decoder's own counts, which the next call moves on
+        before, self.host_committed = self.host_committed, committed.to("cpu", torch.long, copy=True)
         count = self.host_committed - before
         free = (self.free_before.gather(1, self.host_committed.unsqueeze(1))
                 - self.free_before.gather(1, before.unsqueeze(1)))[:, 0]

@@ -6,6 +6,10 @@ A `GivenCells` wraps a conditioning with model ids at the engine's positions and
 those cells: a raster model sees only the cells above and to the left of the one it samples, so regenerating
 a region is conditional sampling from what precedes each cell, not inpainting from what surrounds it.  Kept
 cells cost no model calls of their own (`engine`: a call's width counts the free positions it verifies).
+
+A call is widened over the kept cells of its widest row, so under a coupler whose tokens depend on the widths
+(all but faithful) a row of a batch may differ from the same seed alone; its law does not change.  With
+faithful a row is the image of its own seed, and `generate_many` takes given cells with faithful only.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from scd_core import (ModelLoadError, SamplerConfig, auto_window, generate, gene
                       static_step)
 from scd_core.auto_window import candidate_widths
 from scd_core.config import AUTO_WINDOW
+from scd_core.given import GivenCells, continuation, from_cell_mask
 
 COUPLINGS = [dict(coupler="maximal"), dict(coupler="gumbel"), dict(coupler="independent"),
              dict(coupler="faithful"), dict(coupler="independent", verification="block"),
@@ -330,3 +331,20 @@ def test_a_long_comfyui_session_stops_compiling(request: pytest.FixtureRequest, 
         generate(model, cond, config)
         assert counters["stats"]["unique_graphs"] == compiled_graphs, config
     assert family == "demo" or len(prompt_lengths) > 5
+
+
+@pytest.mark.parametrize("settings", [dict(coupler="faithful", window=8), dict(coupler="maximal", window=4)],
+                         ids=lambda s: "-".join(map(str, s.values())))
+def test_given_cells_match_eager(folders, traced, settings: dict) -> None:
+    """Kept cells in a compiled run: calls widened past a bucket run eagerly, the others in their graphs."""
+    eager, compiled = pair(folders["c2i"])
+    cond = eager.encode("3")
+    image = generate(eager, cond, SamplerConfig(seed=1)).tokens
+    rows, cols = eager.grid
+    region = torch.zeros(1, rows, cols, dtype=torch.bool)
+    region[:, rows // 4:, cols // 2:] = True
+    for keep in (continuation(image, rows // 2, eager.grid), from_cell_mask(image, region, eager.grid)):
+        given = GivenCells(cond, image, keep)
+        assert_same_run(eager, compiled, given, SamplerConfig(seed=5, **settings), batch_size=2)
+        result = generate(compiled, given, SamplerConfig(seed=5, **settings))
+        assert torch.equal(result.tokens[keep], image[keep])
