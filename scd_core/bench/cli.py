@@ -16,6 +16,7 @@
     python -m scd_core.bench auto                     # automatic window against pinned ones in fresh processes
     python -m scd_core.bench auto-replay --processes 4 --images 5   # whole processes under fixed call costs
     python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
+    python -m scd_core.bench given --seeds 8          # images in the prompt: calls of continuations and regions
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
 
 A benchmark is one COMMANDS entry: its summary, its options (the shared ones below, or its own) and what runs
@@ -154,6 +155,12 @@ def _faithful(args: argparse.Namespace) -> Result:
     return "faithful", faithful_tables(list(range(args.seeds)))
 
 
+def _given(args: argparse.Namespace) -> Result:
+    from .given import given_tables
+
+    return "given", given_tables(list(range(args.seeds)))
+
+
 COMMANDS: dict[str, Bench] = {
     "nfe": Bench("model calls, tokens per call and acceptance of AR, SJD and SCD side by side (a synthetic grid "
                  "model at three entropies, or --model)",
@@ -217,6 +224,9 @@ COMMANDS: dict[str, Bench] = {
                          _auto_replay),
     "faithful": Bench("the faithful coupler (the default): the demo's images in bfloat16 that differ from window "
                       "1's at other widths, and its calls against maximal and gumbel coupling", (SEEDS,), _faithful),
+    "given": Bench("images in the prompt: calls of a continuation (top half kept) and of regenerated regions "
+                   "against the full image, AR / SJD / SCD / faithful (the demo and the medium-entropy grid)",
+                   (SEEDS,), _given),
 }
 
 
