@@ -44,7 +44,9 @@ class SCDStatsNode(io.ComfyNode):
             inputs=[SCDStats.Input("stats")],
             outputs=[io.Image.Output(display_name="chart",
                                      tooltip="Bars: tokens committed by each model call (1 = the autoregressive "
-                                             "pace). Line: acceptance, the share of that call's drafts kept."),
+                                             "pace); purple on top: forced tokens (an image's given cells, "
+                                             "row-ends), not sampled. Line: acceptance, the share of that "
+                                             "call's drafts kept."),
                      io.String.Output(display_name="summary",
                                       tooltip="Model calls against autoregressive decoding, the settings "
                                               "(window: the widths the calls used) and the wall time.")],
@@ -54,6 +56,6 @@ class SCDStatsNode(io.ComfyNode):
     def execute(cls, stats: SamplingStats) -> io.NodeOutput:
         result = stats.result
         title = f"{result.nfe} calls for {result.tokens.shape[1]} tokens"  # short: it must fit at node size
-        chart = committed_chart(result.committed, result.acceptance, title)
+        chart = committed_chart(result.committed, result.acceptance, title, result.forced)
         pixels = torch.from_numpy(np.asarray(chart, dtype=np.float32) / 255.0).unsqueeze(0)
         return io.NodeOutput(pixels.to(mm.intermediate_device()), summary_text(stats))
