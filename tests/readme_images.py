@@ -177,8 +177,11 @@ def demo_thumbnails() -> list[Path]:
     completed = generate(model, given, SamplerConfig(coupler="faithful", window=32, seed=7), batch_size=4)
     erased = digit.clone()
     erased[:, digit.shape[1] // 2:] = 0.5
-    card(WORKFLOWS / "scd_demo_continuation.jpg", digits(torch.cat([erased, model.decode(completed.tokens)])),
-         f"top half kept: {completed.nfe} calls", "a half-erased 7, completed 4 ways; the kept rows cost no calls")
+    images = model.decode(completed.tokens)
+    grid = torch.cat([torch.cat(list(images[:2]), dim=1), torch.cat(list(images[2:]), dim=1)])  # 2 x 2
+    pictures = [Image.fromarray((image.numpy() * 255).round().astype("uint8")) for image in (erased[0], grid)]
+    card(WORKFLOWS / "scd_demo_continuation.jpg", pictures, f"top half kept: {completed.nfe} calls",
+         "a half-erased 7, completed 4 ways; the kept rows cost no calls")
     return [WORKFLOWS / "scd_demo.jpg", WORKFLOWS / "scd_demo_ar_vs_scd.jpg", WORKFLOWS / "scd_demo_continuation.jpg"]
 
 

@@ -461,6 +461,8 @@ def test_cancelled_run_is_marked_on_the_chart(page: Page, shots: Path) -> None:
 
 @pinned_frontend_only
 def test_template_browser_lists_the_workflows_with_titles_and_thumbnails(page: Page, shots: Path) -> None:
+    # the browser renders the thumbnails of the cards in view only: a window tall enough for every card
+    page.set_viewport_size({"width": page.viewport_size["width"], "height": 2000})
     page.evaluate("() => app.extensionManager.command.execute('Comfy.BrowseTemplates')")
     page.get_by_text(PACK_NAME, exact=True).first.click()  # the pack's entry under Extensions
     content = page.locator('[data-testid="template-workflows-content"]')
