@@ -711,7 +711,8 @@ def test_image_prompt_continues_a_half_kept_digit(node_classes: dict[str, Any], 
     assert sum(e["forced"] for e in events) == sum(stats.result.forced) == 128
     assert stats.result.nfe < 128 + 2  # the kept half costs no call per token
     chart = sys.modules[f"{pack.__name__}.nodes.chart"]
-    (picture, _) = run_node(node_classes["SCDStats"], stats=stats)
+    (picture, summary) = run_node(node_classes["SCDStats"], stats=stats)
+    assert summary.startswith(f"demo: 256 tokens x 1 (128 forced) in {stats.result.nfe} model calls")
     pixels = (picture[0].numpy() * 255).round().astype(np.uint8)
     assert (pixels == rgb(chart.FORCED_BAR)).all(-1).sum() > 500
 
