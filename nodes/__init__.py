@@ -10,6 +10,7 @@ from scd_core.capture_scope import set_capture_scope
 from .core_compat import outside_malloc_graph
 from .decode import SCDVQDecode
 from .encode import SCDPromptEncode
+from .image_prompt import SCDImagePrompt
 from .loader import SCDModelLoader
 from .sampler import SCDSampler
 from .stats import SCDStatsNode
@@ -20,7 +21,7 @@ set_capture_scope(outside_malloc_graph)
 # the automatic window's learned call costs live with the user's ComfyUI data, for the next server start
 window_memory.set_folder(Path(folder_paths.get_user_directory()) / "comfyui-scd")
 
-NODES = [SCDModelLoader, SCDPromptEncode, SCDSampler, SCDVQDecode, SCDStatsNode, SCDVideoContext]
+NODES = [SCDModelLoader, SCDPromptEncode, SCDSampler, SCDVQDecode, SCDStatsNode, SCDVideoContext, SCDImagePrompt]
 
 
 class SCDExtension(ComfyExtension):

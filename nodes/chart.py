@@ -1,12 +1,17 @@
 """The SCD Stats chart, drawn with PIL: tokens committed per model call (bars) and draft acceptance (line).
 
+A bar's forced tokens (given cells of an image in the prompt, row-ends) sit on top of its sampled ones in a
+colour of their own: the model never sampled them, so they say nothing about how well drafts were accepted.
+
 Drawn for the ~250-300 px a node gives an image preview: a small canvas with large type, so the text
 stays readable when the frontend scales it down (about 0.6x at 280 px wide).  Its colours are the sampler's
-live chart's (web/js/scd_widget.js): grey for a call that committed one token, green for more, a gold line
-at one token per call.
+live chart's (web/js/scd_widget.js): grey for a call that sampled one token, green for more, purple for
+forced tokens, a gold line at one token per call.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -16,6 +21,7 @@ MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 44, 60, 84, 34
 BAR_FILL = 0.8  # share of an iteration's slot its bar covers, so neighbouring bars stay apart
 BACKGROUND, AXIS, TEXT = "#1b1b1b", "#9a9a9a", "#e0e0e0"
 AR_BAR, SCD_BAR, BASELINE = "#7a7a7a", "#4caf50", "#d0a040"  # one token in a call, several, the one-token line
+FORCED_BAR = "#9575cd"  # tokens a call committed without sampling them
 LINE = "#4c9be8"  # acceptance
 DASH = 6  # pixels of the one-token line's dashes and gaps
 
@@ -28,8 +34,10 @@ def _font(size: int) -> ImageFont.ImageFont:
         return ImageFont.load_default()
 
 
-def committed_chart(committed: list[int], acceptance: list[float], title: str) -> Image.Image:
-    """Bars: tokens committed per iteration (left axis); line: mean draft acceptance 0..1 (right axis)."""
+def committed_chart(committed: list[int], acceptance: list[float], title: str,
+                    forced: Sequence[int] = ()) -> Image.Image:
+    """Bars: tokens committed per iteration (left axis), `forced` of them (per iteration; none if empty) on top
+    in their own colour; line: mean draft acceptance 0..1 (right axis)."""
     image = Image.new("RGB", (WIDTH, HEIGHT), BACKGROUND)
     draw = ImageDraw.Draw(image)
     title_font, label_font = _font(TITLE_SIZE), _font(LABEL_SIZE)
@@ -41,11 +49,14 @@ def committed_chart(committed: list[int], acceptance: list[float], title: str) -
     tallest = max(peak, 2)  # room above the one-token line even when no call beat it
 
     step = plot_w / iterations
-    for i, count in enumerate(committed):
-        x0 = left + i * step
-        bar_top = bottom - plot_h * count / tallest
-        draw.rectangle([x0, bar_top, x0 + max(step * BAR_FILL - 1, 0), bottom],
-                       fill=SCD_BAR if count > 1 else AR_BAR)
+    forced = list(forced) or [0] * len(committed)
+    for i, (count, given) in enumerate(zip(committed, forced)):
+        x0, x1 = left + i * step, left + i * step + max(step * BAR_FILL - 1, 0)
+        sampled_top = bottom - plot_h * (count - given) / tallest
+        if count > given:
+            draw.rectangle([x0, sampled_top, x1, bottom], fill=SCD_BAR if count - given > 1 else AR_BAR)
+        if given:
+            draw.rectangle([x0, bottom - plot_h * count / tallest, x1, sampled_top], fill=FORCED_BAR)
     one_token_y = bottom - plot_h / tallest
     for x in range(left, right, 2 * DASH):
         draw.line([(x, one_token_y), (min(x + DASH, right), one_token_y)], fill=BASELINE, width=2)
@@ -68,4 +79,8 @@ def committed_chart(committed: list[int], acceptance: list[float], title: str) -
     line_x = 34 + draw.textlength("tokens per call", font=label_font) + 24
     draw.line([(line_x, legend_y + 11), (line_x + 18, legend_y + 11)], fill=LINE, width=3)
     draw.text((line_x + 24, legend_y), "acceptance", fill=LINE, font=label_font)
+    if any(forced):
+        box_x = line_x + 24 + draw.textlength("acceptance", font=label_font) + 20
+        draw.rectangle([box_x, legend_y + 3, box_x + 16, legend_y + 19], fill=FORCED_BAR)
+        draw.text((box_x + 22, legend_y), "forced", fill=FORCED_BAR, font=label_font)
     return image

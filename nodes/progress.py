@@ -31,8 +31,8 @@ def status_text(stats: IterationStats, warnings: Sequence[str] = ()) -> str:
 
 def event_data(node_id: str, stats: IterationStats) -> dict[str, Any]:
     """The payload of the websocket event "scd.progress" (see the node pack contract)."""
-    return {"node": node_id, "iteration": stats.iteration, "committed": stats.committed, "total": stats.total,
-            "num_tokens": stats.num_tokens, "nfe": stats.nfe,
+    return {"node": node_id, "iteration": stats.iteration, "committed": stats.committed, "forced": stats.forced,
+            "total": stats.total, "num_tokens": stats.num_tokens, "nfe": stats.nfe,
             "acceptance": [round(a, 4) for a in stats.acceptance], "calls_saved": stats.total - stats.nfe}
 
 

@@ -20,8 +20,10 @@ LINE_BREAK = "  \n"
 def summary_text(stats: SamplingStats) -> str:
     result, config = stats.result, stats.config
     tokens = result.tokens.shape[1]  # autoregressive decoding needs one call per token
+    forced = sum(result.forced)  # given cells and row-ends: committed, never sampled
     return LINE_BREAK.join([
-        f"{stats.model_name}: {tokens} tokens x {stats.batch_size} in {result.nfe} model calls "
+        f"{stats.model_name}: {tokens} tokens x {stats.batch_size}" + (f" ({forced} forced)" if forced else "")
+        + f" in {result.nfe} model calls "
         f"(autoregressive: {tokens}) - {tokens / result.nfe:.2f}x fewer calls",
         f"coupler {config.coupler}, window {window_report(config.window, result.windows)}, "
         f"draft init {config.draft_init or 'auto'}, "
@@ -44,7 +46,9 @@ class SCDStatsNode(io.ComfyNode):
             inputs=[SCDStats.Input("stats")],
             outputs=[io.Image.Output(display_name="chart",
                                      tooltip="Bars: tokens committed by each model call (1 = the autoregressive "
-                                             "pace). Line: acceptance, the share of that call's drafts kept."),
+                                             "pace); purple on top: forced tokens (an image's given cells, "
+                                             "row-ends), not sampled. Line: acceptance, the share of that "
+                                             "call's drafts kept."),
                      io.String.Output(display_name="summary",
                                       tooltip="Model calls against autoregressive decoding, the settings "
                                               "(window: the widths the calls used) and the wall time.")],
@@ -54,6 +58,6 @@ class SCDStatsNode(io.ComfyNode):
     def execute(cls, stats: SamplingStats) -> io.NodeOutput:
         result = stats.result
         title = f"{result.nfe} calls for {result.tokens.shape[1]} tokens"  # short: it must fit at node size
-        chart = committed_chart(result.committed, result.acceptance, title)
+        chart = committed_chart(result.committed, result.acceptance, title, result.forced)
         pixels = torch.from_numpy(np.asarray(chart, dtype=np.float32) / 255.0).unsqueeze(0)
         return io.NodeOutput(pixels.to(mm.intermediate_device()), summary_text(stats))

@@ -34,6 +34,7 @@ from test_browser import CHART, CHROMIUM_FLAGS, EXTENSION_NAME, GRAPH_BOUNDS, qu
 
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from tests/: the package sits at the repository root
 from scd_core import SamplerConfig, generate, load_model  # noqa: E402
+from scd_core.image_prompt import add_image  # noqa: E402
 
 OUT = REPO_ROOT / "web" / "readme"
 WORKFLOWS = REPO_ROOT / "workflows"
@@ -170,7 +171,18 @@ def demo_thumbnails() -> list[Path]:
          f"SCD: {scd.nfe} model calls for {model.num_tokens} tokens", "demo model, digit 7, window 32")
     card(WORKFLOWS / "scd_demo_ar_vs_scd.jpg", digits(torch.cat([model.decode(ar.tokens), model.decode(scd.tokens)])),
          f"AR {ar.nfe} calls  |  SCD {scd.nfe} calls", "same seed, coupler faithful: window 1 and 32, one image")
-    return [WORKFLOWS / "scd_demo.jpg", WORKFLOWS / "scd_demo_ar_vs_scd.jpg"]
+    # scd_demo_continuation: that 7 with its lower half erased (grey), then the second sampler's 4 completions
+    digit = model.decode(scd.tokens)
+    given = add_image(model, cond, digit, keep_top=0.5).cond
+    completed = generate(model, given, SamplerConfig(coupler="faithful", window=32, seed=7), batch_size=4)
+    erased = digit.clone()
+    erased[:, digit.shape[1] // 2:] = 0.5
+    images = model.decode(completed.tokens)
+    grid = torch.cat([torch.cat(list(images[:2]), dim=1), torch.cat(list(images[2:]), dim=1)])  # 2 x 2
+    pictures = [Image.fromarray((image.numpy() * 255).round().astype("uint8")) for image in (erased[0], grid)]
+    card(WORKFLOWS / "scd_demo_continuation.jpg", pictures, f"top half kept: {completed.nfe} calls",
+         "a half-erased 7, completed 4 ways; the kept rows cost no calls")
+    return [WORKFLOWS / "scd_demo.jpg", WORKFLOWS / "scd_demo_ar_vs_scd.jpg", WORKFLOWS / "scd_demo_continuation.jpg"]
 
 
 def main(names: list[str]) -> None:

@@ -406,6 +406,34 @@ def test_ar_vs_scd_workflow_runs_and_no_node_covers_another(page: Page, shots: P
     page.screenshot(path=shots / "browser_ar_vs_scd.png")
 
 
+def test_continuation_workflow_charts_the_kept_half_as_forced(page: Page, shots: Path) -> None:
+    """The second sampler's chart counts the kept top half (8 rows of 16 tokens) as forced and draws it in the
+    forced colour; the first sampler forced nothing."""
+    load_ui_workflow(page, "scd_demo_continuation.json", seed=BROWSER_TEST_SEED + 2)
+    assert queue_and_wait(page) == "success"
+    states = {chart["id"]: chart["state"] for chart in page.evaluate(SAMPLER_CHARTS)}
+    assert sorted(state["forced"] for state in states.values()) == ["0", "128"], states
+    assert all(state["done"] == "true" for state in states.values()), states
+    assert_no_overlap(page, "scd_demo_continuation.json")
+    # DOM widgets off screen are hidden: bring each sampler into view before reading its chart's pixels
+    purple = {}
+    for node_id in states:
+        page.evaluate("""(id) => { const node = app.graph.getNodeById(id);
+            app.canvas.ds.scale = 1; app.canvas.ds.offset = [200 - node.pos[0], 120 - node.pos[1]];
+            app.canvas.setDirty(true, true); }""", node_id)
+        page.wait_for_timeout(300)  # the canvas redraws, DOM widgets follow
+        purple[states[node_id]["forced"]] = page.evaluate("""(id) => {
+            const canvas = app.graph.getNodeById(id).scdChart.canvas;
+            const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+            let count = 0;
+            for (let i = 0; i < data.length; i += 4) {
+                if (data[i] === 0x95 && data[i + 1] === 0x75 && data[i + 2] === 0xcd) count++;
+            }
+            return count; }""", node_id)
+    assert purple["0"] == 0 and purple["128"] > 100, purple
+    page.screenshot(path=shots / "browser_continuation.png")
+
+
 def test_cancelled_run_is_marked_on_the_chart(page: Page, shots: Path) -> None:
     load_ui_workflow(page, "scd_demo.json")
     # plain AR on a batch: hundreds of model calls, long enough to cancel midway
@@ -433,6 +461,8 @@ def test_cancelled_run_is_marked_on_the_chart(page: Page, shots: Path) -> None:
 
 @pinned_frontend_only
 def test_template_browser_lists_the_workflows_with_titles_and_thumbnails(page: Page, shots: Path) -> None:
+    # the browser renders the thumbnails of the cards in view only: a window tall enough for every card
+    page.set_viewport_size({"width": page.viewport_size["width"], "height": 2000})
     page.evaluate("() => app.extensionManager.command.execute('Comfy.BrowseTemplates')")
     page.get_by_text(PACK_NAME, exact=True).first.click()  # the pack's entry under Extensions
     content = page.locator('[data-testid="template-workflows-content"]')

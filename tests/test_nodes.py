@@ -27,7 +27,7 @@ from scd_core.models.checkpoints import ModelLoadError
 
 from comfy_server import REPO_ROOT, comfyui_main
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
-from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
+from lumina_fixture import RESOLUTION_2, tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
 
 CONTRACT_NODES = {
     "SCDModelLoader": ("SCD Model Loader", ["SCD_MODEL"]),
@@ -36,6 +36,7 @@ CONTRACT_NODES = {
     "SCDVQDecode": ("SCD VQ Decode", ["IMAGE"]),
     "SCDStats": ("SCD Stats", ["IMAGE", "STRING"]),
     "SCDVideoContext": ("SCD Video Context", ["SCD_COND"]),
+    "SCDImagePrompt": ("SCD Image Prompt", ["SCD_COND"]),
 }
 
 
@@ -471,7 +472,8 @@ def test_stats_chart_uses_the_live_charts_colours(pack: ModuleType, node_classes
     chart = sys.modules[f"{pack.__name__}.nodes.chart"]
     widget = (REPO_ROOT / "web" / "js" / "scd_widget.js").read_text()
     for js_name, python_name in (("background", "BACKGROUND"), ("arBar", "AR_BAR"), ("scdBar", "SCD_BAR"),
-                                 ("baseline", "BASELINE"), ("text", "TEXT"), ("muted", "AXIS")):
+                                 ("forcedBar", "FORCED_BAR"), ("baseline", "BASELINE"), ("text", "TEXT"),
+                                 ("muted", "AXIS")):
         found = re.search(rf'\b{js_name}: "(#[0-9a-f]{{6}})"', widget)
         assert found and found.group(1) == getattr(chart, python_name).lower(), f"{js_name} differs"
     # an autoregressive run: every bar in the one-token colour, none in the several-tokens one
@@ -479,6 +481,25 @@ def test_stats_chart_uses_the_live_charts_colours(pack: ModuleType, node_classes
     plot = image[chart.MARGIN_TOP:chart.HEIGHT - chart.MARGIN_BOTTOM, chart.MARGIN_LEFT:chart.WIDTH - chart.MARGIN_RIGHT]
     assert (plot == rgb(chart.AR_BAR)).all(-1).sum() > 1000
     assert not (plot == rgb(chart.SCD_BAR)).all(-1).any()
+    assert not (image == rgb(chart.FORCED_BAR)).all(-1).any()  # no forced tokens: no colour, no legend entry
+
+
+def test_stats_chart_stacks_forced_tokens_on_the_sampled_ones(pack: ModuleType, node_classes: dict[str, Any]) -> None:
+    """A continuation's calls: 1 sampled + 127 given, then 4 sampled: purple bars as tall as the given tokens,
+    green and grey ones as the sampled, and a legend entry."""
+    import numpy as np
+
+    chart = sys.modules[f"{pack.__name__}.nodes.chart"]
+    committed, forced = [1, 128, 4, 4], [0, 127, 0, 0]
+    image = np.asarray(chart.committed_chart(committed, [], "4 calls", forced))  # no acceptance line across
+    plot = image[chart.MARGIN_TOP:chart.HEIGHT - chart.MARGIN_BOTTOM, chart.MARGIN_LEFT:chart.WIDTH - chart.MARGIN_RIGHT]
+    column_height = lambda color: (plot == rgb(color)).all(-1).sum(0).max()  # noqa: E731  (the tallest bar)
+    plot_h = chart.HEIGHT - chart.MARGIN_BOTTOM - chart.MARGIN_TOP
+    assert abs(column_height(chart.FORCED_BAR) - plot_h * 127 / 128) <= 2
+    assert abs(column_height(chart.SCD_BAR) - plot_h * 4 / 128) <= 2  # call 3 and 4 sampled 4 each
+    assert abs(column_height(chart.AR_BAR) - plot_h * 1 / 128) <= 2  # calls 1 and 2 sampled one
+    legend = image[:chart.MARGIN_TOP]
+    assert (legend == rgb(chart.FORCED_BAR)).all(-1).sum() > 100
 
 
 def test_sampler_is_thin_over_generate(node_classes: dict[str, Any], janus: Any, fake_server: FakeServer,
@@ -636,3 +657,155 @@ def test_sampler_reserves_its_batch_before_loading(node_classes: dict[str, Any],
     n = janus.model.num_tokens  # the automatic window's widest call is the whole image here
     assert four == 4 * one and one == janus.image_cache_bytes + 4 * janus.slot_bytes
     assert automatic == 4 * (janus.image_cache_bytes + n * janus.slot_bytes) and trees > four
+
+
+# -- SCD Image Prompt ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def demo(node_classes: dict[str, Any]) -> Any:
+    return node_classes["SCDModelLoader"].execute("demo", "auto", "auto").result[0]
+
+
+def demo_digit(node_classes: dict[str, Any], demo: Any) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """The demo's 7 at seed 42: (its conditioning, tokens, decoded IMAGE)."""
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=demo, prompt="7")
+    tokens, _ = run_node(node_classes["SCDSampler"], **sampler_inputs(demo, cond, coupler="faithful", window=16,
+                                                                      seed=42))
+    (image,) = run_node(node_classes["SCDVQDecode"], model=demo, tokens=tokens)
+    return cond, tokens, image
+
+
+def test_image_prompt_schema_says_what_a_raster_model_sees(node_classes: dict[str, Any], omni: Any) -> None:
+    node = node_classes["SCDImagePrompt"]
+    inputs = inputs_of(node)
+    assert list(inputs) == ["model", "cond", "image", "task", "mask", "keep_top"]
+    assert inputs["task"][0][0] == "continue"
+    assert set(omni.model.image_tasks) <= set(inputs["task"][0])  # every task of the Omni checkpoint on offer
+    description = node.GET_NODE_INFO_V1()["description"]
+    assert "above and to the left" in description and "no exact masked inpainting" in description
+    assert "no model calls" in description
+    assert "any of its pixels is masked" in inputs["mask"][1]["tooltip"]
+    assert inputs["keep_top"][1]["default"] == 0.5 and inputs["keep_top"][1]["max"] == 1.0
+
+
+def test_image_prompt_continues_a_half_kept_digit(node_classes: dict[str, Any], demo: Any, pack: ModuleType,
+                                                  fake_server: FakeServer) -> None:
+    """The top 8 of 16 token rows of the demo's digit come back unchanged, the rest is sampled; the kept cells
+    are counted as forced in the events and the Stats chart, and cost no calls of their own."""
+    import numpy as np
+    from scd_core.given import GivenCells
+
+    cond, _, image = demo_digit(node_classes, demo)
+    fake_server.events.clear()
+    fake_server.texts.clear()
+    (given,) = run_node(node_classes["SCDImagePrompt"], model=demo, cond=cond, image=image, task="continue",
+                        keep_top=0.5)
+    assert fake_server.texts == [("7", "kept the top 8 of 16 token rows, sampling the 8 below")]
+    assert isinstance(given.cond, GivenCells) and given.model_name == "demo"
+    codes = demo.model.encode_image(image)
+    assert torch.equal(given.cond.tokens, codes) and given.cond.keep.sum() == 128 and given.cond.keep[0, :128].all()
+    tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(demo, given, coupler="faithful",
+                                                                          window=16, seed=1))
+    assert torch.equal(tokens[:, :128], codes[:, :128])
+    assert not torch.equal(tokens[:, 128:], codes[:, 128:])  # the lower half was sampled anew
+    events = [data for name, data in fake_server.events if name == "scd.progress"]
+    assert sum(e["forced"] for e in events) == sum(stats.result.forced) == 128
+    assert stats.result.nfe < 128 + 2  # the kept half costs no call per token
+    chart = sys.modules[f"{pack.__name__}.nodes.chart"]
+    (picture, summary) = run_node(node_classes["SCDStats"], stats=stats)
+    assert summary.startswith(f"demo: 256 tokens x 1 (128 forced) in {stats.result.nfe} model calls")
+    pixels = (picture[0].numpy() * 255).round().astype(np.uint8)
+    assert (pixels == rgb(chart.FORCED_BAR)).all(-1).sum() > 500
+
+
+def test_image_prompt_regenerates_the_masked_cells(node_classes: dict[str, Any], demo: Any,
+                                                   fake_server: FakeServer) -> None:
+    cond, _, image = demo_digit(node_classes, demo)
+    mask = torch.zeros(1, 64, 64)
+    mask[0, 40:48, 8:13] = 1.0  # rows 10-11, columns 2-3 of the 16 x 16 grid (pixel 12 lies in column 3)
+    mask[0, 0:4, 60:64] = 0.4  # under half: not masked
+    (given,) = run_node(node_classes["SCDImagePrompt"], model=demo, cond=cond, image=image, task="continue",
+                        mask=mask)
+    regenerate = torch.zeros(16, 16, dtype=torch.bool)
+    regenerate[10:12, 2:4] = True
+    assert torch.equal(given.cond.keep[0], ~regenerate.flatten())
+    assert fake_server.texts[-1] == ("7", "regenerating 4 of 256 cells (16 x 16), keeping the others")
+    tokens, _ = run_node(node_classes["SCDSampler"], **sampler_inputs(demo, given, coupler="faithful", window=16))
+    kept = given.cond.keep[0]
+    assert torch.equal(tokens[0, kept], given.cond.tokens[0, kept])
+
+
+def test_image_prompt_notes_a_resized_image_on_its_status_line(node_classes: dict[str, Any], demo: Any,
+                                                               fake_server: FakeServer) -> None:
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=demo, prompt="3")
+    wide = torch.rand(1, 48, 96, 3, generator=torch.Generator().manual_seed(0))
+    run_node(node_classes["SCDImagePrompt"], model=demo, cond=cond, image=wide, task="continue", keep_top=0.25)
+    assert fake_server.texts[-1] == ("7", "kept the top 4 of 16 token rows, sampling the 12 below; the 96 x 48 px "
+                                          "image was resized to the model's 64 x 64 px (scaled to cover it and "
+                                          "centre-cropped)")
+
+
+def test_image_prompt_refuses_what_it_cannot_do(node_classes: dict[str, Any], demo: Any, janus: Any,
+                                                fake_server: FakeServer, tiny_lumina2_dir: Path,
+                                                comfy: SimpleNamespace) -> None:
+    node = node_classes["SCDImagePrompt"]
+    cond, _, image = demo_digit(node_classes, demo)
+    with pytest.raises(ValueError) as caught:
+        run_node(node, model=demo, cond=cond, image=image, task="continue", mask=torch.zeros(1, 32, 48))
+    assert str(caught.value).startswith("the mask is 48 x 32 px but the image is 64 x 64 px")
+    with pytest.raises(ValueError, match=r"this model \(demo\) takes no image task such as 'depth'"):
+        run_node(node, model=demo, cond=cond, image=image, task="depth")
+    (given,) = run_node(node, model=demo, cond=cond, image=image, task="continue")
+    with pytest.raises(ValueError, match="already holds an image"):
+        run_node(node, model=demo, cond=given, image=image, task="continue")
+    with pytest.raises(ValueError, match="same SCD Model Loader"):
+        run_node(node, model=janus, cond=cond, image=image, task="continue")
+    with pytest.raises(ValueError, match=r"image values must lie in 0..1"):
+        run_node(node, model=demo, cond=cond, image=image * 2, task="continue")
+    with pytest.raises(ValueError, match="the model's aspect"):  # cropped to the grid, a mask would not follow
+        run_node(node, model=demo, cond=cond, image=image[:, :48], task="continue", mask=torch.zeros(1, 48, 64))
+    # the plain 2.0 checkpoint: scd_core's own refusal, naming the checkpoint and where the task lives
+    list_in_comfyui(comfy, "scd", tiny_lumina2_dir, tiny_lumina2_dir.name)
+    (plain,) = node_classes["SCDModelLoader"].execute(tiny_lumina2_dir.name, "auto", "auto").result
+    (plain_cond,) = run_node(node_classes["SCDPromptEncode"], model=plain, prompt="a ball")
+    with pytest.raises(ValueError, match=r"task 'depth' is not one the Lumina-mGPT 2\.0 checkpoint was trained for"):
+        run_node(node, model=plain, cond=plain_cond, image=torch.rand(1, 32, 32, 3), task="depth")
+
+
+@pytest.fixture(scope="module")
+def omni(node_classes: dict[str, Any], comfy: SimpleNamespace, tiny_lumina2_dir: Path,
+         tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny 2.0 folder under the Omni repository's name (which tells the checkpoints apart), loaded."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("omni") / "Lumina-mGPT-2.0-Omni"
+    shutil.copytree(tiny_lumina2_dir, folder)
+    list_in_comfyui(comfy, "scd", folder, folder.name)
+    return node_classes["SCDModelLoader"].execute(folder.name, "auto", "auto").result[0]
+
+
+def test_image_prompt_gives_omni_its_control_image_and_lumina_its_rows(node_classes: dict[str, Any], omni: Any,
+                                                                       fake_server: FakeServer) -> None:
+    """depth: the family's add_image (the dual panel's upper half given); continue on a grid with row-end
+    columns: the kept rows' codes and row-ends come back, the mask counts image columns only."""
+    node = node_classes["SCDImagePrompt"]
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=omni, prompt="a ball", width=32, height=64)
+    control = torch.rand(1, 32, 32, 3, generator=torch.Generator().manual_seed(2))
+    (depth,) = run_node(node, model=omni, cond=cond, image=control, task="depth")
+    expected = omni.model.add_image(cond.cond, control, "depth")
+    assert torch.equal(depth.cond.tokens, expected.tokens) and torch.equal(depth.cond.keep, expected.keep)
+    assert depth.cond.cond.cond == expected.cond.cond and fake_server.texts[-1] == ("7", "image added for depth")
+    with pytest.raises(ValueError, match="a mask is for task 'continue'"):
+        run_node(node, model=omni, cond=cond, image=control, task="depth", mask=torch.zeros(1, 32, 32))
+
+    (square,) = run_node(node_classes["SCDPromptEncode"], model=omni, prompt="a ball", width=RESOLUTION_2,
+                         height=RESOLUTION_2)
+    picture = torch.rand(1, RESOLUTION_2, RESOLUTION_2, 3, generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(1, RESOLUTION_2, RESOLUTION_2)
+    mask[0, 16:, 8:16] = 1.0  # rows 2-3, column 1 of the 4 x 4 codes
+    (given,) = run_node(node, model=omni, cond=square, image=picture, task="continue", mask=mask)
+    assert fake_server.texts[-1] == ("7", "regenerating 2 of 16 cells (4 x 4), keeping the others")
+    tokens, _ = run_node(node_classes["SCDSampler"], **sampler_inputs(omni, given, window=3))
+    keep = given.cond.keep[0]
+    assert keep.sum() == 14 and torch.equal(tokens[0, keep], given.cond.tokens[0, keep])
+    for position, token in omni.model.forced_tokens.items():  # the row-ends and end of image, as ever
+        assert tokens[0, position] == token

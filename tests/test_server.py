@@ -181,6 +181,43 @@ def test_shipped_demo_workflows_run(comfy_server: ComfyServer, workflow: Path,
     assert sizes and all(w >= demo_image_size[0] and h >= demo_image_size[1] for w, h in sizes)
 
 
+def test_demo_continuation_keeps_the_top_half_and_samples_the_rest(comfy_server: ComfyServer) -> None:
+    """The shipped continuation workflow end to end: the server's images are the core's, run here with the same
+    settings, whose lower half alone was sampled: the top 8 token rows are the digit's codes, unchanged.  The
+    image prompt says what it kept; the kept tokens reach the chart as forced, not as sampled."""
+    import numpy as np
+    import torch
+    from scd_core import SamplerConfig, generate, load_model
+    from scd_core.image_prompt import add_image
+
+    graph = json.loads((WORKFLOWS / "scd_demo_continuation_api.json").read_text())
+    graph["3"]["inputs"]["seed"], graph["11"]["inputs"]["seed"] = 4242, 611  # not a cached run's
+    run = comfy_server.run(graph)
+    assert run.status == "success", run.events[-3:]
+    assert "kept the top 8 of 16 token rows, sampling the 8 below" in run.texts
+    events = [data for data in run.of_type("scd.progress") if data["node"] == "11"]
+    assert sum(e["forced"] for e in events) == 128 and events[-1]["total"] == 256
+
+    model = load_model("demo", device="cpu", dtype="float32")
+    with torch.inference_mode():
+        cond = model.encode("7")
+        digit = model.decode(generate(model, cond, SamplerConfig(coupler="faithful", window=32, seed=4242)).tokens)
+        given = add_image(model, cond, digit, keep_top=0.5).cond
+        completed = generate(model, given, SamplerConfig(coupler="faithful", window=32, seed=611), batch_size=4)
+    codes = model.encode_image(digit)
+    assert torch.equal(completed.tokens[:, :128], codes.expand(4, -1)[:, :128])  # the kept half, unchanged
+    assert (completed.tokens[:, 128:] != codes[:, 128:]).any(dim=1).all()  # each lower half sampled anew
+
+    def pixels(images: torch.Tensor) -> list[np.ndarray]:  # as SaveImage / PreviewImage write them
+        return [np.clip(255.0 * image.numpy(), 0, 255).astype(np.uint8) for image in images]
+
+    for node_id, expected in (("5", pixels(digit)), ("13", pixels(model.decode(completed.tokens)))):
+        served = [np.asarray(image.convert("RGB")) for image in output_images(comfy_server, run, [node_id])]
+        assert len(served) == len(expected)
+        for got, want in zip(served, expected):
+            assert np.abs(got.astype(int) - want.astype(int)).max() <= 1, node_id
+
+
 def test_interrupt_ends_the_run_within_a_second(comfy_server: ComfyServer) -> None:
     # plain AR on a batch of 16: hundreds of model calls, long enough to interrupt midway
     long_run = pipeline("demo", "7", seed=202, window=1, batch_size=16)

@@ -35,6 +35,7 @@ class Family:
     class_index: str = ""  # which of its models take a class index as the prompt
     sizes: tuple[str, ...] = ()  # the other image sizes it takes: "Emu3 (any aspect, 8 px steps)"
     video: str = ""  # a video family: the context frames (its image prompts) it continues; "" for image families
+    image_tasks: tuple[str, ...] = ()  # what its checkpoints may take an image in the prompt for (model.image_tasks)
     compile: bool = False  # static-shape window calls: load_model(..., compile=True)
     quantize: bool = True  # its backbone stored in int8 / nf4
 

@@ -78,7 +78,8 @@ FAMILY = Family(
     cfg="Lumina-mGPT 3 / 2.0: 4",
     cfg_note="Lumina-mGPT 2.0 follows its authors: 1 turns CFG off; any other scale acts as at least 4 and decays "
              "to 4 within the first image row.",
-    sizes=("Lumina-mGPT 2.0 (any aspect, multiples of 32)", "Lumina-mGPT 1 (square, multiples of 32)"))
+    sizes=("Lumina-mGPT 2.0 (any aspect, multiples of 32)", "Lumina-mGPT 1 (square, multiples of 32)"),
+    image_tasks=("depth", "canny", "subject"))  # 2.0-Omni's (OMNI_PANELS)
 BOI, EOI, ROW_END, END_OF_TURN, BOS = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>", "<s>"
 PROMPT_TEMPLATE = "Generate an image of {width}x{height} according to the following prompt:\n{prompt}"
 GRID_CELL = 32  # pixels per height/width token

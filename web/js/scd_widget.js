@@ -2,7 +2,9 @@
 // and the running count of model calls saved against plain autoregressive decoding.
 //
 // Data arrives as the server's "scd.progress" websocket event, one per model call (nodes/progress.py):
-//   {node, iteration, committed, total, num_tokens, nfe, acceptance, calls_saved}
+//   {node, iteration, committed, forced, total, num_tokens, nfe, acceptance, calls_saved}
+// `forced` of a call's `committed` tokens were given (an image's kept cells, row-ends), not sampled: they sit on
+// top of the sampled ones in a colour of their own.
 // ComfyUI's own execution_interrupted / execution_error events name the node that was running: a chart whose
 // run was cut short says so instead of looking half done.
 // The chart is a DOM widget (not canvas-drawn), so it also renders in the frontend's Vue node mode.
@@ -21,6 +23,7 @@ const COLORS = {
     frame: "#3a3a3a",
     arBar: "#7a7a7a", // a call that committed one token: no better than plain AR
     scdBar: "#4caf50", // a call that committed several tokens
+    forcedBar: "#9575cd", // tokens a call committed without sampling them
     baseline: "#d0a040", // one token per call, the pace of plain AR
     text: "#e0e0e0",
     muted: "#9a9a9a",
@@ -31,7 +34,7 @@ const STOPPED_BY = { execution_interrupted: "cancelled", execution_error: "stopp
 
 // The run a chart shows; kept after the run ends and replaced when the next run's iteration 0 arrives.
 function emptyRun() {
-    return { committed: [], total: 0, numTokens: 0, nfe: 0, callsSaved: 0, stopped: "" };
+    return { committed: [], forced: [], total: 0, numTokens: 0, nfe: 0, callsSaved: 0, stopped: "" };
 }
 
 class AcceptanceChart {
@@ -51,6 +54,7 @@ class AcceptanceChart {
     update(event) {
         if (event.iteration === 0) this.run = emptyRun();
         this.run.committed[event.iteration] = event.committed;
+        this.run.forced[event.iteration] = event.forced ?? 0; // servers before forced tokens send none
         this.run.total = event.total;
         this.run.numTokens = event.num_tokens;
         this.run.nfe = event.nfe;
@@ -67,6 +71,10 @@ class AcceptanceChart {
         this.requestDraw();
     }
 
+    forcedTotal() {
+        return this.run.forced.reduce((sum, n) => sum + (n ?? 0), 0);
+    }
+
     finished() {
         return this.run.numTokens > 0 && this.run.total >= this.run.numTokens;
     }
@@ -75,6 +83,7 @@ class AcceptanceChart {
     publishState() {
         const data = this.canvas.dataset;
         data.iterations = String(this.run.committed.length);
+        data.forced = String(this.forcedTotal());
         data.callsSaved = String(this.run.callsSaved);
         data.total = String(this.run.total);
         data.numTokens = String(this.run.numTokens);
@@ -125,11 +134,18 @@ class AcceptanceChart {
         const slots = Math.max(committed.length, 32);
         const step = plot.w / slots;
         const gap = step > 3 ? 1 : 0;
+        const barWidth = Math.max(step - gap, 0.5);
         committed.forEach((count, i) => {
             if (!count) return;
-            const barHeight = (count / tallest) * (plot.h - 2);
-            ctx.fillStyle = count > 1 ? COLORS.scdBar : COLORS.arBar;
-            ctx.fillRect(plot.x + i * step, plot.y + plot.h - 1 - barHeight, Math.max(step - gap, 0.5), barHeight);
+            const forced = this.run.forced[i] ?? 0;
+            const sampledHeight = ((count - forced) / tallest) * (plot.h - 2);
+            const sampledTop = plot.y + plot.h - 1 - sampledHeight;
+            ctx.fillStyle = count - forced > 1 ? COLORS.scdBar : COLORS.arBar;
+            ctx.fillRect(plot.x + i * step, sampledTop, barWidth, sampledHeight);
+            if (!forced) return;
+            const forcedHeight = (forced / tallest) * (plot.h - 2);
+            ctx.fillStyle = COLORS.forcedBar;
+            ctx.fillRect(plot.x + i * step, sampledTop - forcedHeight, barWidth, forcedHeight);
         });
         // Plain AR commits exactly one token per call: everything above this line is a saved call.
         const baselineY = plot.y + plot.h - 1 - (plot.h - 2) / tallest;
@@ -177,6 +193,11 @@ class AcceptanceChart {
         ctx.font = "12px sans-serif";
         ctx.fillStyle = COLORS.muted;
         ctx.fillText(`${calls}, ${run.total} / ${run.numTokens} tokens`, 6, 19);
+        const forced = this.forcedTotal();
+        if (forced === 0) return;
+        const x = 6 + ctx.measureText(`${calls}, ${run.total} / ${run.numTokens} tokens `).width;
+        ctx.fillStyle = COLORS.forcedBar;
+        ctx.fillText(`(${forced} forced)`, x, 19);
     }
 }
 
