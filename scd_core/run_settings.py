@@ -32,7 +32,7 @@ def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
 def sampling_settings(model: TokenModel, config: SamplerConfig) -> tuple[float, float, Optional[int], float]:
     """(cfg scale, temperature, top-k, top-p): the config's, the model's recommended values where it has none."""
     return (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None else config.cfg_scale,
-            config.temperature,
+            model_default(model, "default_temperature", 1.0) if config.temperature is None else config.temperature,
             config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
             model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
 
