@@ -22,6 +22,7 @@ from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, stagg
 
 from scd_core import ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import glm_image
+from scd_core.run_settings import start_session
 
 HAS_GLM_IMAGE = Version(transformers.__version__) >= Version(glm_image.TRANSFORMERS_NEEDED)
 needs_glm_image = pytest.mark.skipif(not HAS_GLM_IMAGE, reason="GLM-Image needs transformers >= 5 (oldest tier)")
@@ -238,26 +239,29 @@ def test_add_image_is_the_image_prompt_path(model: glm_image.GlmImageModel, edit
     assert len(model.grids) == 2
 
 
-class StartedUnguided:
-    """The model as the engine would start it at CFG scale 1 if it passed `guided=False` (scd_core/engine.py
-    starts every session guided so far): the same model and weights, its sessions without uncond rows."""
+class StartedBySession:
+    """The model as generate starts it once scd_core/engine.py calls `run_settings.start_session` (it calls
+    `model.start(cond, batch_size)` so far): the same model and weights, started for `config`."""
 
-    def __init__(self, model: glm_image.GlmImageModel) -> None:
-        self.model = model
+    def __init__(self, model: glm_image.GlmImageModel, config: SamplerConfig) -> None:
+        self.model, self.config = model, config
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.model, name)
 
     def start(self, cond: glm_image.GlmImagePrompt, batch_size: int) -> object:
-        return self.model.start(cond, batch_size, guided=False)
+        return start_session(self.model, cond, batch_size, self.config)
 
 
 @needs_glm_image
 @pytest.mark.parametrize("edit", [False, True], ids=["text-to-image", "image-to-image"])
 def test_cfg_1_without_uncond_rows_gives_the_two_branch_tokens(model64: glm_image.GlmImageModel, edit: bool) -> None:
-    """At CFG 1 the uncond logits are never read: the sessions started with guided=False feed one row per image
-    (the two-branch path two) and sample the same tokens in the same calls."""
+    """At CFG 1 (GLM-Image's default) the uncond logits are never read: `start_session` then starts the session
+    with guided=False, which feeds one row per image (the two-branch path two) and samples the same tokens in
+    the same calls."""
     cond = model64.encode(PROMPT, NEGATIVE, image=source_picture() if edit else None)
+    for config, copies in ((SamplerConfig(), 1), (SamplerConfig(cfg_scale=1.0), 1), (SamplerConfig(cfg_scale=3.0), 2)):
+        assert start_session(model64, cond, 2, config).copies == copies, config.cfg_scale
     session = model64.start(cond, 2, guided=False)
     assert session.prefill()[1] is None and session.cache.lengths.shape == (2,)
     rows: list[int] = []  # rows of each backbone call
@@ -269,7 +273,7 @@ def test_cfg_1_without_uncond_rows_gives_the_two_branch_tokens(model64: glm_imag
             both = generate(model64, cond, config, batch_size=2)
             both_rows = rows[:]
             rows.clear()
-            cond_only = generate(StartedUnguided(model64), cond, config, batch_size=2)
+            cond_only = generate(StartedBySession(model64, config), cond, config, batch_size=2)
             assert torch.equal(cond_only.tokens, both.tokens) and cond_only.nfe == both.nfe, (coupler, window)
             # call for call, one row per image still decoding (a finished image leaves the batch) against two
             assert rows[0] == 2 and both_rows == [2 * count for count in rows] and len(rows) == cond_only.nfe
