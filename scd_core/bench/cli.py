@@ -16,6 +16,7 @@
     python -m scd_core.bench auto                     # automatic window against pinned ones in fresh processes
     python -m scd_core.bench auto-replay --processes 4 --images 5   # whole processes under fixed call costs
     python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
+    python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
 
 A benchmark is one COMMANDS entry: its summary, its options (the shared ones below, or its own) and what runs
@@ -154,6 +155,12 @@ def _faithful(args: argparse.Namespace) -> Result:
     return "faithful", faithful_tables(list(range(args.seeds)))
 
 
+def _glm_image(args: argparse.Namespace) -> Result:
+    from .glm_image import glm_image_tables
+
+    return "glm-image", glm_image_tables(list(range(args.seeds)), args.windows)
+
+
 COMMANDS: dict[str, Bench] = {
     "nfe": Bench("model calls, tokens per call and acceptance of AR, SJD and SCD side by side (a synthetic grid "
                  "model at three entropies, or --model)",
@@ -217,6 +224,11 @@ COMMANDS: dict[str, Bench] = {
                          _auto_replay),
     "faithful": Bench("the faithful coupler (the default): the demo's images in bfloat16 that differ from window "
                       "1's at other widths, and its calls against maximal and gumbel coupling", (SEEDS,), _faithful),
+    "glm-image": Bench("GLM-Image's token stage: calls of AR, SJD, SCD and faithful on a synthetic model of its grids "
+                       "(16 x 16 preview, 32 x 32 at 1024 px), codes and sampling",
+                       (option("--seeds", type=int, default=1, metavar="N", help="seeds 0 .. N-1 (default: 1)"),
+                        option("--windows", type=int, nargs="+", default=[32],
+                               help="window widths to compare (default: 32)")), _glm_image),
 }
 
 
