@@ -18,6 +18,7 @@ from .lowvram import streamed_bytes
 from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDModel, SCDStats, SCDTokens
 
 RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scale"
+RECOMMENDED_TEMPERATURE = -1.0  # and its recommended temperature (GLM-Image samples at 0.9)
 RECOMMENDED_TOP_K = 0
 RECOMMENDED_TOP_P = 0.0
 AUTOMATIC_WINDOW = 0  # widget value meaning window "auto": the width with the most tokens per second, per call
@@ -34,6 +35,9 @@ def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, tempe
     if cfg_scale != RECOMMENDED_CFG and cfg_scale < 0:
         raise ValueError(f"cfg_scale must be -1 (the model's recommended value) or a number in 0..100, "
                          f"got {cfg_scale}")
+    if temperature != RECOMMENDED_TEMPERATURE and temperature <= 0:
+        raise ValueError(f"temperature must be -1 (the model's recommended value) or a number in (0, 100], "
+                         f"got {temperature}")
     if top_k < 0:
         raise ValueError(f"top_k must be 0 (the model's recommended value) or a positive integer, got {top_k}")
     if candidates > 1 and coupler in couplers.names_where("candidates", False):
@@ -41,7 +45,8 @@ def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, tempe
                          f"set candidates to 1 or choose another coupler (got {candidates})")
     return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window,
                          cfg_scale=None if cfg_scale == RECOMMENDED_CFG else cfg_scale,
-                         temperature=temperature, top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
+                         temperature=None if temperature == RECOMMENDED_TEMPERATURE else temperature,
+                         top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
                          top_p=None if top_p == RECOMMENDED_TOP_P else top_p, seed=seed,
                          draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init, candidates=candidates)
 
@@ -55,6 +60,14 @@ def cfg_tooltip() -> str:
     notes = " ".join(family.cfg_note for family in families() if family.cfg_note)
     return (f"Classifier-free guidance scale; -1 uses the model's recommended value ({recommended}). Far above it "
             f"(more than {FAR_CFG_FACTOR:g}x) images turn to noise: the status line warns. {notes}").rstrip()
+
+
+def temperature_tooltip() -> str:
+    declared = "; ".join(family.temperature for family in families() if family.temperature)
+    return ("Divides the model's logits before sampling; -1 uses the model's recommended value "
+            f"({declared + ', ' if declared else ''}else 1: the model as trained). Lower gives plainer images, "
+            f"higher more varied ones and soon noise (above {FAR_TEMPERATURE_FACTOR:g}x the model's value the "
+            "status line warns).")
 
 
 def top_p_tooltip() -> str:
@@ -105,11 +118,8 @@ class SCDSampler(io.ComfyNode):
                              tooltip="Random seed. With the faithful coupler a seed gives the plain autoregressive "
                                      "image of that seed at any window; with the others only at a pinned "
                                      "window. In a batch, row i uses seed + i."),
-                io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01,
-                               tooltip="Divides the model's logits before sampling: 1 samples the model as "
-                                       "trained, lower gives plainer images, higher more varied ones and soon "
-                                       f"noise (above {FAR_TEMPERATURE_FACTOR:g}x the model's value the status "
-                                       "line warns)."),
+                io.Float.Input("temperature", default=RECOMMENDED_TEMPERATURE, min=-1.0, max=100.0, step=0.01,
+                               tooltip=temperature_tooltip()),
                 io.Int.Input("top_k", default=RECOMMENDED_TOP_K, min=0, max=MAX_TOP_K,
                              tooltip="0 uses the model's recommended value."),
                 io.Float.Input("top_p", default=RECOMMENDED_TOP_P, min=0.0, max=1.0, step=0.01,

@@ -75,7 +75,7 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
                               "(with faithful the window changes the calls, never the image)")
     sampler.add_argument("--cfg", type=float, help="classifier-free guidance scale (default: the model's)")
     sampler.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
-                         help="divides the logits before sampling")
+                         help="divides the logits before sampling (default: the model's)")
     sampler.add_argument("--top-k", type=int, help="sample among the k likeliest tokens (default: the model's)")
     sampler.add_argument("--top-p", type=float, default=DEFAULTS.top_p,
                          help="sample among the likeliest tokens holding this much probability (default: the "

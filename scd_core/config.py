@@ -64,7 +64,7 @@ class SamplerConfig:
     coupler: str = DEFAULT_COUPLER
     window: int | str = 32
     cfg_scale: Optional[float] = None
-    temperature: float = 1.0
+    temperature: Optional[float] = None
     top_k: Optional[int] = None
     top_p: Optional[float] = None
     seed: int = 0
@@ -80,8 +80,8 @@ class SamplerConfig:
                f"{AUTO_WINDOW!r} or an integer in 1..{MAX_WINDOW}", self.window)
         _check(self.cfg_scale is None or (_is_real(self.cfg_scale) and 0 <= self.cfg_scale <= 100),
                "cfg_scale", "None or a number in 0..100", self.cfg_scale)
-        _check(_is_real(self.temperature) and 0 < self.temperature <= 100, "temperature",
-               "a number in (0, 100]", self.temperature)
+        _check(self.temperature is None or (_is_real(self.temperature) and 0 < self.temperature <= 100),
+               "temperature", "None or a number in (0, 100]", self.temperature)
         _check(self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k",
                "None or an integer >= 1", self.top_k)
         _check(self.top_p is None or (_is_real(self.top_p) and 0 < self.top_p <= 1), "top_p",

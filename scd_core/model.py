@@ -143,7 +143,7 @@ FAR_CFG_FACTOR = 3.0
 FAR_TEMPERATURE_FACTOR = 2.0
 
 
-def unusual_settings(model: Any, cfg_scale: Optional[float], temperature: float) -> list[str]:
+def unusual_settings(model: Any, cfg_scale: Optional[float], temperature: Optional[float]) -> list[str]:
     """Warnings for sampling values far above what `model` was made for (None: the model's own value)."""
     warnings = []
     recommended_cfg = getattr(model, "default_cfg_scale", None)
@@ -151,7 +151,7 @@ def unusual_settings(model: Any, cfg_scale: Optional[float], temperature: float)
         warnings.append(f"CFG {cfg_scale:g} is far above this model's {recommended_cfg:g} (more than "
                         f"{FAR_CFG_FACTOR:g}x tends to give noise)")
     recommended_temperature = model_default(model, "default_temperature", 1.0)
-    if temperature > FAR_TEMPERATURE_FACTOR * recommended_temperature:
+    if temperature is not None and temperature > FAR_TEMPERATURE_FACTOR * recommended_temperature:
         warnings.append(f"temperature {temperature:g} is far above this model's {recommended_temperature:g} "
                         f"(more than {FAR_TEMPERATURE_FACTOR:g}x tends to give noise)")
     return warnings

@@ -1,17 +1,19 @@
 """A config read against one model: what a run samples with.
 
 The sampling values (the model's recommended ones where the config leaves them unset), the model's sampled
-sub-vocabulary, and where initial drafts are copied from.  The engine reads them once per run.
+sub-vocabulary, where initial drafts are copied from, and whether the session needs its uncond rows.  The
+engine reads them once per run.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 import torch
 
 from .config import SamplerConfig
-from .model import TokenModel, model_default
+from .model import Session, TokenModel, model_default
 
 
 def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
@@ -32,9 +34,20 @@ def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
 def sampling_settings(model: TokenModel, config: SamplerConfig) -> tuple[float, float, Optional[int], float]:
     """(cfg scale, temperature, top-k, top-p): the config's, the model's recommended values where it has none."""
     return (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None else config.cfg_scale,
-            config.temperature,
+            model_default(model, "default_temperature", 1.0) if config.temperature is None else config.temperature,
             config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
             model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
+
+
+def start_session(model: TokenModel, cond: Any, batch_size: int, config: SamplerConfig) -> Session:
+    """`model.start(cond, batch_size)`, without the uncond rows (`guided=False`) where the model's start can
+    leave them out and the run's guidance scale is 1 at every position: their logits would never be read.  A
+    model with a guidance schedule keeps them (its scale may differ from 1 somewhere)."""
+    start = model.start
+    if (sampling_settings(model, config)[0] == 1.0 and not callable(getattr(model, "cfg_schedule", None))
+            and "guided" in inspect.signature(start).parameters):
+        return start(cond, batch_size, guided=False)
+    return start(cond, batch_size)
 
 
 def draft_source(model: TokenModel, config: SamplerConfig) -> Optional[int]:

@@ -289,8 +289,9 @@ def test_no_arguments_show_usage(capsys):
     assert code == 2 and "usage:" in err and "generate" in err
     help_text = " ".join(help_of(capsys, "generate").split())  # argparse wraps lines
     assert "--coupler" in help_text and "--compare" in help_text
-    for shown in ("(default: faithful)", "(default: 32)", "(default: 1.0)", "(default: 0)", "(default: token)"):
+    for shown in ("(default: faithful)", "(default: 32)", "(default: 0)", "(default: token)"):
         assert shown in help_text
+    assert "divides the logits before sampling (default: the model's)" in help_text  # GLM-Image's 0.9
     assert "(default: None)" not in help_text and "(default: False)" not in help_text
 
 

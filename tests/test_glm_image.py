@@ -12,6 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -21,6 +22,7 @@ from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, stagg
 
 from scd_core import ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import glm_image
+from scd_core.run_settings import start_session
 
 HAS_GLM_IMAGE = Version(transformers.__version__) >= Version(glm_image.TRANSFORMERS_NEEDED)
 needs_glm_image = pytest.mark.skipif(not HAS_GLM_IMAGE, reason="GLM-Image needs transformers >= 5 (oldest tier)")
@@ -134,6 +136,27 @@ def test_greedy_tokens_equal_transformers_generate(model: glm_image.GlmImageMode
         assert torch.equal(generate(model, cond, config).tokens[0], expected), (coupler, window)
 
 
+@needs_glm_image
+def test_unset_temperature_and_top_p_sample_at_the_folders_generation_config(model: glm_image.GlmImageModel
+                                                                              ) -> None:
+    """Left at "the model's value" (SamplerConfig's None, the node's -1 / 0 widgets, the CLI without
+    --temperature / --top-p) GLM-Image samples at its generation_config's 0.9 and 0.75: the tokens of those
+    values set by hand."""
+    import argparse
+
+    from scd_core.cli_shared import add_sampler_arguments, sampler_config
+    from scd_core.run_settings import sampling_settings
+
+    parser = argparse.ArgumentParser()
+    add_sampler_arguments(parser)
+    for config in (SamplerConfig(window=8, seed=5), sampler_config(parser.parse_args(["--window", "8"]), 5)):
+        assert sampling_settings(model, config) == (1.0, 0.9, None, 0.75)
+    cond = model.encode(PROMPT)
+    unset = generate(model, cond, SamplerConfig(window=8, seed=5)).tokens
+    assert torch.equal(unset, generate(model, cond, SamplerConfig(window=8, seed=5, temperature=0.9,
+                                                                  top_p=0.75)).tokens)
+
+
 def source_picture() -> object:
     from PIL import Image
 
@@ -141,27 +164,36 @@ def source_picture() -> object:
     return Image.fromarray((pixels * 255).to(torch.uint8).numpy())
 
 
-@needs_glm_image
-def test_image_to_image_greedy_tokens_equal_transformers_generate(model: glm_image.GlmImageModel,
-                                                                  folder: Path) -> None:
-    """The source image's codes in the prompt (from the AR model's own vision tower and VQ), 2-D positions for
-    them, only the large grid sampled: as transformers' generate does from the processor's pixels."""
+@pytest.fixture(scope="module")
+def edit_reference(model: glm_image.GlmImageModel, folder: Path) -> tuple[object, dict, torch.Tensor]:
+    """(a source picture, the processor's inputs for it and PROMPT, transformers' greedy generate on them:
+    the large grid's codes)."""
     from transformers import GlmImageForConditionalGeneration
 
     picture = source_picture()
-    cond = model.encode(PROMPT, image=picture)
     messages = [[{"role": "user", "content": [{"type": "image", "image": picture},
                                               {"type": "text", "text": PROMPT}]}]]
     inputs = model.processor.apply_chat_template(messages, tokenize=True, target_h=model.size[0],
                                                  target_w=model.size[1], return_dict=True, return_tensors="pt")
-    assert cond.source.grid == tuple(inputs["image_grid_thw"][0, 1:].tolist())
-    assert len(cond.source.codes) == cond.source.grid[0] * cond.source.grid[1] > 1
-    assert len(cond.cond) == inputs["input_ids"].shape[1]
     reference = GlmImageForConditionalGeneration.from_pretrained(str(folder / glm_image.AR_FOLDER)).eval()
     rows, cols = glm_image.grid_sizes(*model.size)[1]
     heads = reference.config.text_config.vision_vocab_size
     expected = reference.generate(**inputs, max_new_tokens=rows * cols, do_sample=False,
-                                  suppress_tokens=list(range(model.vocab_size, heads)))[0, len(cond.cond):]
+                                  suppress_tokens=list(range(model.vocab_size, heads)))
+    return picture, inputs, expected[0, inputs["input_ids"].shape[1]:]
+
+
+@needs_glm_image
+def test_image_to_image_greedy_tokens_equal_transformers_generate(model: glm_image.GlmImageModel,
+                                                                  edit_reference: tuple) -> None:
+    """The source image's codes in the prompt (from the AR model's own vision tower and VQ), 2-D positions for
+    them, only the large grid sampled: as transformers' generate does from the processor's pixels."""
+    picture, inputs, expected = edit_reference
+    cond = model.encode(PROMPT, image=picture)
+    assert cond.source.grid == tuple(inputs["image_grid_thw"][0, 1:].tolist())
+    assert len(cond.source.codes) == cond.source.grid[0] * cond.source.grid[1] > 1
+    assert len(cond.cond) == inputs["input_ids"].shape[1]
+    rows, cols = glm_image.grid_sizes(*model.size)[1]
     for coupler, window in (("maximal", 1), ("faithful", 8)):
         config = SamplerConfig(coupler=coupler, window=window, top_k=1, cfg_scale=1.0, seed=0)
         tokens = generate(model, cond, config).tokens[0]
@@ -171,6 +203,81 @@ def test_image_to_image_greedy_tokens_equal_transformers_generate(model: glm_ima
     assert images.shape == (1, *model.size, 3)
     generate(model, model.encode(PROMPT), SamplerConfig(window=8, seed=0))  # back to text-to-image
     assert len(model.grids) == 2
+
+
+@needs_glm_image
+def test_add_image_is_the_image_prompt_path(model: glm_image.GlmImageModel, edit_reference: tuple) -> None:
+    """The shared image-prompt interface (task "edit") on a ComfyUI IMAGE builds the prompt `encode(...,
+    image=)` builds from the same pixels, at the conditioning's size, so its greedy tokens are transformers'."""
+    from glm_image_fixture import HEIGHT, WIDTH
+
+    picture, _, expected = edit_reference
+    images = torch.tensor(np.asarray(picture), dtype=torch.float32).unsqueeze(0) / 255  # (1, H, W, 3) in 0..1
+    assert model.image_tasks == ("edit",)
+    text_only = model.encode(PROMPT, NEGATIVE)
+    model.set_image_size(64, 64)  # the conditioning's size wins, as in start
+    edit = model.add_image(text_only, images, "edit")
+    assert model.size == edit.size == text_only.size == (HEIGHT, WIDTH)
+    direct = model.encode(PROMPT, NEGATIVE, image=picture)
+    assert (edit.cond, edit.uncond, edit.text, edit.negative) == (direct.cond, direct.uncond, PROMPT, NEGATIVE)
+    assert (edit.source.codes, edit.source.grid, edit.source.positions) == \
+        (direct.source.codes, direct.source.grid, direct.source.positions)
+    assert edit.uncond != model.add_image(model.encode(PROMPT), images, "edit").uncond  # the negative kept
+    config = SamplerConfig(coupler="faithful", window=8, top_k=1, cfg_scale=1.0, seed=0)
+    assert torch.equal(generate(model, edit, config).tokens[0], expected)
+    with pytest.raises(ValueError, match=r"task 'depth' is not one the GLM-Image checkpoint .* takes edit"):
+        model.add_image(text_only, images, "depth")
+    with pytest.raises(ValueError, match="one source image per prompt, got a batch of 2"):
+        model.add_image(text_only, images.expand(2, -1, -1, -1), "edit")
+    with pytest.raises(ValueError, match="already holds a source image"):
+        model.add_image(edit, images, "edit")
+    with pytest.raises(ValueError, match="cond must come from GlmImageModel.encode"):
+        model.add_image("a red cube", images, "edit")
+    generate(model, text_only, SamplerConfig(window=8, seed=0))  # back to text-to-image
+    assert len(model.grids) == 2
+
+
+class StartedBySession:
+    """The model as generate starts it once scd_core/engine.py calls `run_settings.start_session` (it calls
+    `model.start(cond, batch_size)` so far): the same model and weights, started for `config`."""
+
+    def __init__(self, model: glm_image.GlmImageModel, config: SamplerConfig) -> None:
+        self.model, self.config = model, config
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.model, name)
+
+    def start(self, cond: glm_image.GlmImagePrompt, batch_size: int) -> object:
+        return start_session(self.model, cond, batch_size, self.config)
+
+
+@needs_glm_image
+@pytest.mark.parametrize("edit", [False, True], ids=["text-to-image", "image-to-image"])
+def test_cfg_1_without_uncond_rows_gives_the_two_branch_tokens(model64: glm_image.GlmImageModel, edit: bool) -> None:
+    """At CFG 1 (GLM-Image's default) the uncond logits are never read: `start_session` then starts the session
+    with guided=False, which feeds one row per image (the two-branch path two) and samples the same tokens in
+    the same calls."""
+    cond = model64.encode(PROMPT, NEGATIVE, image=source_picture() if edit else None)
+    for config, copies in ((SamplerConfig(), 1), (SamplerConfig(cfg_scale=1.0), 1), (SamplerConfig(cfg_scale=3.0), 2)):
+        assert start_session(model64, cond, 2, config).copies == copies, config.cfg_scale
+    session = model64.start(cond, 2, guided=False)
+    assert session.prefill()[1] is None and session.cache.lengths.shape == (2,)
+    rows: list[int] = []  # rows of each backbone call
+    hook = model64.module.model.language_model.register_forward_hook(
+        lambda module, args, kwargs, out: rows.append(kwargs["inputs_embeds"].shape[0]), with_kwargs=True)
+    try:
+        for coupler, window in (("faithful", 8),) if edit else (("faithful", 8), ("maximal", 4)):
+            config = SamplerConfig(coupler=coupler, window=window, cfg_scale=1.0, seed=3)
+            both = generate(model64, cond, config, batch_size=2)
+            both_rows = rows[:]
+            rows.clear()
+            cond_only = generate(StartedBySession(model64, config), cond, config, batch_size=2)
+            assert torch.equal(cond_only.tokens, both.tokens) and cond_only.nfe == both.nfe, (coupler, window)
+            # call for call, one row per image still decoding (a finished image leaves the batch) against two
+            assert rows[0] == 2 and both_rows == [2 * count for count in rows] and len(rows) == cond_only.nfe
+            rows.clear()
+    finally:
+        hook.remove()
 
 
 @needs_glm_image

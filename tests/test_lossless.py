@@ -74,7 +74,7 @@ def sample_case(coupler: str, model_kwargs: dict, sampler_kwargs: dict, rows_per
     model = TablePrefixModel(seed=seed, rows_per_cache=rows_per_cache, **model_kwargs)
     config = SamplerConfig(coupler=coupler, seed=seed, **sampler_kwargs, **extra)
     result = generate(model, None, config, batch_size=SAMPLES - SAMPLES % 6)
-    law = model.exact_law(cfg_scale=config.cfg_scale or 1.0, temperature=config.temperature,
+    law = model.exact_law(cfg_scale=config.cfg_scale or 1.0, temperature=config.temperature or 1.0,
                           top_k=config.top_k, top_p=config.top_p or 1.0)
     return result, law
 

@@ -243,7 +243,7 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
               "window": ("INT", {"min": 0, "max": 1024, "default": 0}),  # 0: automatic
               "cfg_scale": ("FLOAT", {"min": -1.0, "max": 100.0, "default": -1.0}),
               "seed": ("INT", {"min": 0, "control_after_generate": True}),
-              "temperature": ("FLOAT", {"default": 1.0}),
+              "temperature": ("FLOAT", {"min": -1.0, "default": -1.0}),  # -1: the model's (GLM-Image 0.9)
               "top_k": ("INT", {"min": 0, "default": 0}),
               "top_p": ("FLOAT", {"min": 0.0, "max": 1.0, "default": 0.0}),
               "draft_init": (["auto", "random", "left", "above", "previous_frame"],
@@ -353,6 +353,9 @@ def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> N
     assert sampler_config("maximal", 8, 2.5, 1, 1.0, 50, 1.0, "left").top_k == 50
     with pytest.raises(ValueError, match="cfg_scale must be -1"):
         sampler_config("maximal", 8, -0.5, 1, 1.0, 0, 1.0, "left")
+    assert config.temperature == 1.0 and sampler_config("maximal", 8, -1.0, 1, -1.0, 0, 0.0, "left").temperature is None
+    with pytest.raises(ValueError, match=r"temperature must be -1 \(the model's recommended value\) or a number"):
+        sampler_config("maximal", 8, -1.0, 1, 0.0, 0, 1.0, "left")
     assert sampler_config("maximal", 0, -1.0, 1, 1.0, 0, 1.0, "left").window == "auto"
     with pytest.raises(ValueError, match="window"):
         sampler_config("maximal", -1, -1.0, 1, 1.0, 0, 1.0, "left")

@@ -17,6 +17,7 @@
     python -m scd_core.bench auto-replay --processes 4 --images 5   # whole processes under fixed call costs
     python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
     python -m scd_core.bench given --seeds 8          # images in the prompt: calls of continuations and regions
+    python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
 
 A benchmark is one COMMANDS entry: its summary, its options (the shared ones below, or its own) and what runs
@@ -161,6 +162,12 @@ def _given(args: argparse.Namespace) -> Result:
     return "given", given_tables(list(range(args.seeds)))
 
 
+def _glm_image(args: argparse.Namespace) -> Result:
+    from .glm_image import glm_image_tables
+
+    return "glm-image", glm_image_tables(list(range(args.seeds)), args.windows)
+
+
 COMMANDS: dict[str, Bench] = {
     "nfe": Bench("model calls, tokens per call and acceptance of AR, SJD and SCD side by side (a synthetic grid "
                  "model at three entropies, or --model)",
@@ -227,6 +234,11 @@ COMMANDS: dict[str, Bench] = {
     "given": Bench("images in the prompt: calls of a continuation (top half kept) and of regenerated regions "
                    "against the full image, AR / SJD / SCD / faithful (the demo and the medium-entropy grid)",
                    (SEEDS,), _given),
+    "glm-image": Bench("GLM-Image's token stage: calls of AR, SJD, SCD and faithful on a synthetic model of its grids "
+                       "(16 x 16 preview, 32 x 32 at 1024 px), codes and sampling",
+                       (option("--seeds", type=int, default=1, metavar="N", help="seeds 0 .. N-1 (default: 1)"),
+                        option("--windows", type=int, nargs="+", default=[32],
+                               help="window widths to compare (default: 32)")), _glm_image),
 }
 
 

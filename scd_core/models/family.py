@@ -32,6 +32,7 @@ class Family:
     cfg: str = ""  # its recommended CFG scales, as the tooltip lists them: "Janus-Pro 5"; "" means no CFG
     cfg_note: str = ""  # a sentence on guidance peculiar to it
     top_p: str = ""  # its recommended top-p where it has one (the others' is 1: no top-p)
+    temperature: str = ""  # its recommended temperature where it is not 1: "0.9 for GLM-Image"
     class_index: str = ""  # which of its models take a class index as the prompt
     sizes: tuple[str, ...] = ()  # the other image sizes it takes: "Emu3 (any aspect, 8 px steps)"
     video: str = ""  # a video family: the context frames (its image prompts) it continues; "" for image families

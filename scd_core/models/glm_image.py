@@ -43,7 +43,8 @@ FAMILY = Family(
     holds="a GLM-Image folder (zai-org/GLM-Image as published: model_index.json naming GlmImagePipeline, "
           "vision_language_encoder/ with model_type 'glm_image')",
     downloads=(("glm", "the Hugging Face repository zai-org/GLM-Image (all of its subfolders)"),),
-    roots=("GLM-Image",), top_p="0.75 for GLM-Image (temperature 0.9)", sizes=("GLM-Image (multiples of 32)",))
+    roots=("GLM-Image",), top_p="0.75 for GLM-Image", temperature="0.9 for GLM-Image",
+    sizes=("GLM-Image (multiples of 32)",))
 MODEL_TYPE = "glm_image"
 PIPELINE_CLASS = "GlmImagePipeline"
 AR_FOLDER, PROCESSOR_FOLDER = "vision_language_encoder", "processor"
@@ -124,14 +125,15 @@ class SourceImage:
 @dataclass(frozen=True)
 class GlmImagePrompt:
     """Token ids of the cond and uncond prompts (each ending with the image start token), the text (the
-    decoder's glyph encoder reads its quoted parts), the pixel size they ask for and, for image-to-image, the
-    source image."""
+    decoder's glyph encoder reads its quoted parts), the pixel size they ask for, for image-to-image the
+    source image, and the negative prompt's text."""
 
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
     text: str
     size: tuple[int, int]  # (height, width)
     source: Optional[SourceImage] = None
+    negative: str = ""  # the uncond rows' text (`add_image` builds both prompts again around the image)
 
 
 class GlmRowBackbone:
@@ -175,6 +177,7 @@ class GlmImageModel:
     family = "glm_image"
     default_cfg_scale = 1.0  # the published pipeline samples the AR stage without guidance
     default_top_k = None
+    image_tasks = ("edit",)  # image-to-image: the source image in the prompt (`add_image`)
 
     def __init__(self, module: torch.nn.Module, processor: Any, folder: Path, sampling: dict) -> None:
         self.module, self.processor, self.folder = module, processor, folder
@@ -219,14 +222,31 @@ class GlmImageModel:
         for name, text in (("prompt", prompt), ("negative_prompt", negative_prompt)):
             if text is not None and not isinstance(text, str):
                 raise ValueError(f"{name} must be a string, got {type(text).__name__}")
+        negative = negative_prompt or ""
         if image is None:
             return GlmImagePrompt(cond=self._prompt(prompt)["input_ids"][0], size=self.size, text=prompt,
-                                  uncond=self._prompt(negative_prompt or "")["input_ids"][0])
+                                  uncond=self._prompt(negative)["input_ids"][0], negative=negative)
         picture = pil_image(image)
         (cond, cond_positions, codes, grid), (uncond, uncond_positions, _, _) = (
-            self._source_prompt(text, picture) for text in (prompt, negative_prompt or ""))
+            self._source_prompt(text, picture) for text in (prompt, negative))
         source = SourceImage(picture, codes, grid, (cond_positions, uncond_positions))
-        return GlmImagePrompt(cond=cond, uncond=uncond, text=prompt, size=self.size, source=source)
+        return GlmImagePrompt(cond=cond, uncond=uncond, text=prompt, size=self.size, source=source,
+                              negative=negative)
+
+    def add_image(self, cond: GlmImagePrompt, images: Any, task: str) -> GlmImagePrompt:
+        """Image-to-image (task "edit"): `cond`'s prompts again, at its size, with the source image (a ComfyUI
+        IMAGE of one picture, (1, H, W, 3) in 0..1, or a PIL image) before the text, as the processor builds
+        them: `encode(..., image=images)`.  Only the large grid is then sampled."""
+        if task not in self.image_tasks:
+            raise ValueError(f"task {task!r} is not one the GLM-Image checkpoint ({self.folder.name}) was trained "
+                             f"for: it takes {', '.join(self.image_tasks)}")
+        check_start(cond, GlmImagePrompt, "GlmImageModel.encode()", 1)
+        if cond.source is not None:
+            raise ValueError("this conditioning already holds a source image; GLM-Image edits one image per "
+                             "prompt: add the image to the prompt's own conditioning")
+        if cond.size != self.size:  # the size the prompt was encoded for wins
+            self.set_image_size(cond.size[1], cond.size[0])
+        return self.encode(cond.text, cond.negative, image=images)
 
     def _prompt(self, text: str, image: Any = None) -> dict:
         """The processor's inputs for `text` (after the source image, if any) at the current size, as the
@@ -261,7 +281,9 @@ class GlmImageModel:
                                                          self.device)
         return self._image_tokenizer
 
-    def start(self, cond: GlmImagePrompt, batch_size: int) -> CFGSession:
+    def start(self, cond: GlmImagePrompt, batch_size: int, guided: bool = True) -> CFGSession:
+        """The session of `batch_size` images; `guided` False runs the cond rows only, one per image (at CFG
+        scale 1, the published pipeline's, the uncond logits are never read)."""
         check_start(cond, GlmImagePrompt, "GlmImageModel.encode()", batch_size)
         if cond.size != self.size:  # the size the prompt was encoded for wins
             self.set_image_size(cond.size[1], cond.size[0])
@@ -274,7 +296,7 @@ class GlmImageModel:
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self.pad, batch_size, self.device)
         net = self.module
         parts = dict(embed_prefix=net.get_input_embeddings(), embed_image=net.get_input_embeddings(),
-                     head=net.lm_head)
+                     head=net.lm_head, guided=guided)
         if cond.source is None:
             return CFGSession(prefix, mask, self.num_tokens, **parts,
                               backbone=lambda cache: GlmRowBackbone(net.model.language_model, cache, offsets))
@@ -282,6 +304,7 @@ class GlmImageModel:
         table = torch.stack([torch.nn.functional.pad(torch.tensor(positions), (width - len(positions[0]), 0))
                              for positions in cond.source.positions]).repeat_interleave(batch_size, dim=0)
         table = table.permute(1, 0, 2).to(self.device)  # (3, rows, width), cond rows then uncond rows
+        table = table if guided else table[:, :batch_size]
         return SourceSession(prefix, mask, self.num_tokens, **parts,
                              backbone=lambda cache: GlmRowBackbone(net.model.language_model, cache, offsets, table))
 
@@ -363,7 +386,9 @@ def pil_image(image: Any) -> Any:
 
     if isinstance(image, Image.Image):
         return image.convert("RGB")
-    if isinstance(image, torch.Tensor) and image.dim() == 4 and image.shape[0] == 1:
+    if isinstance(image, torch.Tensor) and image.dim() == 4:
+        if image.shape[0] != 1:
+            raise ValueError(f"GLM-Image takes one source image per prompt, got a batch of {image.shape[0]}")
         image = image[0]
     if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.shape[-1] != 3:
         raise ValueError("image must be a PIL image or an (H, W, 3) tensor of floats in 0..1")
