@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from scd_core import SamplerConfig, auto_window, generate, window_memory
+from scd_core import SamplerConfig, auto_window, generate, generate_many, window_memory
 from scd_core.bench.synthetic import GridModel
 
 COSTS = {1: 0.010, 2: 0.011, 4: 0.012, 8: 0.015, 16: 0.02, 32: 0.03}
@@ -247,3 +247,13 @@ def test_two_processes_writing_at_once_keep_both_entries(costs_file):
     names = list(json.loads(costs_file.read_text())["models"])
     assert len(names) == 2 and sum(" 48 (6, 8) " in name for name in names) == 1
     assert not list(costs_file.parent.glob("*.partial"))
+
+
+def test_a_stream_of_jobs_saves_when_it_finishes(costs_file, monkeypatch):
+    timings(monkeypatch)
+    model = grid()
+    jobs = [(None, seed) for seed in range(3)]
+    done = list(generate_many(model, jobs, SamplerConfig(window="auto", coupler="faithful"), slots=2))
+    assert len(done) == 3
+    saved = json.loads(costs_file.read_text())["models"]  # the stream's calls are of 2 rows
+    assert list(saved) == [window_memory.entry_name(model, auto_window.cost_key(model, 2))]
