@@ -9,7 +9,8 @@ The file: $SCD_WINDOW_COSTS if set ("off": nothing is read or written); under Co
 comfyui-scd/ (`set_folder`, from nodes/); else $XDG_CACHE_HOME/comfyui-scd/ or ~/.cache/comfyui-scd/.  It is
 written when an automatic run finishes (`save`, from the window policy) and when the process exits, each time
 read again and merged: the entries of other models, keys or machines that other processes wrote are kept, and
-an entry this process learned replaces the one saved before (the newest learning wins).  Writers take turns
+an entry this process learned something new for since it last wrote it replaces the one saved (the newest
+learning wins).  Writers take turns
 (a lock file beside it, where the system has fcntl) and replace the file whole (a temporary file, os.replace),
 so a reader never sees half a file.  A file that does not parse (cut off, not text) is ignored with one warning
 and replaced by a valid one; a foreign one (another format or version) or one that cannot be read (a folder,
@@ -46,6 +47,9 @@ MAX_ENTRIES = 64  # the most recently saved models and keys; the file stays a fe
 _folder: Optional[Path] = None  # set under ComfyUI
 # the costs this process learns (auto_window.CallCosts: estimates(), compared, hazard, fixed), by file and entry
 _tracked: dict[tuple[Path, str], Any] = {}
+# what this process last wrote of each tracked entry: one it has learned nothing new for since is not written
+# again (over what another process learned since)
+_written: dict[tuple[Path, str], dict] = {}
 # what an entry holds: seconds per call by width, the widths compared, the pooled rejection hazard
 Saved = tuple[dict[int, float], set[int], Optional[float]]
 _warned: set[Path] = set()
@@ -172,16 +176,20 @@ def save() -> None:
                 entries = _read(path)
                 if entries is None:
                     continue  # not ours: left alone
-                now = time.time()
+                now, fresh = time.time(), {}
                 for (where, name), costs in _tracked.items():
-                    if where == path:
-                        entries[name] = {"costs": {str(w): s for w, s in costs.estimates().items()},
-                                         "compared": sorted(costs.compared), "hazard": costs.hazard, "saved": now}
+                    learned = {"costs": {str(w): s for w, s in costs.estimates().items()},
+                               "compared": sorted(costs.compared), "hazard": costs.hazard}
+                    if where == path and _written.get((where, name)) != learned:
+                        entries[name], fresh[(where, name)] = {**learned, "saved": now}, learned
+                if not fresh:
+                    continue  # nothing learned since: the file stays as other processes left it
                 newest = sorted(entries.items(), key=lambda item: _saved_at(item[1]), reverse=True)[:MAX_ENTRIES]
                 partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
                 partial.write_text(json.dumps({"format": FORMAT, "version": VERSION, "models": dict(newest)},
                                               indent=1), encoding="utf-8")
                 os.replace(partial, path)
+                _written.update(fresh)
         except OSError as err:
             _warn_once(path, f"cannot be written ({err}); the costs are learned afresh in the next process")
 

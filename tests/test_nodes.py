@@ -428,6 +428,7 @@ def test_the_automatic_window_keeps_its_costs_in_comfyui_s_user_directory(
     monkeypatch.delenv(window_memory.ENV)  # the tests' "off"
     monkeypatch.setattr(window_memory, "_folder", None)  # restored after the test
     monkeypatch.setattr(window_memory, "_tracked", {})
+    monkeypatch.setattr(window_memory, "_written", {})
     monkeypatch.setattr(comfy.folder_paths, "user_directory", str(tmp_path / "user"))  # as --user-directory does
     importlib.reload(pack.nodes)  # the pack's start, under that user directory
     (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a red square", negative_prompt="")

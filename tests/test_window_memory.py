@@ -29,6 +29,7 @@ def costs_file(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "cache" / window_memory.FILE_NAME
     monkeypatch.setenv(window_memory.ENV, str(path))
     monkeypatch.setattr(window_memory, "_tracked", {})
+    monkeypatch.setattr(window_memory, "_written", {})
     monkeypatch.setattr(window_memory, "_warned", set())
     monkeypatch.setattr(window_memory, "_folder", None)
     return path
@@ -168,6 +169,20 @@ def test_writers_merge_and_the_newest_learning_of_an_entry_wins(costs_file, monk
     saved = json.loads(costs_file.read_text())["models"]
     assert saved["another model's entry"] == other_process  # kept as the other process wrote it
     assert saved[window_memory.entry_name(model, key)]["hazard"] == auto_window._COSTS[model][key].hazard != 0.75
+
+
+def test_an_entry_learned_nothing_new_for_is_not_written_over_another_process_s(costs_file, monkeypatch):
+    timings(monkeypatch)
+    model = grid()
+    generate(model, None, SamplerConfig(window="auto", seed=0))
+    data = json.loads(costs_file.read_text())
+    (name,) = data["models"]
+    data["models"][name]["hazard"] = 0.125  # another process learned since
+    costs_file.write_text(json.dumps(data))
+    window_memory.save()  # as at exit, nothing learned since the run's save
+    assert json.loads(costs_file.read_text())["models"][name]["hazard"] == 0.125
+    generate(model, None, SamplerConfig(window="auto", seed=1))  # learns: its entry is the newest learning
+    assert json.loads(costs_file.read_text())["models"][name]["hazard"] != 0.125
 
 
 # A process of its own: a grid model whose calls take PROFILE[width] x UNIT seconds on the automatic window's clock
