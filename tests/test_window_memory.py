@@ -185,40 +185,21 @@ def test_an_entry_learned_nothing_new_for_is_not_written_over_another_process_s(
     assert json.loads(costs_file.read_text())["models"][name]["hazard"] != 0.125
 
 
-# A process of its own: a grid model whose calls take PROFILE[width] x UNIT seconds on the automatic window's clock
-# (a clock of its own that only the calls move, so that what the process learns is the profile's whatever else runs
+# A process of its own: a grid model whose calls take PROFILE[width] x 4 ms on the automatic window's clock (a
+# clock of its own that only the calls move, so that what the process learns is the profile's whatever else runs
 # here) makes `images` automatic images; it prints the number of timed passes, each image's first width, and the
 # first width the costs it recalled make best (None: it recalled none).
 PROCESS = textwrap.dedent('''
     import json, sys
     from scd_core import SamplerConfig, auto_window, generate
+    from scd_core.bench.auto_persist import ProfileClock
     from scd_core.bench.synthetic import GridModel
 
     PROFILE = {1: 1.0, 2: 1.3, 4: 1.7, 8: 2.5, 16: 4.0, 32: 7.0}  # a steep profile: cold (S = 1), 32 looks best
-    UNIT = 0.004
-
-    class Clock:
-        now = 0.0
-
-        def perf_counter(self):
-            return self.now
-
-    clock = auto_window.time = Clock()
-
-    class SlowGrid(GridModel):
-        def start(self, cond, batch_size):
-            session = super().start(cond, batch_size)
-            forward = session.forward
-
-            def slow(tokens, *args):
-                clock.now += UNIT * auto_window.cost_of_width(PROFILE, tokens.shape[1])
-                return forward(tokens, *args)
-
-            session.forward = slow
-            return session
 
     rows, cols, images = map(int, sys.argv[1:])
-    model = SlowGrid(rows=rows, cols=cols, vocab_size=64, sharpness=0.5)
+    model = GridModel(rows=rows, cols=cols, vocab_size=64, sharpness=0.5)
+    ProfileClock(PROFILE, unit=0.004).install(model)
     key = auto_window.cost_key(model, 1)
     recalled = auto_window.recalled_costs(model, key)
     expected = None

@@ -146,7 +146,8 @@ def _auto(args: argparse.Namespace) -> Result:
 def _auto_persist(args: argparse.Namespace) -> Result:
     from .auto_persist import persist_table
 
-    return "auto-persist", persist_table(args.processes, args.images, args.burst_process)
+    section = "auto-persist" if args.costs == "measured" else "auto-persist-profile"
+    return section, persist_table(args.processes, args.images, args.burst_process, args.costs == "profile")
 
 
 def _auto_replay(args: argparse.Namespace) -> Result:
@@ -230,7 +231,11 @@ COMMANDS: dict[str, Bench] = {
                                        "(default: 4)"),
                            option("--burst-process", type=int, default=2,
                                   help="the process whose first automatic image runs under a burst of load "
-                                       "(default: 2; 0: none)")), _auto_persist),
+                                       "(default: 2; 0: none)"),
+                           option("--costs", choices=("measured", "profile"), default="measured",
+                                  help="measured: this machine's wall time; profile: every call costs what the "
+                                       "demo's calls cost on this CPU, by width, on a clock that only the calls "
+                                       "move (no noise from other work on the machine)")), _auto_persist),
     "faithful": Bench("the faithful coupler (the default): the demo's images in bfloat16 that differ from window "
                       "1's at other widths, and its calls against maximal and gumbel coupling", (SEEDS,), _faithful),
 }
