@@ -6,8 +6,8 @@ distribution, verifying, re-drafting).  E[c(L)]: the tokens a call at width L
 is expected to commit, estimated from the commit counts observed so far in the
 run.
 
-Costs are kept per process (a ComfyUI server lives for hours), and saved for the next one
-(scd_core.window_memory), for each model
+Costs are kept per process (a ComfyUI server lives for hours), and saved for the next one when
+a run finishes (scd_core.window_memory), for each model
 and cost key (`cost_key`: dtype, device, batch, candidates, precision, compile
 and offload mode) in a `CallCosts`.  A few timed calls right after the first
 prefill seed them; from then on every call of an automatic run adds its own
@@ -439,6 +439,9 @@ class WindowPolicy(Protocol):
     def observe(self, call: CallRecord) -> None:
         """The call made at the last width chosen."""
 
+    def finish(self) -> None:
+        """The run is over (every row done): keep what it learned."""
+
 
 class PinnedWindow:
     """Every call at one width."""
@@ -450,6 +453,9 @@ class PinnedWindow:
         return self.widest
 
     def observe(self, call: CallRecord) -> None:
+        pass
+
+    def finish(self) -> None:
         pass
 
 
@@ -477,6 +483,10 @@ class AutoWindow:
     def observe(self, call: CallRecord) -> None:
         self.chooser.observe(call.width, call.counts)
         self.chooser.observe_cost(call.cost_width, time.perf_counter() - self.started, call.rows)
+
+    def finish(self) -> None:
+        if "chooser" in self.__dict__:  # a width was chosen: the run learned costs, for the next process too
+            window_memory.save()
 
 
 def window_policy(window: int | str, model: Any, batch_size: int, branches: int,

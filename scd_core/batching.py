@@ -209,6 +209,7 @@ class _Stream:
                     yield from self._leave([False] * len(self.rows) + self._join(logits, time.perf_counter() - started))
             if self.rows:
                 yield from self._decode()
+        self.run.policy.finish()
 
     def _started(self, group: list[_Job]) -> list[_Job]:
         """`group` with a session each, and the tokens before their position 0 (`prefix_tokens`)."""

@@ -737,4 +737,5 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         run.record(call, outcome, time.perf_counter() - t1, callback)
     run.result.tokens = run.decoder.tokens(run.n).cpu()
     run.result.total_s = time.perf_counter() - started
+    run.policy.finish()
     return run.result

@@ -7,24 +7,37 @@ one noisy measurement could cost the whole process.  The learning then goes on f
 
 The file: $SCD_WINDOW_COSTS if set ("off": nothing is read or written); under ComfyUI the user directory's
 comfyui-scd/ (`set_folder`, from nodes/); else $XDG_CACHE_HOME/comfyui-scd/ or ~/.cache/comfyui-scd/.  It is
-written at the start of each automatic run (what the runs before it learned) and when the process exits.  A
-corrupt file is ignored with one warning and replaced; a foreign one (another format or version) is ignored
-with one warning and left alone.  Only numbers are read from it.
+written when an automatic run finishes (`save`, from the window policy) and when the process exits, each time
+read again and merged: the entries of other models, keys or machines that other processes wrote are kept, and
+an entry this process learned something new for since it last wrote it replaces the one saved (the newest
+learning wins).  Writers take turns
+(a lock file beside it, where the system has fcntl) and replace the file whole (a temporary file, os.replace),
+so a reader never sees half a file.  A file that does not parse (cut off, not text) is ignored with one warning
+and replaced by a valid one; a foreign one (another format or version) or one that cannot be read (a folder,
+no permission) is ignored with one warning and left alone.  Only numbers are read from it; nothing is
+unpickled.  Delete the file to start afresh.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
+import platform
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: writers do not take turns (two at once may drop one's newest entries till its next save)
+    fcntl = None
 
 FILE_NAME = "window_costs.json"
 FORMAT, VERSION = "comfyui-scd window costs", 1
@@ -34,6 +47,9 @@ MAX_ENTRIES = 64  # the most recently saved models and keys; the file stays a fe
 _folder: Optional[Path] = None  # set under ComfyUI
 # the costs this process learns (auto_window.CallCosts: estimates(), compared, hazard, fixed), by file and entry
 _tracked: dict[tuple[Path, str], Any] = {}
+# what this process last wrote of each tracked entry: one it has learned nothing new for since is not written
+# again (over what another process learned since)
+_written: dict[tuple[Path, str], dict] = {}
 # what an entry holds: seconds per call by width, the widths compared, the pooled rejection hazard
 Saved = tuple[dict[int, float], set[int], Optional[float]]
 _warned: set[Path] = set()
@@ -67,8 +83,18 @@ def model_identity(model: Any) -> str:
     return f"{type(model).__module__}.{type(model).__qualname__} {model.num_tokens} {grid} {digest}"
 
 
-def _entry_name(model: Any, key: tuple) -> str:
-    return f"{model_identity(model)} {json.dumps(list(key))}"
+def hardware(model: Any) -> str:
+    """The machine a call's cost was measured on: the GPU's name, or the CPU's architecture and cores (a user
+    directory shared between machines keeps each one's costs apart)."""
+    device = torch.device(str(getattr(model, "device", "cpu")))
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return f"{platform.machine()} x{os.cpu_count()}"
+
+
+def entry_name(model: Any, key: tuple) -> str:
+    """The name of `model`'s entry under `key` (`auto_window.cost_key`) in the file."""
+    return f"{model_identity(model)} {json.dumps(list(key))} on {hardware(model)}"
 
 
 def _warn_once(path: Path, problem: str) -> None:
@@ -95,12 +121,16 @@ def _entry_costs(entry: Any) -> Saved:
 
 
 def _read(path: Path) -> Optional[dict]:
-    """The file's entries, {} where there is no file; None (after one warning) where it is not ours to use."""
+    """The file's entries, {} where there is none or it does not parse (ours, cut off: to be replaced); None
+    (after one warning) where it is not ours to use or replace."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except OSError as err:
+        _warn_once(path, f"cannot be read ({err}); ignored and left alone")
+        return None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         _warn_once(path, f"unreadable ({err}); ignored, and replaced by what this process learns")
         return {}
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION \
@@ -114,7 +144,7 @@ def recall(model: Any, key: tuple) -> Optional[Saved]:
     """The costs an earlier process saved for `model` under `key`, or None."""
     path = costs_file()
     entries = None if path is None else _read(path)
-    entry = (entries or {}).get(_entry_name(model, key))
+    entry = (entries or {}).get(entry_name(model, key))
     if entry is None:
         return None
     try:
@@ -125,38 +155,52 @@ def recall(model: Any, key: tuple) -> Optional[Saved]:
 
 
 def track(model: Any, key: tuple, costs: Any) -> None:
-    """Save `costs` (and what else this process learns) now, and again when the process exits; fixed cost
-    profiles (`auto_window.remember_costs`) are not learned, so not saved."""
+    """Save `costs` (and what else this process learns under `key`) at each `save`, and when the process exits;
+    fixed cost profiles (`auto_window.remember_costs`) are not learned, so not saved."""
     global _exit_hook
     path = costs_file()
     if path is None or costs.fixed:
         return
-    _tracked[(path, _entry_name(model, key))] = costs
+    _tracked[(path, entry_name(model, key))] = costs
     if not _exit_hook:
         atexit.register(save)
         _exit_hook = True
-    save()
 
 
 def save() -> None:
-    """Write every tracked entry into its file (replacing it whole: a reader never sees half a file)."""
+    """Merge every tracked entry into its file, as it is now on disk (see the module's docstring)."""
     for path in {path for path, _ in _tracked}:
-        entries = _read(path)
-        if entries is None:
-            continue  # a foreign file is left alone
-        now = time.time()
-        for (where, name), costs in _tracked.items():
-            if where == path:
-                entries[name] = {"costs": {str(w): s for w, s in costs.estimates().items()},
-                                 "compared": sorted(costs.compared), "hazard": costs.hazard, "saved": now}
-        newest = sorted(entries.items(), key=lambda item: _saved_at(item[1]), reverse=True)[:MAX_ENTRIES]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-            partial.write_text(json.dumps({"format": FORMAT, "version": VERSION, "models": dict(newest)}, indent=1))
-            os.replace(partial, path)
+            with _turn(path):
+                entries = _read(path)
+                if entries is None:
+                    continue  # not ours: left alone
+                now, fresh = time.time(), {}
+                for (where, name), costs in _tracked.items():
+                    learned = {"costs": {str(w): s for w, s in costs.estimates().items()},
+                               "compared": sorted(costs.compared), "hazard": costs.hazard}
+                    if where == path and _written.get((where, name)) != learned:
+                        entries[name], fresh[(where, name)] = {**learned, "saved": now}, learned
+                if not fresh:
+                    continue  # nothing learned since: the file stays as other processes left it
+                newest = sorted(entries.items(), key=lambda item: _saved_at(item[1]), reverse=True)[:MAX_ENTRIES]
+                partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+                partial.write_text(json.dumps({"format": FORMAT, "version": VERSION, "models": dict(newest)},
+                                              indent=1), encoding="utf-8")
+                os.replace(partial, path)
+                _written.update(fresh)
         except OSError as err:
             _warn_once(path, f"cannot be written ({err}); the costs are learned afresh in the next process")
+
+
+@contextlib.contextmanager
+def _turn(path: Path) -> Iterator[None]:
+    """Hold the lock beside `path` (one writer at a time reads, merges and replaces it)."""
+    with open(path.with_name(f"{path.name}.lock"), "a", encoding="utf-8") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _saved_at(entry: Any) -> float:

@@ -10,6 +10,7 @@ import asyncio
 import collections
 import dataclasses
 import gc
+import importlib
 import importlib.util
 import inspect
 import json
@@ -421,6 +422,23 @@ def test_window_0_picks_the_width_per_call_and_the_summary_lists_the_widths(node
     (width, calls), *others = sorted(used.items(), key=lambda item: -item[1])
     listed = ", ".join([f"{calls} calls at width {width}"] + [f"{c} at width {w}" for w, c in others])
     assert f"window auto ({listed})" in summary
+
+
+def test_the_automatic_window_keeps_its_costs_in_comfyui_s_user_directory(
+        pack: ModuleType, node_classes: dict[str, Any], janus: Any, comfy: SimpleNamespace, fake_server: FakeServer,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from scd_core import window_memory
+
+    monkeypatch.delenv(window_memory.ENV)  # the tests' "off"
+    monkeypatch.setattr(window_memory, "_folder", None)  # restored after the test
+    monkeypatch.setattr(window_memory, "_tracked", {})
+    monkeypatch.setattr(window_memory, "_written", {})
+    monkeypatch.setattr(comfy.folder_paths, "user_directory", str(tmp_path / "user"))  # as --user-directory does
+    importlib.reload(pack.nodes)  # the pack's start, under that user directory
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a red square", negative_prompt="")
+    run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, window=0))
+    saved = json.loads((tmp_path / "user" / "comfyui-scd" / window_memory.FILE_NAME).read_text())
+    assert saved["format"] == window_memory.FORMAT and len(saved["models"]) == 1
 
 
 def test_a_window_wider_than_the_image_is_reported_as_the_width_used(node_classes: dict[str, Any], janus: Any,

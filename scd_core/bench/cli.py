@@ -15,6 +15,7 @@
     python -m scd_core.bench compile                  # eager vs compiled: demo and Janus-Pro-1B shape, compile apart
     python -m scd_core.bench auto                     # automatic window against pinned ones in fresh processes
     python -m scd_core.bench auto-replay --processes 4 --images 5   # whole processes under fixed call costs
+    python -m scd_core.bench auto-persist             # ten fresh demo processes sharing the saved window costs
     python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
     python -m scd_core.bench given --seeds 8          # images in the prompt: calls of continuations and regions
     python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
@@ -144,6 +145,13 @@ def _auto(args: argparse.Namespace) -> Result:
     return "auto", auto_tables(list(range(args.seeds)), args.processes, args.images, args.layers, args.side)
 
 
+def _auto_persist(args: argparse.Namespace) -> Result:
+    from .auto_persist import persist_table
+
+    section = "auto-persist" if args.costs == "measured" else "auto-persist-profile"
+    return section, persist_table(args.processes, args.images, args.burst_process, args.costs == "profile")
+
+
 def _auto_replay(args: argparse.Namespace) -> Result:
     from .auto import process_replay_table
 
@@ -229,6 +237,19 @@ COMMANDS: dict[str, Bench] = {
                          (option("--processes", type=int, default=4, help="processes per cost profile (default: 4)"),
                           option("--images", type=int, default=5, help="images per process (default: 5)")),
                          _auto_replay),
+    "auto-persist": Bench("the automatic window across fresh processes on the demo that share one saved-costs "
+                          "file: each process's calls and time per image against the best pinned window's",
+                          (option("--processes", type=int, default=10, help="fresh processes (default: 10)"),
+                           option("--images", type=int, default=4,
+                                  help="seeds per process, each an automatic image and one per pinned window "
+                                       "(default: 4)"),
+                           option("--burst-process", type=int, default=2,
+                                  help="the process whose first automatic image runs under a burst of load "
+                                       "(default: 2; 0: none)"),
+                           option("--costs", choices=("measured", "profile"), default="measured",
+                                  help="measured: this machine's wall time; profile: every call costs what the "
+                                       "demo's calls cost on this CPU, by width, on a clock that only the calls "
+                                       "move (no noise from other work on the machine)")), _auto_persist),
     "faithful": Bench("the faithful coupler (the default): the demo's images in bfloat16 that differ from window "
                       "1's at other widths, and its calls against maximal and gumbel coupling", (SEEDS,), _faithful),
     "given": Bench("images in the prompt: calls of a continuation (top half kept) and of regenerated regions "

@@ -1,0 +1,170 @@
+"""The automatic window across processes: fresh processes on the demo sharing one saved-costs file.
+
+`python -m scd_core.bench auto-persist` starts `processes` fresh interpreters one after the other on the demo,
+all keeping the automatic window's costs in one new file (`scd_core.window_memory`, $SCD_WINDOW_COSTS): the first
+starts from a cold cache (a timed pass), each later one from what the ones before it saved.  Each process makes,
+for seeds 0 .. images - 1, an automatic image and then one at each pinned window, seed for seed (so load from
+elsewhere falls on all windows alike); its first image is the automatic image of seed 0.  One process (the second
+by default, the first that starts from saved costs) runs its first automatic image under a burst of load (a
+busy loop started with it): the costs it learns there are what the next processes start from.
+
+Per process: the calls of its first image and of all its automatic images over those of the best pinned window
+(the pinned window with the least time per image in that process) on the same seeds, and the same for time.
+
+With `--costs profile` no time is measured: every model call costs what the demo's cost profile on this CPU says
+(`auto.HERE`) on a clock of its own that only the calls move (`ProfileClock`, which the automatic window reads
+instead of the machine's), and the burst is BURST_CALLS calls at BURST_FACTOR times their cost, so what the
+processes learn and save is free of the machine's noise (on a shared machine, load from elsewhere can make one
+image take ten times another of the same window).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .. import auto_window, window_memory
+from ..config import SamplerConfig
+from ..engine import generate
+from .auto import BURST_S, HERE, PINNED, bench_model, busy_loop, fastest_pinned
+from .tables import markdown
+
+TARGET = 1.15  # every process within this of the best pinned window from its first image on (a cold first excepted)
+PROFILE = HERE["demo here (64 costs 2.1x)"]  # --costs profile: seconds per call by width, relative
+PROFILE_UNIT = 0.01  # seconds of a call of width 1 on the profile's clock
+BURST_CALLS, BURST_FACTOR = 20, 3.0  # the profile's burst: the first calls of a process cost this many times more
+COLUMNS = ("process", "burst", "timed_passes", "first_widths", "best_pinned", "first_calls_vs_best",
+           "calls_vs_best", "first_s_vs_best", "auto_s_vs_best", "widths")
+
+
+class ProfileClock:
+    """A clock that only `model`'s calls move, each by `unit` x its width's cost in `profile` (x BURST_FACTOR for
+    the first `burst_calls`), installed as the automatic window's: what the window measures, learns and saves is
+    the profile, whatever else runs on the machine."""
+
+    def __init__(self, profile: dict[int, float], unit: float = PROFILE_UNIT, burst_calls: int = 0) -> None:
+        self.profile, self.unit, self.burst_left = profile, unit, burst_calls
+        self.now = 0.0
+        self.charged = 0.0  # what the calls cost without the burst: the burst slows the machine, not the method
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def install(self, model: Any) -> None:
+        """Make `model`'s sessions' calls move this clock, and the automatic window read it."""
+        auto_window.time = self
+        start = model.start
+
+        def costed_start(cond: Any, batch_size: int) -> Any:
+            session = start(cond, batch_size)
+            forward = session.forward
+
+            def costed(tokens: torch.Tensor, *args: Any) -> Any:
+                cost = self.unit * auto_window.cost_of_width(self.profile, tokens.shape[1])
+                self.now += cost * (BURST_FACTOR if self.burst_left > 0 else 1.0)
+                self.charged += cost
+                self.burst_left -= 1
+                return forward(tokens, *args)
+
+            session.forward = costed
+            return session
+
+        model.start = costed_start
+
+
+def one_process(images: int, burst: bool, profile: bool = False) -> dict[str, Any]:
+    """One fresh process: per seed, an automatic image, then one at each pinned window; the first automatic image
+    under a burst of load when `burst`; on a `ProfileClock` of PROFILE when `profile`."""
+    torch.set_grad_enabled(False)
+    model, cond = bench_model("demo", 0, 0)
+    clock: Optional[ProfileClock] = None
+    if profile:
+        clock = ProfileClock(PROFILE, burst_calls=BURST_CALLS if burst else 0)
+        clock.install(model)
+    timed = []
+    measure = auto_window.measure_costs
+    auto_window.measure_costs = lambda call, widths: timed.append(widths) or measure(call, widths)
+    seconds: dict[str, list[float]] = {str(w): [] for w in ("auto",) + PINNED}
+    calls: dict[str, list[int]] = {window: [] for window in seconds}
+    used: list[list[int]] = []
+    for seed in range(images):
+        for window in ("auto",) + PINNED:
+            loop = busy_loop(BURST_S) if burst and not profile and seed == 0 and window == "auto" else None
+            started = clock.charged if clock else 0.0
+            result = generate(model, cond, SamplerConfig(window=window, seed=seed))
+            if loop is not None:
+                loop.wait()  # the pinned images of seed 0 come after the burst
+            seconds[str(window)].append(clock.charged - started if clock else result.total_s)
+            calls[str(window)].append(result.nfe)
+            if window == "auto":
+                used.append(result.windows)
+    return dict(seconds=seconds, calls=calls, used=used, timed=len(timed))
+
+
+def commonest(windows: list[int], count: int = 3) -> str:
+    return ", ".join(auto_window.widths_used(windows).split(", ")[:count])
+
+
+def process_row(index: int, run: dict[str, Any], burst: str) -> dict[str, Any]:
+    """The table's row for one process's `one_process` output (`burst`: what its burst was, or "-")."""
+    seconds, calls = run["seconds"], run["calls"]
+    best = fastest_pinned(seconds)
+    every_call = [width for windows in run["used"] for width in windows[1:]]
+    return dict(process=index + 1, burst=burst,
+                timed_passes=run["timed"], first_widths=commonest(run["used"][0]), best_pinned=best,
+                first_calls_vs_best=calls["auto"][0] / calls[best][0],
+                calls_vs_best=sum(calls["auto"]) / sum(calls[best]),
+                first_s_vs_best=seconds["auto"][0] / seconds[best][0],
+                auto_s_vs_best=statistics.mean(seconds["auto"]) / statistics.mean(seconds[best]),
+                widths=commonest([1] + every_call))
+
+
+def persisted_processes(processes: int, images: int, burst_process: int, profile: bool) -> list[dict[str, Any]]:
+    """`one_process` in `processes` fresh interpreters one after the other, sharing a new saved-costs file."""
+    burst_text = f"{BURST_CALLS} calls x{BURST_FACTOR:g}" if profile else f"{BURST_S:g} s"
+    root = Path(__file__).resolve().parents[2]
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        env = {**os.environ, window_memory.ENV: str(Path(folder) / window_memory.FILE_NAME)}
+        for index in range(processes):
+            burst = index + 1 == burst_process
+            code = ("import json, sys\nfrom scd_core.bench.auto_persist import one_process\n"
+                    "print(json.dumps(one_process(*json.loads(sys.argv[1]))))")
+            done = subprocess.run([sys.executable, "-c", code, json.dumps([images, burst, profile])], cwd=root,
+                                  env=env, capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"benchmark process {index + 1} failed:\n{done.stderr[-3000:]}")
+            run = json.loads(done.stdout.strip().splitlines()[-1])
+            rows.append(process_row(index, run, burst_text if burst else "-"))
+            # what a cut-short run leaves, with each seed's numbers for another look at them
+            print(f"  {json.dumps({**rows[-1], 'seconds': run['seconds'], 'calls': run['calls']})}", file=sys.stderr,
+                  flush=True)
+    return rows
+
+
+def persist_table(processes: int, images: int, burst_process: int, profile: bool) -> str:
+    """The README's auto-persist section: a row per process, and whether the target holds."""
+    rows = persisted_processes(processes, images, burst_process, profile)
+    later = rows[1:] if rows[0]["timed_passes"] else rows
+    worst = {column: max(row[column] for row in later) for column in ("first_calls_vs_best", "calls_vs_best",
+                                                                     "first_s_vs_best", "auto_s_vs_best")}
+    verdict = ", ".join(f"{column} {value:.3g} ({'within' if value <= TARGET else 'over'} {TARGET}x)"
+                        for column, value in worst.items())
+    costs = ("calls cost the demo's profile on this CPU on a clock of their own, " + ", ".join(
+        f"{w}: {c:g}" for w, c in PROFILE.items()) + f" x {PROFILE_UNIT:g} s" if profile else "wall time")
+    burst = (f"its first {BURST_CALLS} calls cost {BURST_FACTOR:g}x" if profile
+             else f"its first automatic image runs under a {BURST_S:g} s busy loop")
+    return (f"**demo** (prompt '7', the default coupler; {costs}): {processes} fresh processes one after the "
+            f"other sharing one saved-costs file, new at the start; each makes, for seeds 0..{images - 1}, an "
+            f"automatic image and one at each pinned window {', '.join(map(str, PINNED))}; process "
+            f"{burst_process}: {burst}; `timed_passes` 1: started from a cold cache\n\n"
+            + markdown(rows, COLUMNS)
+            + f"\n\nWorst over the processes that started from saved costs: {verdict}.")
