@@ -34,6 +34,7 @@ from . import couplers
 from .config import AUTO_WINDOW, SamplerConfig
 from .engine import GenerationResult, ModelOutputError, Run, generate
 from .given import unwrap
+from .run_settings import start_session
 from .model import Logits, Session, TokenModel
 
 
@@ -46,8 +47,8 @@ class _Job:
     result: Optional[GenerationResult] = None
     started: float = 0.0
 
-    def start(self, model: TokenModel) -> Session:
-        self.session = model.start(unwrap(self.cond)[0], 1)
+    def start(self, model: TokenModel, config: SamplerConfig) -> Session:
+        self.session = start_session(model, unwrap(self.cond)[0], 1, config)
         return self.session
 
     def cells(self, model: TokenModel) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
@@ -121,7 +122,7 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
     first = queue.peek()
     if first is None:
         return
-    first.start(model)
+    first.start(model, config)
     independent = getattr(first.session, "rows_per_cache", None) == 1
     # a compiled model's calls have static shapes: rows joining or leaving a running batch would change them
     streams = not getattr(first.session, "static_shapes", False)
@@ -216,7 +217,7 @@ class _Stream:
         cells = []
         for job in group:
             if job.session is None:
-                job.start(self.model)
+                job.start(self.model, self.run.config)
             if _image_shape(self.model) != self.shape:
                 raise ValueError(f"job {job.index} asks for an image of {_image_shape(self.model)} (tokens, grid) "
                                  f"where the stream makes {self.shape}: give generate_many jobs of one image size")

@@ -31,7 +31,7 @@ from . import auto_window, couplers, rng, static_step, verify
 from .config import MAX_CANDIDATES, SamplerConfig
 from .given import forced_cells, unwrap
 from .model import Logits, Session, TokenModel, check_batch_size
-from .run_settings import code_tables, draft_source, sampling_settings
+from .run_settings import code_tables, draft_source, sampling_settings, start_session
 from .sampling import recursive_rejection, sampler_tensors, to_probs, without_replacement
 
 
@@ -724,7 +724,8 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     check_batch_size(batch_size)
     started = time.perf_counter()
     cond, given = unwrap(cond)
-    session = model.start(cond, batch_size)  # (a family may switch to the size `cond` was made for)
+    # (a family may switch to the size `cond` was made for; at CFG 1 its uncond rows may be left out)
+    session = start_session(model, cond, batch_size, config)
     cells = None if given is None else given.rows(model.num_tokens, batch_size)
     run = Run(model, session, config, batch_size, sync_timing, given=cells)
     while run.done < run.n:
