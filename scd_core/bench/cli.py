@@ -17,7 +17,7 @@
     python -m scd_core.bench auto-replay --processes 4 --images 5   # whole processes under fixed call costs
     python -m scd_core.bench auto-persist             # ten fresh demo processes sharing the saved window costs
     python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
-    python -m scd_core.bench given --seeds 8          # images in the prompt: calls of continuations and regions
+    python -m scd_core.bench given --seeds 3          # images in the prompt: calls of continuations and regions
     python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
 

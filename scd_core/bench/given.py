@@ -1,6 +1,6 @@
 """Images in the prompt: what kept cells cost.
 
-    python -m scd_core.bench given --seeds 8
+    python -m scd_core.bench given --seeds 3
 
 A continuation keeps the top half of an image and samples the rest; a region regeneration keeps every cell
 outside a mask.  Kept cells are forced, never sampled, and a call is widened over them (`engine`), so their

@@ -158,6 +158,8 @@ class Decoder(nn.Module):
 
 
 class Quantizer(nn.Module):
+    """The codebook, shared by the decoder and the encoder (`taming_encoder`): any spec with its two sizes."""
+
     def __init__(self, spec: DecoderSpec):
         super().__init__()
         self.embedding = nn.Embedding(spec.codebook_size, spec.embed_dim)

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpoints import ModelLoadError
-from .taming import NORM_GROUPS, AttnBlock, GroupNorm, ResnetBlock, _indices
+from .taming import NORM_GROUPS, AttnBlock, GroupNorm, Quantizer, ResnetBlock, _indices
 from .vq16 import Downsample
 
 
@@ -77,12 +77,6 @@ class Encoder(nn.Module):
                 h = stage.downsample(h)
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h, None), None), None)
         return self.conv_out(F.silu(self.norm_out(h)))
-
-
-class Quantizer(nn.Module):
-    def __init__(self, spec: EncoderSpec):
-        super().__init__()
-        self.embedding = nn.Embedding(spec.codebook_size, spec.embed_dim)
 
 
 class VQEncoder(nn.Module):
