@@ -404,10 +404,12 @@ def test_a_run_teaches_the_process_what_its_calls_cost(monkeypatch):
     ones (a GPU-like device): the automatic window widens over the runs, and the costs stay with the model."""
     timed = {w: 0.01 * (1 + w) for w in auto_window.CANDIDATES}
     monkeypatch.setattr(auto_window, "measure_costs", lambda call, widths: {w: timed[w] for w in widths})
-    # the engine's clock advances by 10 ms a forward and by nothing else: the costs the runs see are the
-    # device's, whatever else this machine is doing
+    # the clock the runs time their calls by (the engine's and the chooser's) advances by 10 ms a forward and by
+    # nothing else: the costs the runs see are the device's, whatever else this machine is doing
     clock = [0.0]
-    monkeypatch.setattr(engine, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    fake_time = types.SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(engine, "time", fake_time)
+    monkeypatch.setattr(auto_window, "time", fake_time)
 
     def flat_cost_model():
         model = GridModel(rows=12, cols=12, vocab_size=64, sharpness=1.5)
