@@ -190,23 +190,36 @@ def _indices(state: dict[str, torch.Tensor], prefix: str) -> list[int]:
     return sorted(int(name) for name in found if name.isdigit())
 
 
+def read_stages(state: dict[str, torch.Tensor], stack: str, source: str
+                ) -> tuple[int, int, tuple[int, ...], int, frozenset[int]]:
+    """The codebook's size and width, then the widths of `stack`'s levels ("decoder.up" or "encoder.down"), its
+    residual blocks per level and its levels with attention, read off the weights; ModelLoadError naming `source` if they
+    do not fit."""
+    part = stack.split(".")[0]
+    try:
+        codebook_size, embed_dim = state["quantize.embedding.weight"].shape
+        levels = _indices(state, f"{stack}.")
+        blocks = _indices(state, f"{stack}.0.block.")
+        widths = tuple(state[f"{stack}.{level}.block.0.conv2.weight"].shape[0] for level in levels)
+    except (KeyError, ValueError) as err:
+        raise ModelLoadError(f"{source} does not hold a VQGAN {part} in the expected layout "
+                             f"(missing or malformed {err})") from err
+    if not levels or levels != list(range(len(levels))) or not blocks:
+        raise ModelLoadError(f"{source} does not hold a VQGAN {part} in the expected layout (no {stack} stages)")
+    attn_levels = frozenset(level for level in levels if f"{stack}.{level}.attn.0.q.weight" in state)
+    return codebook_size, embed_dim, widths, len(blocks), attn_levels
+
+
 def infer_spec(state: dict[str, torch.Tensor], spatial_norm: bool, source: str) -> DecoderSpec:
     """Read the decoder's architecture off its weights; ModelLoadError naming `source` if they do not fit."""
     try:
-        codebook_size, embed_dim = state["quantize.embedding.weight"].shape
         z_channels = state["post_quant_conv.weight"].shape[0]
-        levels = _indices(state, "decoder.up.")
-        blocks = _indices(state, "decoder.up.0.block.")
-        widths = tuple(state[f"decoder.up.{level}.block.0.conv2.weight"].shape[0] for level in levels)
-    except (KeyError, ValueError) as err:
-        raise ModelLoadError(f"{source} does not hold a VQGAN decoder in the expected layout "
-                             f"(missing or malformed {err})") from err
-    if not levels or levels != list(range(len(levels))) or not blocks:
-        raise ModelLoadError(f"{source} does not hold a VQGAN decoder in the expected layout (no decoder.up stages)")
-    attn_levels = frozenset(level for level in levels if f"decoder.up.{level}.attn.0.q.weight" in state)
+    except KeyError as err:
+        raise ModelLoadError(f"{source} does not hold a VQGAN decoder in the expected layout (missing {err})") from err
+    codebook_size, embed_dim, widths, blocks, attn_levels = read_stages(state, "decoder.up", source)
     norm_conv = spatial_norm and "decoder.norm_out.conv.weight" in state
     return DecoderSpec(codebook_size=codebook_size, embed_dim=embed_dim, z_channels=z_channels, widths=widths,
-                       num_res_blocks=len(blocks) - 1, attn_levels=attn_levels, spatial_norm=spatial_norm,
+                       num_res_blocks=blocks - 1, attn_levels=attn_levels, spatial_norm=spatial_norm,
                        norm_conv=norm_conv)
 
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .checkpoints import ModelLoadError
-from .taming import NORM_GROUPS, AttnBlock, GroupNorm, Quantizer, ResnetBlock, _indices
+from .taming import NORM_GROUPS, AttnBlock, GroupNorm, Quantizer, ResnetBlock, read_stages
 from .vq16 import Downsample
 
 
@@ -107,20 +107,13 @@ class VQEncoder(nn.Module):
 def infer_encoder_spec(state: dict[str, torch.Tensor], source: str) -> EncoderSpec:
     """Read the encoder's architecture off its weights; ModelLoadError naming `source` if they do not fit."""
     try:
-        codebook_size, embed_dim = state["quantize.embedding.weight"].shape
         z_channels = state["quant_conv.weight"].shape[1]
         base_width = state["encoder.conv_in.weight"].shape[0]
-        levels = _indices(state, "encoder.down.")
-        blocks = _indices(state, "encoder.down.0.block.")
-        widths = tuple(state[f"encoder.down.{level}.block.0.conv2.weight"].shape[0] for level in levels)
-    except (KeyError, ValueError) as err:
-        raise ModelLoadError(f"{source} does not hold a VQGAN encoder in the expected layout "
-                             f"(missing or malformed {err})") from err
-    if not levels or levels != list(range(len(levels))) or not blocks:
-        raise ModelLoadError(f"{source} does not hold a VQGAN encoder in the expected layout (no encoder.down stages)")
-    attn_levels = frozenset(level for level in levels if f"encoder.down.{level}.attn.0.q.weight" in state)
+    except KeyError as err:
+        raise ModelLoadError(f"{source} does not hold a VQGAN encoder in the expected layout (missing {err})") from err
+    codebook_size, embed_dim, widths, blocks, attn_levels = read_stages(state, "encoder.down", source)
     return EncoderSpec(codebook_size=codebook_size, embed_dim=embed_dim, z_channels=z_channels,
-                       base_width=base_width, widths=widths, num_res_blocks=len(blocks), attn_levels=attn_levels)
+                       base_width=base_width, widths=widths, num_res_blocks=blocks, attn_levels=attn_levels)
 
 
 def load_encoder(state: dict[str, torch.Tensor], source: str) -> VQEncoder:
