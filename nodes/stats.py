@@ -19,12 +19,13 @@ LINE_BREAK = "  \n"
 
 def summary_text(stats: SamplingStats) -> str:
     result, config = stats.result, stats.config
-    tokens = result.tokens.shape[1]  # autoregressive decoding needs one call per token
+    tokens = result.tokens.shape[1]
     forced = sum(result.forced)  # given cells and row-ends: committed, never sampled
+    sampled = tokens - forced  # autoregressive decoding needs one call per sampled token
     return LINE_BREAK.join([
         f"{stats.model_name}: {tokens} tokens x {stats.batch_size}" + (f" ({forced} forced)" if forced else "")
         + f" in {result.nfe} model calls "
-        f"(autoregressive: {tokens}) - {tokens / result.nfe:.2f}x fewer calls",
+        f"(autoregressive: {sampled}) - {sampled / result.nfe:.2f}x fewer calls",
         f"coupler {config.coupler}, window {window_report(config.window, result.windows)}, "
         f"draft init {config.draft_init or 'auto'}, "
         + (f"{config.candidates} candidates, " if config.candidates > 1 else "") + f"seed {config.seed}",

@@ -55,6 +55,7 @@ class IterationStats:
     forward_s: float
     sample_s: float
     forced: int = 0  # of `committed`, the tokens that were forced (given cells, row-ends), not sampled
+    forced_total: int = 0  # of `total`, the forced tokens: plain AR needs one call per other token
 
 
 @dataclass
@@ -663,7 +664,8 @@ class Run:
         result.sample_s += sample_s
         if callback is not None:
             callback(IterationStats(self.iteration, outcome.committed, self.done, self.n, result.nfe, acceptance,
-                                    self.decoder.tokens(self.done), call.forward_s, sample_s, outcome.forced))
+                                    self.decoder.tokens(self.done), call.forward_s, sample_s, outcome.forced,
+                                    sum(result.forced)))
         self.observe(call, outcome)
         self.iteration += 1
 

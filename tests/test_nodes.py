@@ -733,7 +733,10 @@ def test_image_prompt_continues_a_half_kept_digit(node_classes: dict[str, Any], 
     assert stats.result.nfe < 128 + 2  # the kept half costs no call per token
     chart = sys.modules[f"{pack.__name__}.nodes.chart"]
     (picture, summary) = run_node(node_classes["SCDStats"], stats=stats)
-    assert summary.startswith(f"demo: 256 tokens x 1 (128 forced) in {stats.result.nfe} model calls")
+    # the baseline is plain AR given the kept half: a call per sampled token, not per token
+    assert summary.startswith(f"demo: 256 tokens x 1 (128 forced) in {stats.result.nfe} model calls "
+                              f"(autoregressive: 128) - {128 / stats.result.nfe:.2f}x fewer calls")
+    assert events[-1]["calls_saved"] == 128 - stats.result.nfe
     pixels = (picture[0].numpy() * 255).round().astype(np.uint8)
     assert (pixels == rgb(chart.FORCED_BAR)).all(-1).sum() > 500
 

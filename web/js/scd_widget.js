@@ -1,5 +1,5 @@
 // Live chart on every SCDSampler node: one bar per decoding iteration (tokens committed by that model call)
-// and the running count of model calls saved against plain autoregressive decoding.
+// and the running count of model calls saved against plain autoregressive decoding (a call per sampled token).
 //
 // Data arrives as the server's "scd.progress" websocket event, one per model call (nodes/progress.py):
 //   {node, iteration, committed, forced, total, num_tokens, nfe, acceptance, calls_saved}
