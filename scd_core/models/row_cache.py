@@ -99,14 +99,17 @@ class RowCache:
     """
 
     def __init__(self, rows: int, capacity: int, prefix: int, device: torch.device,
-                 real: Optional[torch.Tensor] = None) -> None:
-        self.capacity, self.prefix = capacity, prefix
+                 real: Optional[torch.Tensor] = None, spare: int = 0) -> None:
+        """`spare` of the `capacity` slots, the last ones, are never written or attended: they give a compiled
+        run's shapes room for longer prompts (`row_session.PROMPT_BUCKET`)."""
+        self.capacity, self.prefix, self.end = capacity, prefix, capacity - spare
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
         # host copies of the shortest and longest row: size the call without reading the device
         self.shortest = self.longest = 0
         self.real = torch.ones(rows, capacity, dtype=torch.bool, device=device)
         if real is not None:
             self.real[:, :real.shape[1]] = real.to(device=device, dtype=torch.bool)
+        self.real[:, self.end:] = False
         self.pads = (~self.real[:, :prefix]).sum(dim=1, keepdim=True)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -147,7 +150,7 @@ class RowCache:
         slots = self.lengths.unsqueeze(1) + torch.arange(width, device=device)
         # A faster row may run past the end while a slower one finishes; those tokens only yield logits
         # of positions past the last, so they share the last slot.
-        self._slots = slots.clamp(max=self.capacity - 1)
+        self._slots = slots.clamp(max=self.end - 1)
         self._key_len = self.capacity if self.static else min(self.longest + width, self.capacity)
         keys = torch.arange(self._key_len, device=device)
         new = keys - self.lengths.unsqueeze(1)  # (rows, keys): index among this call's tokens, < 0 if cached
@@ -169,7 +172,7 @@ class RowCache:
         self.real = torch.nn.functional.pad(self.real, (0, extra), value=True)
         for store in (self.keys, self.values):
             store[:] = [torch.nn.functional.pad(tensor, (0, 0, 0, extra)) for tensor in store]
-        self.capacity = capacity
+        self.capacity = self.end = capacity
 
     def keep_branch(self, branch: torch.Tensor, width: int, branches: int) -> None:
         """After a `branches`-tree call of `width` tokens: each row keeps the chain `branch[r]` (0 = the first)
@@ -209,7 +212,7 @@ class RowCache:
         prefix = max(cache.prefix for cache in caches)
         capacity = prefix + max(cache.capacity - cache.prefix for cache in caches)
         joined = cls.__new__(cls)
-        joined.capacity, joined.prefix = capacity, prefix
+        joined.capacity, joined.prefix, joined.end = capacity, prefix, capacity
         shifts = [(prefix - cache.prefix, capacity - prefix - (cache.capacity - cache.prefix)) for cache in caches]
         pick = lambda parts: torch.cat(parts)[order]
         joined.lengths = pick([cache.lengths + left for cache, (left, _) in zip(caches, shifts)])

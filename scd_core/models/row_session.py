@@ -37,11 +37,20 @@ class RowNetwork(Protocol):
         ...
 
 
+# A compiled run's cache has room for its prompt's slots rounded up to a multiple of this: its shapes, and with
+# them every graph its calls compile, then fit every prompt length of the bucket, so that a new prompt in a long
+# session compiles nothing new (the spare slots are never attended).
+PROMPT_BUCKET = 64
+
+
 def new_cache(rows: int, width: int, num_tokens: int, device: torch.device,
-              real: Optional[torch.Tensor] = None) -> RowCache:
+              real: Optional[torch.Tensor] = None, static: bool = False) -> RowCache:
     """The cache of `rows` rows whose prompts take `width` slots (`real` marks those attended) and whose images
-    take `num_tokens`."""
-    return RowCache(rows, width + num_tokens, width, device, real=real)
+    take `num_tokens`; `static`: a compiled run's (static shapes, room for a prompt bucket)."""
+    spare = -width % PROMPT_BUCKET if static else 0
+    cache = RowCache(rows, width + num_tokens + spare, width, device, real=real, spare=spare)
+    cache.static = static
+    return cache
 
 
 def _slice(logits: Logits, rows: slice, positions: slice) -> Logits:
@@ -68,8 +77,8 @@ class RowSession:
         self.copies = 2 if cfg else 1
         self.batch = context.shape[0] // self.copies
         self.extras, self.prefix_tokens = list(extras), prefix_tokens
-        self.cache = new_cache(context.shape[0], context.shape[1], num_tokens, context.device, real)
-        self.static_shapes = self.cache.static = static_shapes
+        self.cache = new_cache(context.shape[0], context.shape[1], num_tokens, context.device, real, static_shapes)
+        self.static_shapes = static_shapes
 
     @property
     def device(self) -> torch.device:
