@@ -18,9 +18,9 @@ Either falls back to eager, with one warning, when it fails (whatever it raises:
 the recompile limit's plain Exception, a missing C++ compiler); on a torch older than the oldest the tests run
 (OLDEST_TESTED_TORCH), compile=True runs eagerly with one warning.  Compiled code is kept for the process (and in
 inductor's on-disk cache); graphs belong to one generation (they hold its cache's addresses).  What a graph is
-specialised on is kept to shapes: the sampler's numbers are device tensors (`sampling.sampler_tensors`).  Not
-yet: the row-attention families size their static KV cache to prompt + image, so a new prompt length compiles
-their decoder layer again (past dynamo's limit it runs eagerly, with one warning).
+specialised on is kept to shapes: the sampler's numbers are device tensors (`sampling.sampler_tensors`), and
+a static KV cache holds its prompt's slots rounded up to a bucket (`row_session.PROMPT_BUCKET`), so prompts of
+one bucket share their graphs.
 
 Families that declare `compile` (`models.family.Family`) are `Compilable`: through their own blocks or the row
 attention (`models.row_attention.attention_layer`).  Trees of candidates are refused
