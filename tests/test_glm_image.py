@@ -237,18 +237,18 @@ def test_add_image_is_the_image_prompt_path(model: glm_image.GlmImageModel, edit
     assert len(model.grids) == 2
 
 
-class StartedBySession:
-    """The model as generate starts it once scd_core/engine.py calls `run_settings.start_session` (it calls
-    `model.start(cond, batch_size)` so far): the same model and weights, started for `config`."""
+class TwoBranches:
+    """The model with a `start` that cannot leave the uncond rows out (no `guided` parameter): the two-branch
+    path at any guidance scale, as every run took before `run_settings.start_session`."""
 
-    def __init__(self, model: glm_image.GlmImageModel, config: SamplerConfig) -> None:
-        self.model, self.config = model, config
+    def __init__(self, model: glm_image.GlmImageModel) -> None:
+        self.model = model
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.model, name)
 
     def start(self, cond: glm_image.GlmImagePrompt, batch_size: int) -> object:
-        return start_session(self.model, cond, batch_size, self.config)
+        return self.model.start(cond, batch_size)
 
 
 @needs_glm_image
@@ -268,10 +268,10 @@ def test_cfg_1_without_uncond_rows_gives_the_two_branch_tokens(model64: glm_imag
     try:
         for coupler, window in (("faithful", 8),) if edit else (("faithful", 8), ("maximal", 4)):
             config = SamplerConfig(coupler=coupler, window=window, cfg_scale=1.0, seed=3)
-            both = generate(model64, cond, config, batch_size=2)
+            both = generate(TwoBranches(model64), cond, config, batch_size=2)
             both_rows = rows[:]
             rows.clear()
-            cond_only = generate(StartedBySession(model64, config), cond, config, batch_size=2)
+            cond_only = generate(model64, cond, config, batch_size=2)  # generate starts it through start_session
             assert torch.equal(cond_only.tokens, both.tokens) and cond_only.nfe == both.nfe, (coupler, window)
             # call for call, one row per image still decoding (a finished image leaves the batch) against two
             assert rows[0] == 2 and both_rows == [2 * count for count in rows] and len(rows) == cond_only.nfe
