@@ -19,6 +19,7 @@ from toy_models import TablePrefixModel
 from scd_core import SamplerConfig, auto_window, couplers, generate, generate_many
 from scd_core.bench.synthetic import GridModel
 from scd_core.given import GivenCells, continuation, from_cell_mask
+from scd_core.run_settings import sampling_settings
 
 BATCH = SAMPLES - SAMPLES % 6
 
@@ -28,8 +29,8 @@ def given_law(model: TablePrefixModel, kept: dict[int, int], config: SamplerConf
     own = model.forced_tokens
     model.forced_tokens = {**(own or {}), **kept}
     try:
-        return model.exact_law(cfg_scale=config.cfg_scale or 1.0, temperature=config.temperature,
-                               top_k=config.top_k, top_p=config.top_p or 1.0)
+        cfg_scale, temperature, top_k, top_p = sampling_settings(model, config)  # as the engine resolves them
+        return model.exact_law(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p)
     finally:
         model.forced_tokens = own
 
