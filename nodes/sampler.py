@@ -18,7 +18,7 @@ from .lowvram import streamed_bytes
 from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDModel, SCDStats, SCDTokens
 
 RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scale"
-RECOMMENDED_TEMPERATURE = -1.0  # and its recommended temperature (GLM-Image samples at 0.9)
+RECOMMENDED_TEMPERATURE = -1.0  # and its recommended temperature (its `default_temperature`, else 1)
 RECOMMENDED_TOP_K = 0
 RECOMMENDED_TOP_P = 0.0
 AUTOMATIC_WINDOW = 0  # widget value meaning window "auto": the width with the most tokens per second, per call

@@ -47,7 +47,6 @@ def test_demo_vq_reconstructs_digits():
     model = load_model("demo", "cpu")
     ink, _ = load_digits_ink()
     images = render(ink[:16], torch.Generator().manual_seed(0), augment=False)
-    vq = model.module["vq"]
-    with torch.no_grad():
-        recon = model.decode(vq.encode(images))
+    with torch.no_grad():  # encode_image takes a ComfyUI IMAGE: (B, H, W, 3) in 0..1
+        recon = model.decode(model.encode_image(((images + 1) / 2).permute(0, 2, 3, 1)))
     assert (recon.permute(0, 3, 1, 2) * 2 - 1 - images).abs().mean() < 0.15
