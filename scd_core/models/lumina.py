@@ -64,6 +64,7 @@ from .janus import RowBackbone
 from .movqgan import CHECKPOINT as MOVQGAN_CHECKPOINT, load_movqgan
 from .taming import VQDecoder
 from .taming_encoder import VQEncoder, load_encoder
+from .vq16 import ENCODER_KEYS
 
 MODEL_TYPE = "chameleon"
 FAMILY = Family(
@@ -89,7 +90,9 @@ MOVQ_CODE_OFFSET = 155000
 # images) and rotary tables (recomputed from config.json).
 UNUSED_PREFIXES = ("model.vqmodel.",)
 UNUSED_SUFFIXES = ("rotary_emb.inv_freq",)
-UNUSED_WEIGHTS = UNUSED_PREFIXES  # what the memory estimate leaves out
+# what the memory estimate leaves out: those, and the VQ checkpoint's encoder side (loaded on the first image
+# in the prompt, `encode_image`, never at load)
+UNUSED_WEIGHTS = UNUSED_PREFIXES + ENCODER_KEYS
 CACHE_TOKENS = 80 + 2357  # a prompt and a 768 px image (memory estimates)
 HINT = ("a Lumina-mGPT folder is the Hugging Face repository (Alpha-VLLM/Lumina-mGPT-7B-768 or -512/-1024, "
         "or Alpha-VLLM/Lumina-mGPT-2.0) plus its image tokenizer (Chameleon's vqgan.ckpt, or movqgan_270M.ckpt "
