@@ -17,6 +17,7 @@
     python -m scd_core.bench auto-replay --processes 4 --images 5   # whole processes under fixed call costs
     python -m scd_core.bench auto-persist             # ten fresh demo processes sharing the saved window costs
     python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
+    python -m scd_core.bench bf16 --seeds 8           # bfloat16: images differing by width, batch, compile
     python -m scd_core.bench given --seeds 3          # images in the prompt: calls of continuations and regions
     python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
@@ -158,6 +159,12 @@ def _auto_replay(args: argparse.Namespace) -> Result:
     return "auto-replay", process_replay_table(processes=args.processes, images=args.images)
 
 
+def _bf16(args: argparse.Namespace) -> Result:
+    from .bf16 import bf16_table
+
+    return "bf16", bf16_table(list(range(args.seeds)))
+
+
 def _faithful(args: argparse.Namespace) -> Result:
     from .faithful import faithful_tables
 
@@ -250,6 +257,8 @@ COMMANDS: dict[str, Bench] = {
                                   help="measured: this machine's wall time; profile: every call costs what the "
                                        "demo's calls cost on this CPU, by width, on a clock that only the calls "
                                        "move (no noise from other work on the machine)")), _auto_persist),
+    "bf16": Bench("what holds in bfloat16: the demo's images that differ in any token across windows, between a "
+                  "batch row and its seed alone, and between compiled and eager calls (faithful)", (SEEDS,), _bf16),
     "faithful": Bench("the faithful coupler (the default): the demo's images in bfloat16 that differ from window "
                       "1's at other widths, and its calls against maximal and gumbel coupling", (SEEDS,), _faithful),
     "given": Bench("images in the prompt: calls of a continuation (top half kept) and of regenerated regions "
