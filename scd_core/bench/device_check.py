@@ -300,7 +300,7 @@ def whole_generate(shape: Shape, device: torch.device, dtype: torch.dtype, tiny:
     with torch.no_grad():
         runs = dict(eager=generate(eager, None, config), compiled_first=generate(compiled, None, config),
                     compiled=generate(compiled, None, config))
-    failures = [r.error for r in (compiled.compiled_layer, static_step.SAMPLING_STEP) if r is not None and r.error]
+    failures = [r.error for r in (compiled.compiled_layer, static_step.SAMPLING_STEP) if r is not None and r.failed]
     status = ("compile=True unavailable: this torch is older than the tested ones" if not compiled.compiled
               else f"compile failed (ran eagerly): {failures[0][:80]}" if failures else "compiled")
     del model, head, eager, compiled
