@@ -7,7 +7,7 @@ whole pre-sized cache, a mask built on the device; scd_core.static_step) at widt
 
   - eager: the static call, eager layers;
   - graphs: the same call captured as one CUDA graph per width (static_step.GraphedSteps) and replayed;
-    `graphs_vs_eager` (meant to be bit-equal: the same kernels);
+    `graphs_vs_eager` (meant to be bit-equal: the same kernels; a failed capture says so);
   - compiled: the layers through torch.compile (one compiled layer for all), captured the same way;
     `compiled_vs_eager` (inductor's kernels may round apart: equal greedy tokens, the largest logit difference);
     a failed compile reads "compile failed (ran eagerly): why".
@@ -203,6 +203,8 @@ def check_shape(shape: Any, model: Any, head: torch.nn.Module, device: torch.dev
                     reference = logits
                 else:
                     row[f"{name}_vs_eager"] = _compare(reference, logits)
+                if graphed and call.failed:  # it ran eagerly: its time and agreement are eager's
+                    row[f"{name}_vs_eager"] = "CUDA graph capture failed (ran eagerly)"
             rows.append(row)
         tree_ms = 1000 * calls.tree_seconds()
     return dict(name=shape.name, floor_ms=1000 * floor_s, rows=rows, tree_ms=tree_ms,
