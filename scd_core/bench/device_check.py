@@ -158,16 +158,16 @@ class ShapeModel(static_step.Compilable):
     def start(self, cond: Any, batch_size: int) -> CFGSession:
         """`cond` is unused: every row's prompt is the same random ids (what a call costs does not depend on them)."""
         prefix = self.prompt.to(self.device).repeat(2 * batch_size, 1)
-        backbone = self.module.model
-        if self.compiled or self.family == "emu3":
-            def make(cache: RowCache) -> Any:
-                return RowAttentionBackbone(backbone, cache, self.compiled_layer)
-        else:
-            def make(cache: RowCache) -> Any:
-                return RowBackbone(backbone, cache)
         embed = self.module.get_input_embeddings()
-        return CFGSession(prefix, torch.ones_like(prefix), self.num_tokens, backbone=make, embed_prefix=embed,
-                          embed_image=embed, head=self.head, static_shapes=self.compiled)
+        return CFGSession(prefix, torch.ones_like(prefix), self.num_tokens, backbone=self._backbone,
+                          embed_prefix=embed, embed_image=embed, head=self.head, static_shapes=self.compiled)
+
+    def _backbone(self, cache: RowCache) -> Any:
+        """The backbone over `cache` as the family's session builds it: the row attention when compiled (and
+        always for Emu3), else transformers' layers."""
+        if self.compiled or self.family == "emu3":
+            return RowAttentionBackbone(self.module.model, cache, self.compiled_layer)
+        return RowBackbone(self.module.model, cache)
 
 
 def window_costs(model: ShapeModel, context: int) -> dict[int, float]:
