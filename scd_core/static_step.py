@@ -78,6 +78,7 @@ class CompiledRegion:
         self.fn, self.name = fn, name
         self.compiled: dict[str, Callable[..., Any]] = {}  # by BACKEND (tests trace with "eager": no codegen)
         self.failed = False
+        self.error: Optional[str] = None  # why compiling failed, for reports (the device check's table)
 
     def __call__(self, *args: Any) -> Any:
         if self.failed or _EAGER[0]:
@@ -95,8 +96,9 @@ class CompiledRegion:
             # an error of `fn` itself raises again here, as it would have without compile
             result = self.fn(*args)
             self.failed = True
+            self.error = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
             _warn_once(f"compile:{self.name}", f"torch.compile of {self.name} failed, running it eagerly: "
-                       f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
+                       f"{self.error}")
             return result
 
 

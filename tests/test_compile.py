@@ -189,6 +189,7 @@ def test_failed_compilation_runs_eagerly_with_one_warning(folders, monkeypatch: 
     monkeypatch.setattr(static_step, "BACKEND", broken)
     monkeypatch.setattr(static_step, "_WARNED", set())
     monkeypatch.setattr(static_step.SAMPLING_STEP, "failed", False)
+    monkeypatch.setattr(static_step.SAMPLING_STEP, "error", None)
     eager, compiled = pair(folders["c2i"])
     cond = eager.encode("6")
     with pytest.warns(RuntimeWarning, match="torch.compile of .* failed, running it eagerly") as caught:
@@ -197,6 +198,7 @@ def test_failed_compilation_runs_eagerly_with_one_warning(folders, monkeypatch: 
     messages = [str(w.message) for w in caught if "torch.compile" in str(w.message)]
     assert len(messages) == 2  # one per region (the block, the sampling step), not one per call
     assert compiled.compiled_layer.failed and static_step.SAMPLING_STEP.failed
+    assert "RuntimeError: no compiler here" in compiled.compiled_layer.error  # what reports show (device check)
 
 
 def test_refusals(folders, tiny_lumina_dir: Path) -> None:
@@ -283,6 +285,7 @@ def test_recompile_limit_runs_eagerly_with_one_warning(folders, monkeypatch: pyt
     monkeypatch.setattr(static_step, "RECOMPILE_LIMIT", 1)
     monkeypatch.setattr(static_step, "_WARNED", set())
     monkeypatch.setattr(static_step.SAMPLING_STEP, "failed", False)
+    monkeypatch.setattr(static_step.SAMPLING_STEP, "error", None)
     eager, compiled = pair(folders["c2i"])
     cond = eager.encode("6")
     with torch._dynamo.config.patch(**{static_step.recompile_limit_name(torch._dynamo.config): 1}):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import pytest
+
 from scd_core.bench import cli as bench
 from scd_core.bench.device_check import PRECISION_WIDTHS, SHAPES, TINY_SHAPES, WIDTHS
-from scd_core.bench.device_compiled import TINY_WIDTHS
+from scd_core.bench.device_compiled import TINY_WIDTHS, table
 
 
 def test_device_check_writes_a_table_and_json(tmp_path, capsys):
@@ -26,11 +28,19 @@ def test_device_check_writes_a_table_and_json(tmp_path, capsys):
     compiled = data["compiled"]
     assert compiled["bandwidth_gb_s"] > 0
     (result,) = compiled["results"]  # the Llama-family (Janus-Pro) shape
-    assert [r["width"] for r in result["rows"]] == list(TINY_WIDTHS) and not result["compile_failed"]
+    assert [r["width"] for r in result["rows"]] == list(TINY_WIDTHS) and result["compile_error"] is None
     for row in result["rows"]:
-        assert row["graphs_ms"] == "not available on cpu" and row["eager_ms"] > 0 and row["compile_ms"] > 0
-        assert row["compile_vs_eager"]["same_tokens"] and row["compile_vs_eager"]["max_logit_diff"] < 1e-4
-    assert result["tree_ms"] > 0
+        assert row["graphs_ms"] == row["graphs_vs_eager"] == "not available on cpu"
+        assert row["eager_ms"] > 0 and row["compiled_ms"] > 0
+        assert row["compiled_vs_eager"]["same_tokens"] and row["compiled_vs_eager"]["max_logit_diff"] < 1e-4
+    assert result["tree_ms"] > 0 and result["kv_cache_mb"] > 0
+    # the floor reads the weights and the whole static cache
+    assert result["floor_ms"] * compiled["bandwidth_gb_s"] * 1e6 == pytest.approx(
+        (result["weight_mb"] + result["kv_cache_mb"]) * 2**20)
+    whole = data["whole_generate"]
+    assert whole["status"] == "compiled" and whole["same_tokens"]
+    assert whole["eager_calls"] == whole["compiled_calls"] < TINY_SHAPES[0].grid[0] * TINY_SHAPES[0].grid[1]
+    assert all(whole[f"{name}_s"] > 0 for name in ("eager", "compiled_first", "compiled"))
     precision = data["precision"]
     offered = ["none", "int8"] + (["nf4"] if importlib.util.find_spec("bitsandbytes") else [])  # NF4 runs on CPUs
     rows = {(r["quantize"], r["window"]): r for r in precision["rows"]}
@@ -44,7 +54,19 @@ def test_device_check_writes_a_table_and_json(tmp_path, capsys):
     assert any("low-VRAM streaming" in note and "not measured" in note for note in precision["notes"])
     table = (tmp_path / "device_check.md").read_text()
     assert "| size | quantize | window | weight_gb | peak_mem_gb | seconds |" in table and "low-VRAM streaming" in table
-    assert "| model | width | floor_ms | eager_ms | graphs_ms | compiled_ms |" in table
+    assert ("| model | width | floor_ms | eager_ms | graphs_ms | graphs_vs_eager | compiled_ms | compiled_vs_eager |"
+            in table)
+    assert "| window | status | same_tokens | eager_calls | compiled_calls | eager_s | compiled_first_s |" in table
     assert table.startswith(data["header"]) and "cpu" in data["header"]
     assert "| model | params_b | context | ms_at_1 | x2 |" in table and "| ar_s | scd16_s |" in table
     assert table.strip() in capsys.readouterr().out
+
+
+def test_a_failed_compile_shows_in_the_table():
+    row = dict(model="m", width=1, floor_ms=1.0, eager_ms=2.0, graphs_ms=1.5,
+               graphs_vs_eager=dict(same_tokens=True, max_logit_diff=0.0), compiled_ms=2.0,
+               compiled_vs_eager=dict(same_tokens=True, max_logit_diff=0.0))
+    result = dict(name="m", floor_ms=1.0, rows=[row], tree_ms=3.0, tree="3 chains at width 32",
+                  compile_error="BackendCompilerFailed: no C++ compiler")
+    text = table([result], 100.0)
+    assert "| m | 1 | 1 | 2 | 1.5 | bit-equal | compile failed (ran eagerly): BackendCompilerFailed: no C++" in text

@@ -131,7 +131,7 @@ def _memory(args: argparse.Namespace) -> Result:
 def _device_check(args: argparse.Namespace) -> Result:
     from .device_check import run
 
-    return "device-check", run(args.out, args.device, args.dtype, args.tiny)
+    return "device-check", run(args.out, args.device, args.dtype, args.tiny, args.compile_widths, args.compile_budget)
 
 
 def _compile(args: argparse.Namespace) -> Result:
@@ -221,6 +221,12 @@ COMMANDS: dict[str, Bench] = {
                                   help="folder for device_check.md and device_check.json"),
                            option("--tiny", action="store_true",
                                   help="tiny shapes: the same code in minutes on a CPU"),
+                           option("--compile-widths", type=int, nargs="+", metavar="W",
+                                  help="widths the compiled phase compiles, one compilation per width and shape "
+                                       "(default: 1 32; tiny: 1 4)"),
+                           option("--compile-budget", type=float, metavar="S",
+                                  help="seconds after which the compiled phase compiles nothing more "
+                                       "(default: 150; tiny: none)"),
                            DEVICE, DTYPE), _device_check),
     "compile": Bench("eager against compiled models, per call and per image, compile time apart, and where a demo "
                      "call's time goes",

@@ -7,23 +7,29 @@ No weights are read or downloaded: each family's language model is built by tran
 the published layer sizes and random weights (one family at a time, freed before the next).  For each it
 measures, with the prompt and half the image already in the KV cache and the CFG double batch:
 
-  - cost(L) / cost(1) of one call (backbone + the head rows of the image codes) for L = 1, 2, 4, ..., 64,
-    timed like the automatic window times them (scd_core.auto_window.measure_costs);
+  - cost(L) / cost(1) of one call for L = 1, 2, 4, ..., 64 as the engine makes it: the family's own session
+    (`ShapeModel`: the CFG rows over the engine's RowCache, the image head), timed like the automatic window
+    times them (scd_core.auto_window.measure_costs);
   - the sampling and verification time per call (the engine on a synthetic grid model with the family's
     vocabulary of codes, whose own call is nearly free) and its share of a call;
   - peak memory;
   - AR time per token: this pack's call at width 1 plus sampling, against transformers' own `generate`;
   - the wall time per image predicted from those costs and the calls the engine measurably makes on a
-    synthetic grid model of the family's token layout (medium entropy) at windows 16, 32, 64 and auto.
+    synthetic grid model of the family's token layout (medium entropy) at windows 16, 32, 64 and auto (the
+    automatic window chooses by the family's measured costs, not the synthetic model's).
 
-Then the compiled phase (scd_core.bench.device_compiled): the weight-read floor from a large device copy, and
-eager vs CUDA graphs vs graphs of compiled layers per window width on the Janus-Pro shapes; and the precision
+Then the compiled phase (scd_core.bench.device_compiled): the floor (weights and the static KV cache read at the
+bandwidth of a large device copy), and eager vs CUDA graphs vs graphs of compiled layers per window width on the
+Janus-Pro shapes, each against eager in a column of its own; its compile time is bounded by `--compile-widths`
+(default COMPILE_WIDTHS) and `--compile-budget` (seconds), and it prints an estimate once one width has
+compiled.  Then one whole image through `generate` with compile=True against eager on the smallest Janus-Pro shape
+(equal tokens and calls, seconds; the table says when compile=True is unavailable or failed); and the precision
 phase: per precision (none / int8 / nf4 where bitsandbytes runs on the device) the weight bytes, peak memory of
 the calls and cost per call at widths 1 / 16 / 64 on the Janus-Pro-1B shape (and -7B on a GPU), measured by
 `shapes.quantized_cost_rows` (`--shape 1B --quantize none int8 nf4`).  Low-VRAM streaming of weights is
 ComfyUI's (its casting layers) and is not measured here; the output says so.
 
-It writes device_check.md (four tables) and device_check.json to DIR.
+It writes device_check.md (six tables) and device_check.json to DIR.
 """
 
 from __future__ import annotations
@@ -34,18 +40,22 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
-from .. import auto_window
-from .device_compiled import compiled_phase
+from .. import auto_window, static_step
+from .device_compiled import COMPILE_BUDGET_S, COMPILE_WIDTHS, TINY_WIDTHS, compiled_phase
 from .tables import markdown
 from .shapes import peak_memory_mb, quantized_cost_rows
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.loading import pick_device, pick_dtype
+from ..models.cfg_session import CFGSession
+from ..models.janus import RowBackbone
 from ..models.memory import release_memory
+from ..models.row_attention import RowAttentionBackbone, attention_layer
+from ..models.row_cache import RowCache
 from .synthetic import GridModel
 
 WIDTHS = auto_window.CANDIDATES
@@ -123,22 +133,56 @@ def build(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) ->
     return model, head.to(dtype).eval()
 
 
-def window_costs(model: Any, head: torch.nn.Module, shape: Shape, context: int,
-                 device: torch.device) -> dict[int, float]:
-    """Seconds of one call per width, two rows (CFG), `context` tokens already cached."""
-    from ..models.hf_cache import cache_keyword, new_cache
+class ShapeModel(static_step.Compilable):
+    """A TokenModel over `build`'s random-weight model whose sessions run as the family's own do (models.janus,
+    lumina, emu3): the CFG rows over the engine's RowCache, transformers' layers (Emu3: the row attention),
+    and with `compile` the row attention through one compiled layer over the static cache."""
 
-    backbone = model.model
+    layer_step = staticmethod(attention_layer)
+
+    def __init__(self, shape: Shape, module: torch.nn.Module, head: torch.nn.Module,
+                 num_tokens: Optional[int] = None, compile: bool = False) -> None:
+        """`num_tokens`: the image positions a session has room for (default: the shape's image)."""
+        self.module, self.head, self.family, self.grid = module, head, shape.family, shape.grid
+        self.num_tokens = num_tokens or shape.grid[0] * shape.grid[1]
+        self.vocab_size = shape.codes
+        generator = torch.Generator().manual_seed(2)
+        self.prompt = torch.randint(shape.config["vocab_size"], (shape.prefix,), generator=generator)
+        if compile:
+            self.enable_compile()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def start(self, cond: Any, batch_size: int) -> CFGSession:
+        """`cond` is unused: every row's prompt is the same random ids (what a call costs does not depend on them)."""
+        prefix = self.prompt.to(self.device).repeat(2 * batch_size, 1)
+        embed = self.module.get_input_embeddings()
+        return CFGSession(prefix, torch.ones_like(prefix), self.num_tokens, backbone=self._backbone,
+                          embed_prefix=embed, embed_image=embed, head=self.head, static_shapes=self.compiled)
+
+    def _backbone(self, cache: RowCache) -> Any:
+        """The backbone over `cache` as the family's session builds it: the row attention when compiled (and
+        always for Emu3), else transformers' layers."""
+        if self.compiled or self.family == "emu3":
+            return RowAttentionBackbone(self.module.model, cache, self.compiled_layer)
+        return RowBackbone(self.module.model, cache)
+
+
+def window_costs(model: ShapeModel, context: int) -> dict[int, float]:
+    """Seconds of one call per width as the engine makes it (the family's session: CFG rows over the RowCache,
+    the image head), `context` tokens already cached."""
+    session = model.start(None, 1)
+    session.prefill()
+    cached = context - session.prefix
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(shape.config["vocab_size"], (2, context + max(WIDTHS)), generator=generator).to(device)
-    cache = new_cache()
-    keyword = cache_keyword()
-    backbone(input_ids=ids[:, :context], use_cache=True, **{keyword: cache})
+    ids = torch.randint(model.vocab_size, (1, cached + max(WIDTHS)), generator=generator)
+    session.forward(ids[:, :cached])
 
     def call(width: int) -> torch.Tensor:
-        out = backbone(input_ids=ids[:, context:context + width], use_cache=True, **{keyword: cache})
-        logits = head(out.last_hidden_state)
-        cache.crop(-width)
+        logits = session.forward(ids[:, cached:cached + width])[0]
+        session.rewind(width)
         return logits
 
     return auto_window.measure_costs(call, WIDTHS, rounds=COST_ROUNDS)
@@ -193,7 +237,8 @@ def check_shape(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bo
     tokens = shape.grid[0] * shape.grid[1]
     context = shape.prefix + tokens // 2  # mid-image: the cache a typical call attends to
     with torch.no_grad():
-        costs = window_costs(model, head, shape, context, device)
+        # room for the widest call after `context` (a tiny image is shorter than that)
+        costs = window_costs(ShapeModel(shape, model, head, max(tokens, tokens // 2 + max(WIDTHS))), context)
         peak_mb = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
                    else peak_memory_mb(device))
         hf_ms = generate_ms_per_token(model, shape, context, device)
@@ -243,6 +288,35 @@ def tables(results: list[dict[str, Any]], header: str) -> str:
             + markdown(image_rows, list(image_rows[0])))
 
 
+GENERATE_WINDOW = 16  # the whole compiled generate's window: one width compiled
+
+
+def whole_generate(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) -> dict[str, Any]:
+    """One image through generate with compile=True against eager (the same seed and window): tokens, calls,
+    seconds; the compiled model runs twice, as its first run compiles."""
+    model, head = build(shape, device, dtype, tiny)
+    eager, compiled = ShapeModel(shape, model, head), ShapeModel(shape, model, head, compile=True)
+    config = SamplerConfig(seed=0, coupler="maximal", window=GENERATE_WINDOW)
+    with torch.no_grad():
+        runs = dict(eager=generate(eager, None, config), compiled_first=generate(compiled, None, config),
+                    compiled=generate(compiled, None, config))
+    failures = [r.error for r in (compiled.compiled_layer, static_step.SAMPLING_STEP) if r is not None and r.failed]
+    status = ("compile=True unavailable: this torch is older than the tested ones" if not compiled.compiled
+              else f"compile failed (ran eagerly): {failures[0][:80]}" if failures else "compiled")
+    del model, head, eager, compiled
+    release_memory()
+    return dict(model=shape.name, window=GENERATE_WINDOW, status=status,
+                same_tokens=all(torch.equal(runs["eager"].tokens, r.tokens) for r in runs.values()),
+                **{f"{name}_calls": r.nfe for name, r in runs.items() if name != "compiled_first"},
+                **{f"{name}_s": r.total_s for name, r in runs.items()})
+
+
+def generate_table(whole: dict[str, Any]) -> str:
+    return ("One whole image, generate with compile=True against eager (SCD, maximal coupling, the same seed): "
+            "equal tokens and calls, seconds (`compiled_first_s` includes compiling)\n\n"
+            + markdown([whole], list(whole)))
+
+
 PRECISION_WIDTHS = (1, 16, 64)
 PRECISION_COLUMNS = ("size", "quantize", "window", "weight_gb", "peak_mem_gb", "seconds", "ratio", "vs_full_w1",
                      "layers", "full_layers")
@@ -279,8 +353,11 @@ def precision_phase(device: torch.device, dtype: torch.dtype, tiny: bool) -> dic
     return dict(rows=rows, skipped=skipped, notes=notes, table=table, seconds=time.perf_counter() - started)
 
 
-def run(out: Path, device: Optional[str] = None, dtype: Optional[str] = None, tiny: bool = False) -> str:
-    """Run every shape, write device_check.md and device_check.json to `out`; returns the markdown."""
+def run(out: Path, device: Optional[str] = None, dtype: Optional[str] = None, tiny: bool = False,
+        compile_widths: Optional[Sequence[int]] = None, compile_budget_s: Optional[float] = None) -> str:
+    """Run every shape, write device_check.md and device_check.json to `out`; returns the markdown.
+    `compile_widths` (default COMPILE_WIDTHS; tiny: all its widths) and `compile_budget_s` (default
+    COMPILE_BUDGET_S; tiny: none) bound the compiled phase's compile time."""
     import transformers
 
     started = time.perf_counter()
@@ -291,17 +368,28 @@ def run(out: Path, device: Optional[str] = None, dtype: Optional[str] = None, ti
     for shape in shapes:
         results.append(check_shape(shape, torch_device, torch_dtype, tiny))
         print(f"{shape.name}: {results[-1]['seconds']:.0f} s", flush=True)
-    compiled = compiled_phase([s for s in shapes if s.family == "llama"], build, torch_device, torch_dtype, tiny)
+    llama = [s for s in shapes if s.family == "llama"]
+    compile_widths = compile_widths or (TINY_WIDTHS if tiny else COMPILE_WIDTHS)
+    budget = compile_budget_s or (float("inf") if tiny else COMPILE_BUDGET_S)  # tiny: every column, to test them
+    print(f"compiled phase: {len(llama)} shapes x widths {' '.join(map(str, compile_widths))} compiled, then one "
+          f"whole generate (2 compilations); compiling stops after {budget:.0f} s (--compile-widths, "
+          "--compile-budget)", flush=True)
+    compiled = compiled_phase(llama, build, torch_device, torch_dtype, tiny, compile_widths, budget)
     print(f"compiled phase: {compiled['seconds']:.0f} s", flush=True)
+    started_generate = time.perf_counter()
+    whole = whole_generate(llama[0], torch_device, torch_dtype, tiny)  # the smallest shape: the cheapest compile
+    print(f"whole generate, eager and compiled: {time.perf_counter() - started_generate:.0f} s", flush=True)
     precision = precision_phase(torch_device, torch_dtype, tiny)
     print(f"precision phase: {precision['seconds']:.0f} s", flush=True)
     name = torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else platform.processor() or "cpu"
     header = (f"{time.strftime('%Y-%m-%d')}, {name} ({torch_device.type}), {str(torch_dtype).replace('torch.', '')}, "
               f"torch {torch.__version__}, transformers {transformers.__version__}, random weights"
               f"{', tiny shapes' if tiny else ''}; {time.perf_counter() - started:.0f} s in all")
-    text = tables(results, header) + "\n\n" + compiled.pop("table") + "\n\n" + precision.pop("table")
+    text = "\n\n".join((tables(results, header), compiled.pop("table"), generate_table(whole),
+                         precision.pop("table")))
     out.mkdir(parents=True, exist_ok=True)
     (out / "device_check.md").write_text(text + "\n")
     (out / "device_check.json").write_text(json.dumps(dict(header=header, results=results, compiled=compiled,
-                                                           precision=precision), indent=1, default=str))
+                                                           whole_generate=whole, precision=precision),
+                                                      indent=1, default=str))
     return text

@@ -152,26 +152,26 @@ def _build_chameleon(shape: dict[str, int], layers: int, device: torch.device, d
 def _window_timings(backbone: Any, head: Any, embeds: torch.Tensor, prefix: int, windows: list[int], repeats: int,
                     device: torch.device) -> dict[int, float]:
     """Median seconds of one window call (backbone and head) of each width after `prefix` cached embeddings,
-    each call cropped from the cache again."""
-    from ..models.hf_cache import cache_keyword, new_cache  # the adapter's own cache handling
+    run as the families run it (scd_core.models.janus.RowBackbone over the engine's RowCache), each call
+    rewound from the cache again."""
+    from ..models.janus import RowBackbone
+    from ..models.row_cache import RowCache
 
-    cache = new_cache()
-    keyword = cache_keyword()
+    rows = RowCache(embeds.shape[0], prefix + max(windows), prefix, device)
+    run = RowBackbone(backbone, rows)
     timings: dict[int, float] = {}
     with torch.no_grad():
-        backbone(inputs_embeds=embeds[:, :prefix], use_cache=True, **{keyword: cache})
+        run(embeds[:, :prefix])
         for window in windows:
             samples = []
             for attempt in range(repeats + 1):  # the first call warms up kernels and allocator
                 _sync(device)
                 started = time.perf_counter()
-                out = backbone(inputs_embeds=embeds[:, prefix:prefix + window], use_cache=True,
-                               **{keyword: cache})
-                head(out.last_hidden_state)
+                head(run(embeds[:, prefix:prefix + window]))
                 _sync(device)
                 if attempt:
                     samples.append(time.perf_counter() - started)
-                cache.crop(-window)
+                rows.rewind(window)
             timings[window] = statistics.median(samples)
     return timings
 
