@@ -318,19 +318,21 @@ class GlmImageModel:
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             raise ValueError(f"image token ids must lie in 0..{self.vocab_size - 1}")
         pipeline = self.decoder()
+        # the decoding stage runs where its modules are (a host may move them apart from the AR stage's)
+        device = next(pipeline.transformer.parameters()).device
         cond = self._decoding if cond is None else cond
-        prior = upsampled(tokens[:, -self.grid[0] * self.grid[1]:], self.grid).to(self.device)
+        prior = upsampled(tokens[:, -self.grid[0] * self.grid[1]:], self.grid).to(device)
         source = {}
         if cond.source is not None:  # the DiT sees the source image (its VAE latents) and its codes
             rows, cols = cond.source.grid
-            codes = upsampled(torch.tensor([cond.source.codes]), cond.source.grid)[0].to(self.device)
+            codes = upsampled(torch.tensor([cond.source.codes]), cond.source.grid)[0].to(device)
             # at the size its codes describe (the processor may have resized it), so both cover the same cells
             picture = cond.source.image.resize((cols * PIXELS_PER_TOKEN, rows * PIXELS_PER_TOKEN))
             source = dict(image=[picture], prior_token_image_ids=[codes],
-                          source_image_grid_thw=[torch.tensor([[1, 2 * rows, 2 * cols]], device=self.device)])
+                          source_image_grid_thw=[torch.tensor([[1, 2 * rows, 2 * cols]], device=device)])
         images = []
         for row in prior:
-            generator = torch.Generator(self.device).manual_seed(self.decode_seed)
+            generator = torch.Generator(device).manual_seed(self.decode_seed)
             out = pipeline(prompt=cond.text, prior_token_ids=row[None], height=self.size[0], width=self.size[1],
                            num_inference_steps=self.decode_steps, guidance_scale=self.decode_guidance,
                            generator=generator, output_type="pt", **source)
