@@ -19,7 +19,7 @@ max(rows, cols) after the previous one.  The decoder gets the large grid upsampl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -450,13 +450,16 @@ def check_layout(folder: Path) -> None:
 
 
 def memory_estimate(folder: Path) -> MemoryEstimate:
-    """Both stages, from the weight files' headers: the AR model (its decoder layers quantisable, its KV cache)
-    plus the DiT, VAE and glyph encoder, which the first decode loads at the compute dtype."""
+    """The AR stage, from the weight files' headers (its decoder layers quantisable, its KV cache): what sampling
+    holds; the decoding stage loads only to decode (decoder_weights), so a host may offload one for the other."""
     folder = Path(folder)
-    ar = estimate_from_shapes(checkpoint_shapes(weight_files(folder / AR_FOLDER)), UNUSED_WEIGHTS, CACHE_TOKENS)
-    decoder = sum(math.prod(shape) for name in ("transformer", "vae", "text_encoder")
-                  for shape in checkpoint_shapes(weight_files(folder / name)).values())
-    return replace(ar, other_weights=ar.other_weights + decoder)
+    return estimate_from_shapes(checkpoint_shapes(weight_files(folder / AR_FOLDER)), UNUSED_WEIGHTS, CACHE_TOKENS)
+
+
+def decoder_weights(folder: Path) -> int:
+    """How many weights the DiT, VAE and glyph encoder hold (loaded at the compute dtype by the first decode)."""
+    return sum(math.prod(shape) for name in ("transformer", "vae", "text_encoder")
+               for shape in checkpoint_shapes(weight_files(Path(folder) / name)).values())
 
 
 def sampling_defaults(folder: Path) -> dict:
