@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import comfy.model_management as mm
 import torch
 from comfy_api.latest import io
+from scd_core.models.quantize import module_bytes
 
 from .checks import check_same_model, check_tokens
+from .core_compat import classic_patcher_class
+from .loader import module_holder
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel, SCDTokens
+
+
+DECODE_STAGE_PARTS = ("transformer", "vae", "text_encoder")
+
+
+def decoding_stage(model: LoadedModel) -> Any:
+    """The patcher of a family's separate decoding stage (GLM-Image: DiT, VAE, glyph encoder), built once per
+    loaded model; None for one-stage families. Its own patcher lets ComfyUI evict it for the AR stage and back."""
+    if not hasattr(model.model, "release_decoder"):
+        return None
+    if model.decoder_patcher is None:
+        pipeline = model.model.decoder()
+        parts = torch.nn.ModuleDict({name: getattr(pipeline, name) for name in DECODE_STAGE_PARTS})
+        parts.to(model.patcher.offload_device)  # ComfyUI expects a fresh patcher's weights offloaded
+        model.decoder_patcher = classic_patcher_class()(
+            module_holder(parts, f"{model.name} decoder"), load_device=model.patcher.load_device,
+            offload_device=model.patcher.offload_device, size=module_bytes(parts))
+    return model.decoder_patcher
 
 
 class SCDVQDecode(io.ComfyNode):
@@ -39,6 +60,10 @@ class SCDVQDecode(io.ComfyNode):
                 raise ValueError(f"model '{model.name}' decodes its tokens alone; disconnect 'conditioning' "
                                  "(it is for video models, whose context frames are decoded in front)")
             context = (conditioning.cond,)
-        model.to_compute_device()
+        stage = decoding_stage(model)
+        if stage is None:
+            model.to_compute_device()
+        else:  # only the decoding stage: ComfyUI offloads the AR stage if both do not fit
+            mm.load_models_gpu([stage], memory_required=0, force_full_load=True)
         images = model.model.decode(tokens, *context)
         return io.NodeOutput(images.to(device=mm.intermediate_device(), dtype=torch.float32))

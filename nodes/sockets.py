@@ -27,6 +27,7 @@ class LoadedModel:
     streamable: bool = False  # its layers cast their weights per call (nodes/lowvram.py): it may load partially
     image_cache_bytes: int = 0  # the KV cache of one sampled image (its CFG rows), at the loader's prompt allowance
     slot_bytes: int = 0  # the distributions of one window slot of one image, with their working copies
+    decoder_patcher: Any = None  # a separate decoding stage's own patcher (GLM-Image's DiT), built by its first decode
 
     def run_memory(self, batch_size: int, window: int | str, candidates: int = 1) -> int:
         """What a sampler run allocates besides the weights: each image's KV cache and the distributions of

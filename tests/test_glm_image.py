@@ -401,7 +401,7 @@ def test_quantized_rows_see_their_own_prefix_only_and_faithful_keeps_its_tokens(
 
 
 @needs_glm_image
-def test_memory_estimate_counts_both_stages(model: glm_image.GlmImageModel, folder: Path) -> None:
+def test_memory_estimates_count_each_stage(model: glm_image.GlmImageModel, folder: Path) -> None:
     estimate = glm_image.memory_estimate(folder)
     layers = model.module.model.language_model.layers
     linear = sum(m.weight.numel() for m in layers.modules() if isinstance(m, torch.nn.Linear))
@@ -411,7 +411,8 @@ def test_memory_estimate_counts_both_stages(model: glm_image.GlmImageModel, fold
                 for p in part.parameters())
     ar_other = sum(p.numel() for p in model.module.parameters()) - linear
     heads = model.module.config.text_config.vision_vocab_size - model.vocab_size  # rows sliced off at load
-    assert estimate.other_weights == ar_other + heads * model.module.config.text_config.hidden_size + parts
+    assert estimate.other_weights == ar_other + heads * model.module.config.text_config.hidden_size
+    assert glm_image.decoder_weights(folder) == parts
     assert estimate.kv_channels == 2 * len(layers) * model.module.config.text_config.num_key_value_heads * 32
 
 

@@ -833,3 +833,29 @@ def test_image_prompt_gives_omni_its_control_image_and_lumina_its_rows(node_clas
     assert keep.sum() == 14 and torch.equal(tokens[0, keep], given.cond.tokens[0, keep])
     for position, token in omni.model.forced_tokens.items():  # the row-ends and end of image, as ever
         assert tokens[0, position] == token
+
+
+def test_glm_image_decode_loads_its_own_stage(pack: ModuleType, node_classes: dict[str, Any], tmp_path: Path) -> None:
+    """The Decode node registers GLM-Image's DiT, VAE and glyph encoder with ComfyUI as a patcher of their own,
+    sized by the decoding-stage estimate, and decodes the same pixels as the model's own decode."""
+    pytest.importorskip("diffusers")
+    from glm_image_fixture import HEIGHT, WIDTH, write_tiny_glm_image
+    from scd_core import load_model
+    from scd_core.models import glm_image
+
+    loader = sys.modules[f"{pack.__name__}.nodes.loader"]
+    sockets = sys.modules[f"{pack.__name__}.nodes.sockets"]
+    mm = loader.mm
+    folder = write_tiny_glm_image(tmp_path / "glm")
+    model = load_model(folder, device="cpu", dtype=torch.float32)
+    model.set_image_size(WIDTH, HEIGHT)
+    cpu = torch.device("cpu")
+    patcher = loader.classic_patcher_class()(loader.module_holder(model.module, "glm"), load_device=cpu,
+                                             offload_device=cpu, size=1)
+    loaded = sockets.LoadedModel(name="glm", model=model, patcher=patcher)
+    tokens = torch.randint(0, model.vocab_size, (1, model.num_tokens), generator=torch.Generator().manual_seed(0))
+    (images,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens)
+    stage = loaded.decoder_patcher
+    assert any(entry.model is stage for entry in mm.current_loaded_models)
+    assert stage.model_size() == glm_image.decoder_weights(folder) * 4  # float32
+    assert torch.equal(images, model.decode(tokens))

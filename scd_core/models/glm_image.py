@@ -19,7 +19,7 @@ max(rows, cols) after the previous one.  The decoder gets the large grid upsampl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -318,19 +318,21 @@ class GlmImageModel:
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             raise ValueError(f"image token ids must lie in 0..{self.vocab_size - 1}")
         pipeline = self.decoder()
+        # the decoding stage runs where its modules are (a host may move them apart from the AR stage's)
+        device = next(pipeline.transformer.parameters()).device
         cond = self._decoding if cond is None else cond
-        prior = upsampled(tokens[:, -self.grid[0] * self.grid[1]:], self.grid).to(self.device)
+        prior = upsampled(tokens[:, -self.grid[0] * self.grid[1]:], self.grid).to(device)
         source = {}
         if cond.source is not None:  # the DiT sees the source image (its VAE latents) and its codes
             rows, cols = cond.source.grid
-            codes = upsampled(torch.tensor([cond.source.codes]), cond.source.grid)[0].to(self.device)
+            codes = upsampled(torch.tensor([cond.source.codes]), cond.source.grid)[0].to(device)
             # at the size its codes describe (the processor may have resized it), so both cover the same cells
             picture = cond.source.image.resize((cols * PIXELS_PER_TOKEN, rows * PIXELS_PER_TOKEN))
             source = dict(image=[picture], prior_token_image_ids=[codes],
-                          source_image_grid_thw=[torch.tensor([[1, 2 * rows, 2 * cols]], device=self.device)])
+                          source_image_grid_thw=[torch.tensor([[1, 2 * rows, 2 * cols]], device=device)])
         images = []
         for row in prior:
-            generator = torch.Generator(self.device).manual_seed(self.decode_seed)
+            generator = torch.Generator(device).manual_seed(self.decode_seed)
             out = pipeline(prompt=cond.text, prior_token_ids=row[None], height=self.size[0], width=self.size[1],
                            num_inference_steps=self.decode_steps, guidance_scale=self.decode_guidance,
                            generator=generator, output_type="pt", **source)
@@ -448,13 +450,16 @@ def check_layout(folder: Path) -> None:
 
 
 def memory_estimate(folder: Path) -> MemoryEstimate:
-    """Both stages, from the weight files' headers: the AR model (its decoder layers quantisable, its KV cache)
-    plus the DiT, VAE and glyph encoder, which the first decode loads at the compute dtype."""
+    """The AR stage, from the weight files' headers (its decoder layers quantisable, its KV cache): what sampling
+    holds; the decoding stage loads only to decode (decoder_weights), so a host may offload one for the other."""
     folder = Path(folder)
-    ar = estimate_from_shapes(checkpoint_shapes(weight_files(folder / AR_FOLDER)), UNUSED_WEIGHTS, CACHE_TOKENS)
-    decoder = sum(math.prod(shape) for name in ("transformer", "vae", "text_encoder")
-                  for shape in checkpoint_shapes(weight_files(folder / name)).values())
-    return replace(ar, other_weights=ar.other_weights + decoder)
+    return estimate_from_shapes(checkpoint_shapes(weight_files(folder / AR_FOLDER)), UNUSED_WEIGHTS, CACHE_TOKENS)
+
+
+def decoder_weights(folder: Path) -> int:
+    """How many weights the DiT, VAE and glyph encoder hold (loaded at the compute dtype by the first decode)."""
+    return sum(math.prod(shape) for name in ("transformer", "vae", "text_encoder")
+               for shape in checkpoint_shapes(weight_files(Path(folder) / name)).values())
 
 
 def sampling_defaults(folder: Path) -> dict:

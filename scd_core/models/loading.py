@@ -108,7 +108,7 @@ def estimate_memory(path: Union[str, Path]) -> MemoryEstimate:
     `memory.MemoryEstimate`."""
     folder = _model_folder(path)
     family = _family(folder)
-    if hasattr(family, "memory_estimate"):  # a folder of several models (GLM-Image: its AR stage and decoder)
+    if hasattr(family, "memory_estimate"):  # a folder of several models (GLM-Image: its AR stage, what sampling holds)
         return family.memory_estimate(folder)
     estimate = folder_estimate(folder, getattr(family, "UNUSED_WEIGHTS", ()), getattr(family, "CACHE_TOKENS", 4096))
     text_folder = family.text_encoder_folder(folder) if hasattr(family, "text_encoder_folder") else None
