@@ -24,9 +24,9 @@ def decoding_stage(model: LoadedModel) -> Any:
     if not hasattr(model.model, "release_decoder"):
         return None
     if model.decoder_patcher is None:
-        pipeline = model.model.decoder()
+        # built where ComfyUI keeps it offloaded (not next to the AR stage), as it expects a fresh patcher's weights
+        pipeline = model.model.decoder(model.patcher.offload_device)
         parts = torch.nn.ModuleDict({name: getattr(pipeline, name) for name in DECODE_STAGE_PARTS})
-        parts.to(model.patcher.offload_device)  # ComfyUI expects a fresh patcher's weights offloaded
         model.decoder_patcher = classic_patcher_class()(
             module_holder(parts, f"{model.name} decoder"), load_device=model.patcher.load_device,
             offload_device=model.patcher.offload_device, size=module_bytes(parts))

@@ -354,10 +354,12 @@ class GlmImageModel:
         side = max(1, PREVIEW_PIXELS // max(preview_rows, preview_cols))
         return cells.view(preview_rows, preview_cols, 3).repeat_interleave(side, 0).repeat_interleave(side, 1)
 
-    def decoder(self) -> Any:
-        """diffusers' GlmImagePipeline over the folder's DiT, VAE and glyph encoder, built on first use."""
+    def decoder(self, device: Optional[torch.device] = None) -> Any:
+        """diffusers' GlmImagePipeline over the folder's DiT, VAE and glyph encoder, built on first use on
+        `device` (default: the AR stage's; a host that offloads one stage for the other builds it where it
+        keeps it offloaded, so the two never meet in the compute device's memory)."""
         if self._pipeline is None:
-            self._pipeline = load_decoder(self.folder, self.processor, self.device,
+            self._pipeline = load_decoder(self.folder, self.processor, device or self.device,
                                           next(self.module.parameters()).dtype)
         return self._pipeline
 
