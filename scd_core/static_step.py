@@ -77,8 +77,11 @@ class CompiledRegion:
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
         self.fn, self.name = fn, name
         self.compiled: dict[str, Callable[..., Any]] = {}  # by BACKEND (tests trace with "eager": no codegen)
-        self.failed = False
         self.error: Optional[str] = None  # why compiling failed, for reports (the device check's table)
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
 
     def __call__(self, *args: Any) -> Any:
         if self.failed or _EAGER[0]:
@@ -95,7 +98,6 @@ class CompiledRegion:
         except Exception as err:  # compile failures have no common type; they raise before the graph runs
             # an error of `fn` itself raises again here, as it would have without compile
             result = self.fn(*args)
-            self.failed = True
             self.error = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
             _warn_once(f"compile:{self.name}", f"torch.compile of {self.name} failed, running it eagerly: "
                        f"{self.error}")

@@ -188,7 +188,6 @@ def test_failed_compilation_runs_eagerly_with_one_warning(folders, monkeypatch: 
 
     monkeypatch.setattr(static_step, "BACKEND", broken)
     monkeypatch.setattr(static_step, "_WARNED", set())
-    monkeypatch.setattr(static_step.SAMPLING_STEP, "failed", False)
     monkeypatch.setattr(static_step.SAMPLING_STEP, "error", None)
     eager, compiled = pair(folders["c2i"])
     cond = eager.encode("6")
@@ -284,7 +283,6 @@ def test_recompile_limit_runs_eagerly_with_one_warning(folders, monkeypatch: pyt
     monkeypatch.setattr(static_step, "BACKEND", "eager")
     monkeypatch.setattr(static_step, "RECOMPILE_LIMIT", 1)
     monkeypatch.setattr(static_step, "_WARNED", set())
-    monkeypatch.setattr(static_step.SAMPLING_STEP, "failed", False)
     monkeypatch.setattr(static_step.SAMPLING_STEP, "error", None)
     eager, compiled = pair(folders["c2i"])
     cond = eager.encode("6")
