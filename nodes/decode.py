@@ -15,18 +15,15 @@ from .loader import module_holder
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel, SCDTokens
 
 
-DECODE_STAGE_PARTS = ("transformer", "vae", "text_encoder")
-
-
 def decoding_stage(model: LoadedModel) -> Any:
-    """The patcher of a family's separate decoding stage (GLM-Image: DiT, VAE, glyph encoder), built once per
-    loaded model; None for one-stage families. Its own patcher lets ComfyUI evict it for the AR stage and back."""
-    if not hasattr(model.model, "release_decoder"):
+    """The patcher of a family's separate decoding stage (its `decoding_modules`: GLM-Image's DiT, VAE, glyph
+    encoder), built once per loaded model; None for one-stage families. Its own patcher lets ComfyUI evict it
+    for the AR stage and back."""
+    if not hasattr(model.model, "decoding_modules"):
         return None
     if model.decoder_patcher is None:
         # built where ComfyUI keeps it offloaded (not next to the AR stage), as it expects a fresh patcher's weights
-        pipeline = model.model.decoder(model.patcher.offload_device)
-        parts = torch.nn.ModuleDict({name: getattr(pipeline, name) for name in DECODE_STAGE_PARTS})
+        parts = model.model.decoding_modules(model.patcher.offload_device)
         model.decoder_patcher = classic_patcher_class()(
             module_holder(parts, f"{model.name} decoder"), load_device=model.patcher.load_device,
             offload_device=model.patcher.offload_device, size=module_bytes(parts))

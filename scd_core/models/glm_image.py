@@ -48,6 +48,7 @@ FAMILY = Family(
 MODEL_TYPE = "glm_image"
 PIPELINE_CLASS = "GlmImagePipeline"
 AR_FOLDER, PROCESSOR_FOLDER = "vision_language_encoder", "processor"
+DECODER_PARTS = ("transformer", "vae", "text_encoder")  # the decoding stage: DiT, VAE, glyph encoder (subfolders)
 DECODER_FOLDERS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 HINT = "download the Hugging Face repository zai-org/GLM-Image (all of its subfolders)"
 TRANSFORMERS_NEEDED = "5.0"  # GLM-Image arrived in transformers 5
@@ -363,9 +364,11 @@ class GlmImageModel:
                                           next(self.module.parameters()).dtype)
         return self._pipeline
 
-    def release_decoder(self) -> None:
-        """Drop the DiT, VAE and glyph encoder (the next decode loads them again)."""
-        self._pipeline = None
+    def decoding_modules(self, device: Optional[torch.device] = None) -> torch.nn.ModuleDict:
+        """The decoding stage's networks (`DECODER_PARTS` of `decoder(device)`), for a host that moves them in
+        and out of the compute device apart from the AR stage (ComfyUI's model management)."""
+        pipeline = self.decoder(device)
+        return torch.nn.ModuleDict({name: getattr(pipeline, name) for name in DECODER_PARTS})
 
 
 class SourceSession(CFGSession):
@@ -460,7 +463,7 @@ def memory_estimate(folder: Path) -> MemoryEstimate:
 
 def decoder_weights(folder: Path) -> int:
     """How many weights the DiT, VAE and glyph encoder hold (loaded at the compute dtype by the first decode)."""
-    return sum(math.prod(shape) for name in ("transformer", "vae", "text_encoder")
+    return sum(math.prod(shape) for name in DECODER_PARTS
                for shape in checkpoint_shapes(weight_files(Path(folder) / name)).values())
 
 
