@@ -33,7 +33,8 @@ def event_data(node_id: str, stats: IterationStats) -> dict[str, Any]:
     """The payload of the websocket event "scd.progress" (see the node pack contract)."""
     return {"node": node_id, "iteration": stats.iteration, "committed": stats.committed, "forced": stats.forced,
             "total": stats.total, "num_tokens": stats.num_tokens, "nfe": stats.nfe,
-            "acceptance": [round(a, 4) for a in stats.acceptance], "calls_saved": stats.total - stats.forced_total - stats.nfe}  # AR: a call per sampled token
+            "acceptance": [round(a, 4) for a in stats.acceptance],
+            "calls_saved": stats.total - stats.forced_total - stats.nfe}  # plain AR: a call per sampled token
 
 
 def partial_image(model: Any, prefix: torch.Tensor, num_tokens: int) -> Image.Image:
