@@ -31,7 +31,8 @@ from .. import static_step
 from ..models.memory import release_memory
 from ..models.row_attention import RowAttentionBackbone, attention_layer
 from ..models.row_cache import RowCache
-from ..models.row_session import PROMPT_BUCKET
+from ..models.row_session import prompt_slots
+from .long import kv_cache_bytes
 from .tables import markdown
 
 WIDTHS = (1, 16, 32, 64)
@@ -133,14 +134,14 @@ class _ShapeCalls:
 
 def static_capacity(shape: Any) -> int:
     """Slots of a compiled run's static cache: the prompt rounded up to its bucket, and the image."""
-    return shape.prefix + -shape.prefix % PROMPT_BUCKET + shape.grid[0] * shape.grid[1]
+    return prompt_slots(shape.prefix, static=True) + shape.grid[0] * shape.grid[1]
 
 
 def cache_bytes(config: Any, capacity: int, dtype: torch.dtype) -> int:
     """Bytes of keys and values a static call reads: every slot of every layer, both CFG rows."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    per_slot = 2 * config.num_key_value_heads * head_dim * dtype.itemsize  # a key and a value
-    return 2 * capacity * config.num_hidden_layers * per_slot
+    return kv_cache_bytes(config.num_hidden_layers, config.num_key_value_heads, head_dim, capacity, rows=2,
+                          dtype_bytes=dtype.itemsize)
 
 
 def _compare(reference: torch.Tensor, other: torch.Tensor) -> dict[str, Any]:

@@ -43,11 +43,16 @@ class RowNetwork(Protocol):
 PROMPT_BUCKET = 64
 
 
+def prompt_slots(width: int, static: bool) -> int:
+    """The cache slots a prompt of `width` tokens is given: a compiled (`static`) run's rounded up to its bucket."""
+    return width + (-width % PROMPT_BUCKET if static else 0)
+
+
 def new_cache(rows: int, width: int, num_tokens: int, device: torch.device,
               real: Optional[torch.Tensor] = None, static: bool = False) -> RowCache:
     """The cache of `rows` rows whose prompts take `width` slots (`real` marks those attended) and whose images
     take `num_tokens`; `static`: a compiled run's (static shapes, room for a prompt bucket)."""
-    spare = -width % PROMPT_BUCKET if static else 0
+    spare = prompt_slots(width, static) - width
     cache = RowCache(rows, width + num_tokens + spare, width, device, real=real, spare=spare)
     cache.static = static
     return cache
