@@ -31,7 +31,7 @@ from .. import static_step
 from ..models.memory import release_memory
 from ..models.row_attention import RowAttentionBackbone, attention_layer
 from ..models.row_cache import RowCache
-from ..models.row_session import prompt_slots
+from ..models.row_session import PROMPT_BUCKET, prompt_slots
 from .long import kv_cache_bytes
 from .tables import markdown
 
@@ -134,7 +134,7 @@ class _ShapeCalls:
 
 def static_capacity(shape: Any) -> int:
     """Slots of a compiled run's static cache: the prompt rounded up to its bucket, and the image."""
-    return prompt_slots(shape.prefix, static=True) + shape.grid[0] * shape.grid[1]
+    return prompt_slots(shape.prefix, PROMPT_BUCKET) + shape.grid[0] * shape.grid[1]  # Janus-Pro: a CFGSession
 
 
 def cache_bytes(config: Any, capacity: int, dtype: torch.dtype) -> int:

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .row_cache import RowCache
-from .row_session import RowSession
+from .row_session import PROMPT_BUCKET, RowSession
 
 Embed = Callable[[torch.Tensor], torch.Tensor]  # (rows, T) ids -> (rows, T, hidden)
 Backbone = Callable[[torch.Tensor, int], torch.Tensor]  # (rows, T, hidden) embeddings, tree branches -> hidden
@@ -59,6 +59,8 @@ class BackboneHead:
 
 
 class CFGSession(RowSession):
+    prompt_bucket = PROMPT_BUCKET  # text prompts of any length: a compiled model's graphs serve a bucket of them
+
     def __init__(self, prefix: torch.Tensor, prefix_mask: torch.Tensor, num_tokens: int,
                  backbone: Callable[[RowCache], Backbone], embed_prefix: Embed, embed_image: Embed,
                  head: Embed, static_shapes: bool = False, guided: bool = True) -> None:

@@ -37,22 +37,22 @@ class RowNetwork(Protocol):
         ...
 
 
-# A compiled run's cache has room for its prompt's slots rounded up to a multiple of this: its shapes, and with
-# them every graph its calls compile, then fit every prompt length of the bucket, so that a new prompt in a long
-# session compiles nothing new (the spare slots are never attended).
+# Where prompts come in many lengths (text), a compiled run's cache has room for its prompt's slots rounded up to
+# a multiple of this: its shapes, and with them every graph its calls compile, then fit every prompt length of
+# the bucket, so that a new prompt in a long session compiles nothing new (the spare slots are never attended).
 PROMPT_BUCKET = 64
 
 
-def prompt_slots(width: int, static: bool) -> int:
-    """The cache slots a prompt of `width` tokens is given: a compiled (`static`) run's rounded up to its bucket."""
-    return width + (-width % PROMPT_BUCKET if static else 0)
+def prompt_slots(width: int, bucket: int) -> int:
+    """The cache slots a prompt of `width` tokens is given: `width` rounded up to a multiple of `bucket`."""
+    return width + -width % bucket
 
 
 def new_cache(rows: int, width: int, num_tokens: int, device: torch.device,
-              real: Optional[torch.Tensor] = None, static: bool = False) -> RowCache:
+              real: Optional[torch.Tensor] = None, static: bool = False, bucket: int = 1) -> RowCache:
     """The cache of `rows` rows whose prompts take `width` slots (`real` marks those attended) and whose images
-    take `num_tokens`; `static`: a compiled run's (static shapes, room for a prompt bucket)."""
-    spare = prompt_slots(width, static) - width
+    take `num_tokens`; `static`: a compiled run's (static shapes, room for its prompt's `bucket`)."""
+    spare = prompt_slots(width, bucket if static else 1) - width
     cache = RowCache(rows, width + num_tokens + spare, width, device, real=real, spare=spare)
     cache.static = static
     return cache
@@ -74,6 +74,7 @@ class RowSession:
     """
 
     rows_per_cache = 1
+    prompt_bucket = 1  # a compiled run's prompt slots are rounded up to this (`PROMPT_BUCKET` for text prompts)
 
     def __init__(self, context: torch.Tensor, num_tokens: int, network: RowNetwork, cfg: bool = True,
                  real: Optional[torch.Tensor] = None, extras: Sequence[torch.Tensor] = (),
@@ -82,7 +83,8 @@ class RowSession:
         self.copies = 2 if cfg else 1
         self.batch = context.shape[0] // self.copies
         self.extras, self.prefix_tokens = list(extras), prefix_tokens
-        self.cache = new_cache(context.shape[0], context.shape[1], num_tokens, context.device, real, static_shapes)
+        self.cache = new_cache(context.shape[0], context.shape[1], num_tokens, context.device, real, static_shapes,
+                               self.prompt_bucket)
         self.static_shapes = static_shapes
 
     @property
