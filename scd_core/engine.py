@@ -32,7 +32,8 @@ from .config import MAX_CANDIDATES, SamplerConfig
 from .given import forced_cells, unwrap
 from .model import Logits, Session, TokenModel, check_batch_size
 from .run_settings import code_tables, draft_source, sampling_settings, start_session
-from .sampling import recursive_rejection, sampler_tensors, to_probs, without_replacement
+from .sampling import (branch_weights, recursive_rejection, sampler_tensors, to_probs, weighted_logits,
+                       without_replacement)
 
 
 class GenerationCancelled(RuntimeError):
@@ -119,9 +120,11 @@ class _Decoder:
     def __init__(self, model: TokenModel, config: SamplerConfig, window: int, seeds: Sequence[int],
                  device: torch.device, rows_per_cache: int, prefix: Optional[torch.Tensor],
                  copy_back: Optional[int], static: bool = False,
-                 given: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+                 given: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                 guidance: Optional[Callable[[float], Sequence[float]]] = None) -> None:
         """`window`: the widest call the window policy asks for, in free positions; `given`: each row's cells
-        fixed in advance ((tokens, keep), each (batch, N), `GivenCells.rows`)."""
+        fixed in advance ((tokens, keep), each (batch, N), `GivenCells.rows`); `guidance`: the session's, where
+        it weighs its branches itself (`model.Session`)."""
         self.config, self.coupler = config, couplers.coupler(config.coupler)
         self.static = static  # static shapes: state updated in place, nothing sized by host values
         batch = len(seeds)
@@ -156,6 +159,10 @@ class _Decoder:
             self.cfg_scales = torch.as_tensor(self.cfg_scales, dtype=torch.float32, device=device)
             if self.cfg_scales.shape != (self.n,):
                 raise ValueError(f"model.cfg_schedule must give {self.n} scales, got {tuple(self.cfg_scales.shape)}")
+        # the weight of each branch's logits (float32, on the device: a compiled step serves every value)
+        self.branch_weights = None if guidance is None else branch_weights(guidance, self.sampling[0], device)
+        if self.branch_weights is not None and self.cfg_scales is not None:
+            raise ValueError("a session that weighs its own branches (guidance) takes no model.cfg_schedule")
         self.copy_back = copy_back
         # tokens known before position 0 (a video's context frames): drafts may be copied from them
         self.prefix = (torch.zeros(batch, 0, dtype=torch.long, device=device) if prefix is None
@@ -183,12 +190,15 @@ class _Decoder:
 
     def probs(self, logits: Logits, width: int, branches: int = 1) -> torch.Tensor:
         """The sampling distribution of a call's `width` output slots (a tree's when `branches` > 1)."""
-        cond, uncond = logits
         expected = (self.batch, width, self.vocab)
-        for name, value in (("cond", cond), ("uncond", uncond)):
+        names = ("cond", "uncond") if len(logits) == 2 else [f"branch {i}" for i in range(len(logits))]
+        for name, value in zip(names, logits):
             if value is not None and tuple(value.shape) != expected:
                 raise ModelOutputError(f"model returned {name} logits of shape {tuple(value.shape)}, "
                                        f"expected {expected}")
+        if self.branch_weights is not None:
+            return to_probs(weighted_logits(logits, self.branch_weights), None, 1.0, *self.sampler[1:])
+        cond, uncond = logits
         scale = self.sampler[0] if self.cfg_scales is None else self.cfg_scales[
             slot_positions(self.committed, width, branches).clamp(max=self.n - 1)].unsqueeze(-1)
         return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), scale,
@@ -301,8 +311,7 @@ class _Decoder:
         self.calls += 1
         return shared, accepted, changes, chain
 
-    def decide(self, cond: torch.Tensor, uncond: Optional[torch.Tensor], width: int, max_shift: int,
-               tree: Optional[tuple[torch.Tensor, torch.Tensor]]
+    def decide(self, logits: Logits, width: int, max_shift: int, tree: Optional[tuple[torch.Tensor, torch.Tensor]]
                ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """A call's logits to its decisions, all on the device (the part of a step a compiled or captured call
         holds): returns (summary, commit counts (B,), tree chain kept or None).  The summary (float32, exact for
@@ -311,7 +320,7 @@ class _Decoder:
         group, width + 1 entries: the window policy's observation), then the share of drafts accepted per
         slot."""
         branches = 1 if tree is None else tree[0].shape[1] + 1
-        probs = self.probs((cond, uncond), cond.shape[1], branches)
+        probs = self.probs(logits, logits[0].shape[1], branches)
         chains = None if tree is None else (chain_probs(probs, width, branches),) + tree
         shared, accepted, changes, chain = self.step(probs[:, :width], max_shift, chains)
         values = torch.arange(width + 1, device=shared.device)  # counted as every backend can (no bincount)
@@ -546,7 +555,8 @@ class Run:
                     given: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> _Decoder:
         """The decoding state of rows with these seeds (and these given cells), right after their prefill."""
         return _Decoder(self.model, self.config, self.policy.widest, seeds, device, self.rows_per_cache, prefix,
-                        self.copy_back, static=self.compiled, given=given)
+                        self.copy_back, static=self.compiled, given=given,
+                        guidance=getattr(self.session, "guidance", None))
 
     def choose_window(self) -> int:
         """The call's window, from the window policy (pinned, or chosen from earlier calls): free positions to
@@ -593,7 +603,7 @@ class Run:
         elif static:
             decided = self.static.decide(call.logits)
         else:
-            decided = self.decoder.decide(*call.logits, call.width, self.max_shift, call.tree)
+            decided = self.decoder.decide(call.logits, call.width, self.max_shift, call.tree)
         summary_tensor, shared, chain = decided
         live = self.decoder.committed < self.n
         summary = summary_tensor.tolist()

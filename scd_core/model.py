@@ -12,8 +12,9 @@ from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
 
-# (cond, uncond) logits, each (batch, T, vocab); uncond is None without a CFG branch.
-Logits = tuple[torch.Tensor, Optional[torch.Tensor]]
+# One (batch, T, vocab) logits tensor per branch of a sample's rows: (cond, uncond) under classifier-free
+# guidance, uncond None without it; a session of more branches weighs them itself (`Session.guidance`).
+Logits = tuple[Optional[torch.Tensor], ...]
 
 
 @runtime_checkable
@@ -46,6 +47,13 @@ class Session(Protocol):
     Optional attribute `prefix_tokens` ((1 or batch, K) LongTensor): the image
     tokens just before position 0, e.g. a video's context frames; draft
     initialisation may copy from them.
+
+    Optional method `guidance(cfg_scale) -> weights`: a session whose logits hold
+    other branches than (cond, uncond) (Janus-4o's full condition, text only,
+    unconditional) gives each branch's weight at the run's guidance scale; the
+    engine samples from the weighted sum of the branches' logits (weights summing to
+    1, so CFG's u + s (c - u) is the weights (s, 1 - s)).  Without it the engine
+    applies classifier-free guidance to (cond, uncond).
     """
 
     def prefill(self) -> Logits:

@@ -6,7 +6,8 @@ float32 probabilities after CFG, temperature, top-k and top-p.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import math
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -42,6 +43,24 @@ def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], cfg_scale: Numb
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def branch_weights(guidance: Callable[[float], Sequence[float]], cfg_scale: float, device: torch.device
+                   ) -> torch.Tensor:
+    """A session's `guidance(cfg_scale)` (the weight of each branch's logits) as a float32 device tensor; the
+    weights must sum to 1, so that guidance moves the logits and never scales them (which would act as a
+    temperature)."""
+    weights = [float(w) for w in guidance(cfg_scale)]
+    if len(weights) < 1 or not all(math.isfinite(w) for w in weights) or abs(sum(weights) - 1) > 1e-6:
+        raise ValueError(f"session.guidance({cfg_scale}) must give finite branch weights summing to 1, got {weights}")
+    return torch.tensor(weights, dtype=torch.float32, device=device)
+
+
+def weighted_logits(logits: Sequence[torch.Tensor], weights: torch.Tensor) -> torch.Tensor:
+    """The sum of the branches' (batch, T, V) logits, each times its weight, in float32 on the weights' device."""
+    if len(logits) != weights.numel():
+        raise ValueError(f"the session gave {len(logits)} branches of logits and {weights.numel()} weights")
+    return torch.einsum("k,k...->...", weights, torch.stack([branch.to(weights.device).float() for branch in logits]))
 
 
 def sampler_tensors(cfg_scale: float, temperature: float, top_k: Optional[int], top_p: float, vocab: int,

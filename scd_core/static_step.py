@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .capture_scope import outside_host_graphs
+from .model import Logits
 
 # dynamo compiles one graph per width bucket, batch size, cache size and coupler for each compiled function;
 # its default limit (8 per function) would be reached by a process that switches couplers
@@ -177,9 +178,8 @@ class GraphedSteps:
         return graph, outputs
 
 
-def _decide(decoder: Any, cond: torch.Tensor, uncond: Optional[torch.Tensor], width: int
-            ) -> tuple[torch.Tensor, torch.Tensor, None]:
-    return decoder.decide(cond, uncond, width, 0, None)
+def _decide(decoder: Any, logits: Logits, width: int) -> tuple[torch.Tensor, torch.Tensor, None]:
+    return decoder.decide(logits, width, 0, None)
 
 
 # one region for the process: compiled once per width and sampler setting, whichever generation calls it
@@ -202,7 +202,7 @@ class StaticCalls:
                        if weights is not None and graphs_available(weights.device) else None)
 
     def forward(self, inputs: torch.Tensor
-                ) -> tuple[Optional[tuple[torch.Tensor, Optional[torch.Tensor]]], Optional[tuple[Any, ...]]]:
+                ) -> tuple[Optional[Logits], Optional[tuple[Any, ...]]]:
         """Feed a bucket's inputs (B, W); returns (logits, None), or (None, decisions) when the call ran as a
         graph with its sampling step."""
         if inputs.shape[1] not in self.inputs:
@@ -213,14 +213,14 @@ class StaticCalls:
             return None, self.graphs(inputs.shape[1])
         return self.session.forward(buffer), None
 
-    def decide(self, logits: tuple[torch.Tensor, Optional[torch.Tensor]]) -> tuple[Any, ...]:
+    def decide(self, logits: Logits) -> tuple[Any, ...]:
         """The compiled sampling step of a call that `forward` fed."""
-        return SAMPLING_STEP(self.decoder, *logits, logits[0].shape[1])
+        return SAMPLING_STEP(self.decoder, logits, logits[0].shape[1])
 
     def _step(self, width: int) -> tuple[Any, ...]:
         """Forward and sampling step of the call in `inputs[width]`: what one graph holds."""
         logits = self.session.forward(self.inputs[width])
-        return SAMPLING_STEP(self.decoder, *logits, width)
+        return SAMPLING_STEP(self.decoder, logits, width)
 
 
 class Compilable:

@@ -62,6 +62,9 @@ CASES = [
     ("scheduled-cfg-w3-above", dict(vocab_size=3, num_tokens=6, cfg=True, grid=(2, 3),
                                     cfg_factors=[3.0, 0.5, 2.0, 1.0, 0.25, 1.5]),
      dict(window=3, cfg_scale=1.0, draft_init="above"), 1),
+    # guidance over three branches, weighed by the session (Janus-4o editing: full, part, uncond)
+    ("three-branches-temp-w3-above", dict(vocab_size=3, num_tokens=6, grid=(2, 3), image_cfg=2.0),
+     dict(window=3, cfg_scale=2.5, temperature=0.8, draft_init="above"), 1),
 ]
 COUPLERS = list(couplers.NAMES)
 WITH_ALPHA = couplers.names_where("alpha")
@@ -110,7 +113,7 @@ def test_block_verification_with_coupled_drafts_is_biased(coupler, monkeypatch):
 
 # (case, candidates, window): on these 4-6-token sequences most trees hold more tokens than positions are left
 CANDIDATE_CASES = [(CASES[0], 2, 2), (CASES[1], 3, 2), (CASES[2], 3, 2), (CASES[3], 2, 3), (CASES[5], 2, 2),
-                   (CASES[6], 2, 3), (CASES[7], 2, 2), (CASES[8], 3, 3)]
+                   (CASES[6], 2, 3), (CASES[7], 2, 2), (CASES[8], 3, 3), (CASES[9], 2, 3)]
 
 
 @pytest.mark.parametrize("coupler", WITH_CANDIDATES)

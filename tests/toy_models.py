@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from scd_core.models.janus import edit_guidance
 from scd_core.sampling import to_probs
 from scd_core.bench.synthetic import admitted, feed_tokens, kept_branch
 
@@ -28,8 +29,10 @@ class TablePrefixModel:
                  forced_tokens: Optional[dict[int, int]] = None, rows_per_cache: Optional[int] = None,
                  table_rows: int = 1024, code_ids: Optional[list[int]] = None,
                  prefix_tokens: Optional[list[int]] = None, default_draft_init: Optional[str] = None,
-                 cfg_factors: Optional[list[float]] = None) -> None:
+                 cfg_factors: Optional[list[float]] = None, image_cfg: Optional[float] = None) -> None:
         self.vocab_size, self.num_tokens = vocab_size, num_tokens
+        # Janus-4o editing's three branches (full, part, uncond), the part branch weighed by `image_cfg`
+        self.image_cfg = image_cfg
         self.cfg_factors = cfg_factors  # a guidance scale per position: the configured one times these
         self.grid, self.forced_tokens, self.rows_per_cache = grid, forced_tokens, rows_per_cache
         self.code_ids = None if code_ids is None else torch.tensor(code_ids)
@@ -41,7 +44,9 @@ class TablePrefixModel:
         gen = torch.Generator().manual_seed(seed)
         self.table = (torch.randn(table_rows, vocab_size, generator=gen, dtype=torch.float64) * scale).to(dtype)
         self.uncond_table = ((torch.randn(table_rows, vocab_size, generator=gen, dtype=torch.float64) * scale)
-                             .to(dtype) if cfg else None)
+                             .to(dtype) if cfg or image_cfg is not None else None)
+        self.part_table = ((torch.randn(table_rows, vocab_size, generator=gen, dtype=torch.float64) * scale)
+                           .to(dtype) if image_cfg is not None else None)
         self.calls = 0
 
     def logits_for(self, tokens: torch.Tensor, positions: torch.Tensor):
@@ -51,6 +56,8 @@ class TablePrefixModel:
         prefix = ((tokens[:, None, :self.num_tokens] + 1) * self.powers * used).sum(-1) % self.HASH_PRIME
         index = (prefix * 7919 + positions) % self.table.shape[0]
         uncond = None if self.uncond_table is None else self.uncond_table[index]
+        if self.part_table is not None:
+            return self.table[index], self.part_table[index], uncond
         return self.table[index], uncond
 
     def cfg_schedule(self, scale: float) -> Optional[torch.Tensor]:
@@ -69,7 +76,9 @@ class TablePrefixModel:
         seqs = codes.clone() if self.code_ids is None else self.code_ids[codes]
         for position, token in forced.items():
             seqs[:, position] = token
-        cond, uncond = self.logits_for(seqs, torch.arange(self.num_tokens).expand(len(seqs), -1))
+        cond, *rest, uncond = self.logits_for(seqs, torch.arange(self.num_tokens).expand(len(seqs), -1))
+        if rest:  # the authors' three-way guidance, written as they write it
+            cond = (cond + self.image_cfg * rest[0]) / (1 + self.image_cfg)
         schedule = self.cfg_schedule(cfg_scale)
         scale = cfg_scale if schedule is None else schedule.float().unsqueeze(-1)  # (T, 1): one per position
         p = to_probs(cond, uncond, scale, temperature, top_k, top_p).double()
@@ -89,6 +98,8 @@ class TableSession:
             self.rows_per_cache = model.rows_per_cache
         if model.prefix_tokens is not None:
             self.prefix_tokens = torch.tensor([model.prefix_tokens])
+        if model.image_cfg is not None:
+            self.guidance = lambda cfg_scale: edit_guidance(cfg_scale, model.image_cfg)
 
     def prefill(self):
         self.model.calls += 1

@@ -63,12 +63,16 @@ class CFGSession(RowSession):
 
     def __init__(self, prefix: torch.Tensor, prefix_mask: torch.Tensor, num_tokens: int,
                  backbone: Callable[[RowCache], Backbone], embed_prefix: Embed, embed_image: Embed,
-                 head: Embed, static_shapes: bool = False, guided: bool = True) -> None:
-        """`prefix` (2 x batch, width) ids, left-padded where `prefix_mask` is 0; `backbone(cache)` builds the
-        callable that runs input embeddings (rows, T, hidden) over `cache` (whose `pads` is each row's left
-        padding).  `static_shapes`: the cache is static (scd_core.static_step) and the backbone compiled.
-        `guided` False: the cond rows only, one per sample (a CFG scale of 1 never reads the uncond logits)."""
+                 head: Embed, static_shapes: bool = False, guided: bool = True, copies: int = 2,
+                 guidance: Optional[Callable[[float], Sequence[float]]] = None) -> None:
+        """`prefix` (copies x batch, width) ids (or what `embed_prefix` takes), left-padded where `prefix_mask`
+        is 0, the uncond rows last; `backbone(cache)` builds the callable that runs input embeddings (rows, T,
+        hidden) over `cache` (whose `pads` is each row's left padding).  `static_shapes`: the cache is static
+        (scd_core.static_step) and the backbone compiled.  `guided` False: without the uncond rows (a CFG
+        scale of 1 never reads their logits).  `guidance`: the branches' weights where there are more than
+        cond and uncond (`model.Session`), for the rows kept."""
         if not guided:
-            prefix, prefix_mask = prefix[:prefix.shape[0] // 2], prefix_mask[:prefix.shape[0] // 2]
-        super().__init__(prefix, num_tokens, BackboneHead(backbone, embed_prefix, embed_image, head), cfg=guided,
-                         real=prefix_mask, static_shapes=static_shapes)
+            kept = prefix.shape[0] // copies * (copies - 1)
+            prefix, prefix_mask, copies = prefix[:kept], prefix_mask[:kept], copies - 1
+        super().__init__(prefix, num_tokens, BackboneHead(backbone, embed_prefix, embed_image, head), copies=copies,
+                         real=prefix_mask, static_shapes=static_shapes, guidance=guidance)

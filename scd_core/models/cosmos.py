@@ -497,7 +497,7 @@ class CosmosSession(RowSession):
                           for part in layer]
         # the context frames are the prefix tokens: the engine copies previous-frame drafts from them
         super().__init__(context.to(device).expand(batch_size, -1), model.num_tokens, TransformerRows(net),
-                         cfg=False, extras=extras, prefix_tokens=cond.codes)
+                         copies=1, extras=extras, prefix_tokens=cond.codes)
 
 
 class CosmosModel:

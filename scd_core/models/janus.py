@@ -67,6 +67,14 @@ PAD_GREY = 127 / 255
 CACHE_TOKENS = 64 + 576  # a prompt and the 24 x 24 codes (memory estimates)
 
 
+def edit_guidance(cfg_scale: float, image_cfg: float, guided: bool = True) -> tuple[float, ...]:
+    """Janus-4o editing's guidance as branch weights (`model.Session.guidance`) of its rows (full, part,
+    uncond): its authors' c = (full + image_cfg part) / (1 + image_cfg), then u + cfg_scale (c - u).  Not
+    `guided`: the uncond rows are left out (a CFG scale of 1 never reads them)."""
+    full, part = cfg_scale / (1 + image_cfg), cfg_scale * image_cfg / (1 + image_cfg)
+    return (full, part, 1 - cfg_scale) if guided else (full, part)
+
+
 @dataclass(frozen=True)
 class JanusPrompt:
     """Token ids of the cond and uncond prefixes, each starting with BOS and ending with begin-of-image."""

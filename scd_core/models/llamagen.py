@@ -415,7 +415,7 @@ class LlamaGenSession(RowSession):
             else:
                 raise ValueError(f"conditioning {type(cond).__name__} does not fit a {cfg.task} LlamaGen model; "
                                  "use the model's encode()")
-        super().__init__(context, cfg.num_tokens, GPTRows(gpt, compiled_layer), cfg=True, real=real,
+        super().__init__(context, cfg.num_tokens, GPTRows(gpt, compiled_layer), copies=2, real=real,
                          static_shapes=compiled_layer is not None)
 
 

@@ -1,8 +1,9 @@
-"""The one session every family shares: one or two cache rows per sample, each sample at its own pace.
+"""The one session every family shares: one or more cache rows per sample, each sample at its own pace.
 
 A generation of `batch` samples holds one RowCache of `copies x batch` rows, the
-first copy of every sample, then the second (with classifier-free guidance: the
-cond rows, then the uncond rows, so guidance costs one batched forward).  A
+first copy of every sample, then the second, and so on (with classifier-free
+guidance: the cond rows, then the uncond rows, so guidance costs one batched
+forward; Janus-4o's editing guides over three).  A
 sample's rows are fed the same drafts and rewound together.  Per-row `extras`
 (e.g. cross-attention keys of each row's text) follow the rows when samples
 leave (`keep_rows`) or join (`admit`).  A family supplies the network that runs
@@ -11,7 +12,7 @@ over the cache (`RowNetwork`) and the rows' prompt inputs (`context`).
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence, Union
+from typing import Callable, Optional, Protocol, Sequence, Union
 
 import torch
 
@@ -59,16 +60,16 @@ def new_cache(rows: int, width: int, num_tokens: int, device: torch.device,
 
 
 def _slice(logits: Logits, rows: slice, positions: slice) -> Logits:
-    cond, uncond = logits
-    return cond[rows, positions], None if uncond is None else uncond[rows, positions]
+    return tuple(None if branch is None else branch[rows, positions] for branch in logits)
 
 
 class RowSession:
     """One generation over a RowCache; see the module docstring.
 
     `context` (copies x batch, P, ...): each row's prompt as the network's `embed_context` takes it (ids, or
-    embeddings), left-padded where `real` (rows, P) is False.  `cfg`: two rows per sample (cond, uncond),
-    else one.  `extras`: per-row tensors (rows, ...) handed to every network call.  `prefix_tokens` ((K,) or
+    embeddings), left-padded where `real` (rows, P) is False.  `copies`: rows per sample, one per branch
+    (2: cond, uncond; more with `guidance`, the weight of each branch at a guidance scale, `model.Session`).
+    `extras`: per-row tensors (rows, ...) handed to every network call.  `prefix_tokens` ((K,) or
     (batch, K)): the image tokens before position 0 (`model.Session`), e.g. a video's context frames.
     `static_shapes`: the cache is static (scd_core.static_step) and the network compiled.
     """
@@ -76,11 +77,12 @@ class RowSession:
     rows_per_cache = 1
     prompt_bucket = 1  # a compiled run's prompt slots are rounded up to this (`PROMPT_BUCKET` for text prompts)
 
-    def __init__(self, context: torch.Tensor, num_tokens: int, network: RowNetwork, cfg: bool = True,
+    def __init__(self, context: torch.Tensor, num_tokens: int, network: RowNetwork, copies: int = 2,
                  real: Optional[torch.Tensor] = None, extras: Sequence[torch.Tensor] = (),
-                 prefix_tokens: Optional[torch.Tensor] = None, static_shapes: bool = False) -> None:
+                 prefix_tokens: Optional[torch.Tensor] = None, static_shapes: bool = False,
+                 guidance: Optional[Callable[[float], Sequence[float]]] = None) -> None:
         self.context, self.num_tokens, self.network = context, num_tokens, network
-        self.copies = 2 if cfg else 1
+        self.copies, self.guidance = copies, guidance
         self.batch = context.shape[0] // self.copies
         self.extras, self.prefix_tokens = list(extras), prefix_tokens
         self.cache = new_cache(context.shape[0], context.shape[1], num_tokens, context.device, real, static_shapes,
@@ -118,7 +120,9 @@ class RowSession:
         return self.network.embed_tokens(tokens.to(self.device).repeat(self.copies, 1))
 
     def _split(self, logits: torch.Tensor) -> Logits:
-        return (logits[:self.batch], logits[self.batch:]) if self.copies == 2 else (logits, None)
+        if self.copies == 1:
+            return logits, None
+        return tuple(logits[copy * self.batch:(copy + 1) * self.batch] for copy in range(self.copies))
 
     def rewind(self, n: Union[int, torch.Tensor]) -> None:
         """Drop the last n image tokens of every sample (an int) or of each sample (a (batch,) tensor)."""
@@ -149,9 +153,9 @@ class RowSession:
                  for copy in range(self.copies) for session in sessions]
         extras = [torch.cat([session.extras[i][rows] for session, rows in parts]) for i in range(len(self.extras))]
         return RowSession(left_padded([session.context[rows] for session, rows in parts]), self.num_tokens,
-                          self.network, self.copies == 2,
+                          self.network, self.copies,
                           left_padded([session.cache.real[rows, :session.prefix] for session, rows in parts], False),
-                          extras)
+                          extras, guidance=self.guidance)
 
     @torch.no_grad()
     def admit(self, fresh: Sequence["RowSession"], tokens: Optional[torch.Tensor] = None
