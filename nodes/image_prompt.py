@@ -14,6 +14,7 @@ from .checks import CheckedCombo, check_same_model
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
 
 DEFAULT_KEEP_TOP = 0.5
+RECOMMENDED_IMAGE_CFG = -1.0  # the model's own weight
 
 
 def task_choices() -> list[str]:
@@ -26,7 +27,8 @@ def task_tooltip() -> str:
                          if family.image_tasks)
     return (f"{CONTINUE}: keep part of the image (the top rows, or what the mask leaves) and sample the rest, on "
             f"any model with an image encoder. The others are the image-conditioned tasks a checkpoint was "
-            f"trained for ({declared}, on its Omni checkpoint); a model refuses a task it was not trained for.")
+            f"trained for ({declared}; on Lumina-mGPT 2.0-Omni and Janus-4o, not on the plain checkpoints); a "
+            f"model refuses a task it was not trained for.")
 
 
 class SCDImagePrompt(io.ComfyNode):
@@ -41,7 +43,8 @@ class SCDImagePrompt(io.ComfyNode):
                         "them; kept cells cost no model calls. A raster model sees only what lies above and to "
                         "the left of a cell, so a masked region is regenerated from what precedes it: there is "
                         "no exact masked inpainting for these models. Other tasks (depth, canny, subject on "
-                        "Lumina-mGPT 2.0-Omni) put the image in the prompt as the authors do.",
+                        "Lumina-mGPT 2.0-Omni; edit on Janus-4o and GLM-Image) put the image in the prompt as "
+                        "the authors do.",
             inputs=[
                 SCDModel.Input("model"),
                 SCDCond.Input("cond", tooltip="From SCD Prompt Encode; the image is fitted to its size."),
@@ -57,6 +60,11 @@ class SCDImagePrompt(io.ComfyNode):
                                tooltip="continue without a mask: the share of the image's token rows kept from "
                                        "the top (0.5: the upper half, rounded to whole rows); the rows below "
                                        "are sampled."),
+                io.Float.Input("image_cfg", default=RECOMMENDED_IMAGE_CFG, min=-1.0, max=100.0, step=0.5,
+                               optional=True,
+                               tooltip="Janus-4o edit: how strongly the source image guides, apart from the "
+                                       "text (the sampler's cfg_scale); -1 is the authors' 5. Other tasks take "
+                                       "none."),
             ],
             outputs=[SCDCond.Output(display_name="conditioning")],
             hidden=[io.Hidden.unique_id],
@@ -64,9 +72,13 @@ class SCDImagePrompt(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: LoadedModel, cond: EncodedPrompt, image: torch.Tensor, task: str,
-                mask: Optional[torch.Tensor] = None, keep_top: float = DEFAULT_KEEP_TOP) -> io.NodeOutput:
+                mask: Optional[torch.Tensor] = None, keep_top: float = DEFAULT_KEEP_TOP,
+                image_cfg: float = RECOMMENDED_IMAGE_CFG) -> io.NodeOutput:
         check_same_model(model, cond.model_name, "conditioning")
         model.to_compute_device()  # the image encoder computes where the model does
-        prompt = add_image(model.model, cond.cond, image, task, keep_top, mask)
+        if image_cfg != RECOMMENDED_IMAGE_CFG and image_cfg < 0:
+            raise ValueError(f"image_cfg must be -1 (the model's value) or a number in 0..100, got {image_cfg}")
+        prompt = add_image(model.model, cond.cond, image, task, keep_top, mask,
+                           None if image_cfg == RECOMMENDED_IMAGE_CFG else image_cfg)
         PromptServer.instance.send_progress_text(prompt.note, str(cls.hidden.unique_id))
         return io.NodeOutput(EncodedPrompt(model_name=model.name, cond=prompt.cond))

@@ -5,13 +5,15 @@ Two kinds:
   (`GivenCells`): the top rows kept and the rest sampled, or, with a mask, the cells outside it kept.  A raster
   model samples each cell from what lies above and to its left only, so a masked region is regenerated from
   what precedes it, never inpainted from what surrounds it; kept cells cost no model calls.
-- a task of the family (`model.image_tasks`, e.g. Lumina-mGPT 2.0-Omni's depth control): `model.add_image`.
+- a task of the family (`model.image_tasks`, e.g. Lumina-mGPT 2.0-Omni's depth control, Janus-4o's edit):
+  `model.add_image`.
 
 What fitting the image to the model did (resized, cropped) comes back as a note for the user.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import warnings
 from contextlib import contextmanager
@@ -41,17 +43,21 @@ def image_tasks(model: Any) -> tuple[str, ...]:
 
 
 def add_image(model: Any, cond: Any, images: Any, task: str = CONTINUE, keep_top: float = 0.5,
-              mask: Optional[torch.Tensor] = None) -> ImagePrompt:
+              mask: Optional[torch.Tensor] = None, image_cfg: Optional[float] = None) -> ImagePrompt:
     """`cond` with `images` (ComfyUI IMAGE (B, H, W, 3) in 0..1) in its prompt for `task`.
 
     "continue": keep the top `keep_top` share of the image's token rows (rounded to whole rows) and sample the
     rest, or, with `mask` (B or 1, H, W) in 0..1 the image's size, regenerate every cell with a pixel masked
-    (>= MASKED) and keep the others.  Another task: the family's `add_image` (no mask)."""
+    (>= MASKED) and keep the others.  Another task: the family's `add_image` (no mask), with `image_cfg` where
+    the family guides on the image apart from the text (Janus-4o's edit; None: the model's weight)."""
     if isinstance(cond, GivenCells):
         raise ValueError("this conditioning already holds an image (an SCD Image Prompt before this one): give "
                          "each conditioning one image; connect SCD Prompt Encode's output here")
     if task != CONTINUE:
-        return _task(model, cond, images, task, mask)
+        return _task(model, cond, images, task, mask, image_cfg)
+    if image_cfg is not None:
+        raise ValueError(f"image_cfg weighs the source image of an edit (Janus-4o); task {CONTINUE!r} keeps the "
+                         "image's tokens instead: leave image_cfg at the model's value (-1 on the node)")
     encode = getattr(model, "encode_image", None)
     if encode is None:
         raise no_image_encoder(model)
@@ -86,16 +92,23 @@ def regenerated_cells(mask: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return F.adaptive_max_pool2d(masked, (rows, cols))[:, 0] > 0
 
 
-def _task(model: Any, cond: Any, images: Any, task: str, mask: Optional[torch.Tensor]) -> ImagePrompt:
+def _task(model: Any, cond: Any, images: Any, task: str, mask: Optional[torch.Tensor],
+          image_cfg: Optional[float]) -> ImagePrompt:
     add = getattr(model, "add_image", None)
     if add is None:
         name = getattr(model, "family", None) or type(model).__name__
         raise ValueError(f"this model ({name}) takes no image task such as {task!r}: use task {CONTINUE!r} to keep "
-                         "part of an image and sample the rest (Lumina-mGPT 2.0-Omni takes depth, canny, subject)")
+                         "part of an image and sample the rest (Lumina-mGPT 2.0-Omni takes depth, canny, subject; "
+                         "Janus-4o and GLM-Image take edit)")
     if mask is not None:
         raise ValueError(f"a mask is for task {CONTINUE!r} (regenerating the masked cells); task {task!r} takes "
                          "the whole image: disconnect the mask")
-    cond, notes = _noted(add, cond, images, task)
+    guides = "image_cfg" in inspect.signature(add).parameters
+    if image_cfg is not None and not guides:
+        raise ValueError(f"image_cfg weighs the source image where a model guides on it apart from the text "
+                         f"(Janus-4o's edit); task {task!r} of this model does not: leave image_cfg at the model's "
+                         "value (-1 on the node)")
+    cond, notes = _noted(add, cond, images, task, *([image_cfg] if guides else []))
     return ImagePrompt(cond, "; ".join([f"image added for {task}", *notes]))
 
 

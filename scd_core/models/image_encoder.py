@@ -31,12 +31,13 @@ class LazyImageEncoder:
 
     `build(dtype)` returns the encoder as a module whose forward takes pixels (batch, 3, height, width) in the
     VQ's value range (-1..1) at `dtype` and returns the codes; `stored` are the name prefixes of the tensors it
-    reads from `files` (for `note`).  Images are fitted by `fit` / `fill` (`image_input.prepare_images`)."""
+    reads from `files` (for `note`).  Images are fitted by `fit` / `fill` (`image_input.prepare_images`).  `part`
+    names it in messages (another image tower than a VQ encoder, e.g. Janus's understanding encoder)."""
 
     def __init__(self, label: str, files: Sequence[Path], stored: tuple[str, ...],
                  build: Callable[[torch.dtype], nn.Module], dtype: torch.dtype, fit: str = "crop",
-                 fill: float = 0.5) -> None:
-        self.label, self.files, self.stored = label, [Path(f) for f in files], stored
+                 fill: float = 0.5, part: str = "VQ encoder") -> None:
+        self.label, self.files, self.stored, self.part = label, [Path(f) for f in files], stored, part
         self._build, self.dtype, self.fit, self.fill = build, dtype, fit, fill
         self.module: nn.Module | None = None  # None until the first encode
 
@@ -47,7 +48,7 @@ class LazyImageEncoder:
 
     def note(self) -> str:
         """What the first image in the prompt will add in memory."""
-        return (f"{self.label}'s VQ encoder loads on the first image given to the prompt "
+        return (f"{self.label}'s {self.part} loads on the first image given to the prompt "
                 f"(+{_mib(self.weight_count() * bytes_per_weight('none', self.dtype))} MiB of CPU memory, "
                 "moved to the compute device while it encodes)")
 
@@ -56,8 +57,8 @@ class LazyImageEncoder:
         if self.module is None:
             module = self._build(self.dtype).eval().requires_grad_(False)
             size = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
-            LOG.info("loaded %s's VQ encoder for an image in the prompt: %s MiB (%s), kept in CPU memory",
-                     self.label, _mib(size), str(self.dtype).removeprefix("torch."))
+            LOG.info("loaded %s's %s for an image in the prompt: %s MiB (%s), kept in CPU memory",
+                     self.label, self.part, _mib(size), str(self.dtype).removeprefix("torch."))
             self.module = module
         return self.module
 

@@ -13,13 +13,19 @@ keep one length for the whole batch, so the session keeps its own pre-allocated
 `RowCache` (one length per row, the cond and uncond rows of a sample moving
 together), builds the 4-D attention mask and the per-row position ids itself, and
 lets transformers' layers write through a thin `Cache` view of it.
+
+Janus-4o (a Janus-Pro-7B fine-tune, recognised by its folder name) also edits: the
+source image enters the prompt twice, as its SigLIP understanding features and as
+its VQ codes' generation embeddings, and guidance runs over three rows per sample
+(full, part, uncond) with its authors' two weights (`edit_guidance`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -32,12 +38,12 @@ from .image_encoder import LazyImageEncoder, hf_vq_encoder
 from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
 from .row_cache import RowCache
-from .streaming import HFNetwork, read_hf_network
+from .streaming import HFNetwork, fill_from_safetensors, parameters_on_meta, read_hf_network
 from ..model import check_start, compute_device
 from ..static_step import Compilable
 from .tokenizer_files import TextTokenizer, read_json
 from .vq16 import cosine_nearest, encode_latent
-from ..image_input import no_image_encoder
+from ..image_input import check_images, no_image_encoder
 
 MODEL_TYPE = "janus"
 FAMILY = Family(
@@ -46,7 +52,7 @@ FAMILY = Family(
           "tokenizer.json)",
     downloads=(("janus", "the Hugging Face repository deepseek-community/Janus-Pro-1B or "
                          "deepseek-community/Janus-Pro-7B (the transformers format)"),),
-    roots=("Janus-Pro",), cfg="Janus-Pro 5", compile=True)
+    roots=("Janus-Pro",), cfg="Janus-Pro 5", compile=True, image_tasks=("edit",))
 # The deepseek-ai repositories hold the original code's layout (config model_type "multi_modality").
 ORIGINAL_MODEL_TYPE = "multi_modality"
 HF_FORMAT_HINT = ("download the transformers-format checkpoint deepseek-community/Janus-Pro-1B or "
@@ -54,14 +60,21 @@ HF_FORMAT_HINT = ("download the transformers-format checkpoint deepseek-communit
 BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 CFG_PAD_TOKEN = "<｜▁pad▁｜>"  # Janus's pad for uncond rows; not the tokenizer's own pad token
 BEGIN_OF_IMAGE = "<begin_of_image>"
+END_OF_IMAGE = "<end_of_image>"
+IMAGE_PLACEHOLDER = "<image_placeholder>"  # where the understanding features of an image in the prompt go
 PROMPT_TEMPLATE = "<|User|>: {text}\n\n<|Assistant|>:"
+EDIT = "edit"
+EDIT_CHECKPOINT = "janus-4o"  # in the folder's name: its config does not name the fine-tune (docs/models.md)
+DEFAULT_IMAGE_CFG = 5.0  # the authors' cfg_weight2
 # Understanding only: the SigLIP vision tower and its aligner encode input images, lm_head predicts text; the
 # VQ's encoder side turns images into codes.  Generation never runs them.
 UNUSED_MODULES = ("model.vision_model", "model.aligner", "lm_head", "model.vqmodel.encoder",
                   "model.vqmodel.quant_conv")
 UNUSED_WEIGHTS = tuple(f"{name}." for name in UNUSED_MODULES)  # their names in the checkpoint
-# What an image in the prompt loads on first use: the VQ's encoder side and its codebook (checkpoint names).
+# What an image in the prompt loads on first use: the VQ's encoder side and its codebook (checkpoint names),
+# and for editing the understanding tower.
 IMAGE_ENCODER_WEIGHTS = ("model.vqmodel.encoder.", "model.vqmodel.quant_conv.", "model.vqmodel.quantize.")
+UNDERSTANDING_WEIGHTS = ("model.vision_model.", "model.aligner.")
 # Janus's image processor fits an image inside its square and pads it with its mean colour, int(0.5 * 255).
 PAD_GREY = 127 / 255
 CACHE_TOKENS = 64 + 576  # a prompt and the 24 x 24 codes (memory estimates)
@@ -77,10 +90,27 @@ def edit_guidance(cfg_scale: float, image_cfg: float, guided: bool = True) -> tu
 
 @dataclass(frozen=True)
 class JanusPrompt:
-    """Token ids of the cond and uncond prefixes, each starting with BOS and ending with begin-of-image."""
+    """Token ids of the cond and uncond prefixes, each starting with BOS and ending with begin-of-image, and the
+    texts they were made of (for `add_image`)."""
 
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
+    text: str = ""
+    negative: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class JanusEdit:
+    """Janus-4o editing: the prompt of the full and part rows (`ids`, the source image's understanding features
+    at `placeholders` in both, its codes' generation embeddings at `codes_at` in the full row only), the uncond
+    rows' ids, and the image's guidance weight."""
+
+    ids: tuple[int, ...]
+    uncond: tuple[int, ...]
+    features: torch.Tensor  # (num_tokens, hidden) the understanding tower's, at the placeholders
+    codes: torch.Tensor  # (num_tokens,) the source image's VQ codes
+    codes_at: int  # where the codes' slots start in `ids`
+    image_cfg: float
 
 
 class RowBackbone:
@@ -118,10 +148,14 @@ class JanusModel(Compilable):
     default_top_k = None  # the reference sampler draws from the full distribution
 
     def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer,
-                 image_encoder: Optional[LazyImageEncoder] = None) -> None:
-        """`image_encoder`: the VQ's encoder side, loaded on the first `encode_image` (None: no image input)."""
+                 image_encoder: Optional[LazyImageEncoder] = None,
+                 understanding: Optional[LazyImageEncoder] = None) -> None:
+        """`image_encoder`: the VQ's encoder side, loaded on the first `encode_image` (None: no image input);
+        `understanding`: the SigLIP tower and aligner of a checkpoint that edits (Janus-4o), loaded on its first
+        edit."""
         self.module = module
-        self.image_encoder = image_encoder
+        self.image_encoder, self.understanding = image_encoder, understanding
+        self.image_tasks = (EDIT,) if understanding is not None else ()
         self._tokenizer = tokenizer
         self._bos = tokenizer.special_id("bos_token", BOS_TOKEN)
         self._pad = tokenizer.token_id(CFG_PAD_TOKEN)
@@ -148,15 +182,55 @@ class JanusModel(Compilable):
             uncond = (cond[0],) + (self._pad,) * (len(cond) - 2) + (cond[-1],)
         else:
             uncond = self._prefix_ids(negative_prompt)
-        return JanusPrompt(cond=cond, uncond=uncond)
+        return JanusPrompt(cond=cond, uncond=uncond, text=prompt, negative=negative_prompt)
 
     def _prefix_ids(self, text: str) -> tuple[int, ...]:
         body = self._tokenizer.encode(PROMPT_TEMPLATE.format(text=text.strip()))
         return (self._bos, *body, self._boi)
 
-    def start(self, cond: JanusPrompt, batch_size: int) -> CFGSession:
-        check_start(cond, JanusPrompt, "JanusModel.encode()", batch_size)
-        prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._pad, batch_size, self.device)
+    def add_image(self, cond: JanusPrompt, images: Any, task: str, image_cfg: Optional[float] = None) -> JanusEdit:
+        """Janus-4o's text + image -> image (task "edit") as its authors build it (docs/models.md): `cond`'s text
+        after the source image (a ComfyUI IMAGE of one picture), fitted to the VQ's square as Janus's processor
+        does.  `image_cfg`: the image's guidance weight (their cfg_weight2; None: theirs, 5); the sampler's
+        CFG scale is their cfg_weight."""
+        if task not in self.image_tasks:
+            trained = (f"it takes {', '.join(self.image_tasks)}" if self.image_tasks else
+                       f"image editing needs Janus-4o (a folder whose name holds 'Janus-4o', docs/models.md)")
+            raise ValueError(f"task {task!r} is not one this Janus checkpoint was trained for: {trained}")
+        check_start(cond, JanusPrompt, "JanusModel.encode()", 1)
+        image_cfg = DEFAULT_IMAGE_CFG if image_cfg is None else float(image_cfg)
+        if not 0 <= image_cfg <= 100:
+            raise ValueError(f"image_cfg must be a number in 0..100, got {image_cfg}")
+        images = check_images(images)
+        if images.shape[0] != 1:
+            raise ValueError(f"Janus-4o edits one image per prompt, got a batch of {images.shape[0]}: pick one "
+                             "(e.g. with an Image From Batch node)")
+        side = self.image_pixels
+        features = self.understanding.codes(images, (side, side), self.device)[0]
+        codes = self.encode_image(images)[0]
+        n = self.num_tokens
+        image = (BEGIN_OF_IMAGE + IMAGE_PLACEHOLDER * n + END_OF_IMAGE + BEGIN_OF_IMAGE + CFG_PAD_TOKEN * n
+                 + END_OF_IMAGE)
+        # their template with an empty system prompt, the text unstripped, then begin-of-image
+        ids = (self._bos, *self._tokenizer.encode(PROMPT_TEMPLATE.format(text=image + cond.text)), self._boi)
+        codes_at = ids.index(self._tokenizer.token_id(END_OF_IMAGE)) + 2
+        if ids.count(self.module.config.image_token_id) != n or ids[codes_at:codes_at + n] != (self._pad,) * n:
+            raise ValueError("the tokenizer split Janus-4o's image tokens: is this the right model folder?")
+        uncond = cond.uncond if cond.negative and cond.negative.strip() else (
+            (ids[0],) + (self._pad,) * (len(ids) - 2) + (ids[-1],))  # their uncond rows: BOS, pad, begin-of-image
+        return JanusEdit(ids=ids, uncond=uncond, features=features, codes=codes, codes_at=codes_at,
+                         image_cfg=image_cfg)
+
+    def start(self, cond: Union[JanusPrompt, JanusEdit], batch_size: int, guided: bool = True) -> CFGSession:
+        """A session of `batch_size` samples; `guided` False leaves the uncond rows out (a CFG scale of 1)."""
+        if isinstance(cond, JanusEdit):
+            check_start(cond, JanusEdit, "JanusModel.add_image()", batch_size)
+            prefix, mask = self._edit_prefix(cond, batch_size)
+            copies, guidance = 3, partial(edit_guidance, image_cfg=cond.image_cfg, guided=guided)
+        else:
+            check_start(cond, JanusPrompt, "JanusModel.encode()", batch_size)
+            prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._pad, batch_size, self.device)
+            copies, guidance = 2, None
         net = self.module
         language_model = net.model.language_model
         # compiled: our own attention over the cache, one graph for every layer (transformers' layers each
@@ -164,9 +238,27 @@ class JanusModel(Compilable):
         backbone = ((lambda cache: RowAttentionBackbone(language_model, cache, self.compiled_layer)) if self.compiled
                     else (lambda cache: RowBackbone(language_model, cache)))
         return CFGSession(prefix, mask, self.num_tokens, backbone=backbone, static_shapes=self.compiled,
-                          embed_prefix=net.get_input_embeddings(),
+                          embed_prefix=net.get_input_embeddings() if guidance is None else _embedded,
                           embed_image=net.prepare_embeddings_for_image_generation,  # image ids have their own table
-                          head=net.model.generation_head)
+                          head=net.model.generation_head, guided=guided, copies=copies, guidance=guidance)
+
+    @torch.no_grad()
+    def _edit_prefix(self, cond: JanusEdit, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (3 x batch, width) input embeddings of an edit's full, part and uncond rows (left-padded to one
+        width where a negative prompt makes the uncond rows another length) and the mask of what is real."""
+        net, device = self.module, self.device
+        embed = net.get_input_embeddings()
+        ids = torch.tensor(cond.ids, device=device)
+        part = embed(ids)
+        part[ids == net.config.image_token_id] = cond.features.to(device, part.dtype)
+        full = part.clone()
+        codes = net.prepare_embeddings_for_image_generation(cond.codes.to(device))
+        full[cond.codes_at:cond.codes_at + codes.shape[0]] = codes.to(full.dtype)
+        rows = [full, part, embed(torch.tensor(cond.uncond, device=device))]
+        width = max(row.shape[0] for row in rows)
+        prefix = torch.stack([torch.nn.functional.pad(row, (0, 0, width - row.shape[0], 0)) for row in rows])
+        mask = torch.stack([torch.arange(width, device=device) >= width - row.shape[0] for row in rows]).long()
+        return prefix.repeat_interleave(batch_size, dim=0), mask.repeat_interleave(batch_size, dim=0)
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -185,6 +277,11 @@ class JanusModel(Compilable):
             raise no_image_encoder(self)
         side = self.image_pixels
         return self.image_encoder.codes(images, (side, side), self.device).flatten(1)
+
+
+def _embedded(context: torch.Tensor) -> torch.Tensor:
+    """An edit session's prompt is embedded already (`JanusModel._edit_prefix`)."""
+    return context
 
 
 class JanusImageCodes(torch.nn.Module):
@@ -211,6 +308,37 @@ def image_encoder(folder: Path, config: Any, dtype: torch.dtype) -> LazyImageEnc
         lambda vq_dtype: JanusImageCodes(hf_vq_encoder(JanusVQVAE, config.vq_config, files,
                                                        (("model.vqmodel.", ""),), vq_dtype, HF_FORMAT_HINT)),
         dtype, fit="pad", fill=PAD_GREY)
+
+
+class JanusUnderstanding(torch.nn.Module):
+    """Janus's understanding tower: SigLIP features of an image through the aligner, what fills the image
+    placeholders of a prompt (transformers' `get_image_features`)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        from transformers import JanusVisionModel
+        from transformers.models.janus.modeling_janus import JanusVisionAlignerMLP
+
+        self.vision_model = JanusVisionModel(config.vision_config)
+        self.aligner = JanusVisionAlignerMLP(config.vision_config)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Pixels (batch, 3, H, W) in -1..1 (SigLIP's mean and std of 0.5) -> (batch, tokens, hidden)."""
+        return self.aligner(self.vision_model(pixels).last_hidden_state)
+
+
+def understanding_encoder(folder: Path, config: Any, dtype: torch.dtype) -> LazyImageEncoder:
+    """The understanding tower of the Janus folder `folder`, read on the first edit at `dtype`."""
+    files = sorted(folder.glob("*.safetensors"))
+
+    def build(tower_dtype: torch.dtype) -> JanusUnderstanding:
+        with parameters_on_meta():
+            tower = JanusUnderstanding(config)
+        fill_from_safetensors(tower, files, "", "none", tower_dtype, HF_FORMAT_HINT, (("model.", ""),))
+        return tower
+
+    return LazyImageEncoder(FAMILY.label, files, UNDERSTANDING_WEIGHTS, build, dtype, fit="pad", fill=PAD_GREY,
+                            part="understanding encoder (SigLIP)")
 
 
 def detect(folder: Path) -> bool:
@@ -250,4 +378,6 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     net = read_hf_network(folder, HFNetwork(JanusConfig, JanusForConditionalGeneration, UNUSED_MODULES,
                                             "model.language_model", "Janus-Pro", HF_FORMAT_HINT), dtype, quantize)
     quantize_then_move(net, net.model.language_model, "none", dtype, device)
-    return JanusModel(net, tokenizer, image_encoder(folder, net.config, dtype))
+    edits = EDIT_CHECKPOINT in folder.name.lower()
+    return JanusModel(net, tokenizer, image_encoder(folder, net.config, dtype),
+                      understanding_encoder(folder, net.config, dtype) if edits else None)
