@@ -142,3 +142,22 @@ def test_bad_edit_inputs_are_refused(model64: janus.JanusModel) -> None:
         add_image(model64, cond, source_image(), "edit", image_cfg=-2.0)
     with pytest.raises(ValueError, match="image_cfg"):
         add_image(model64, cond, source_image(), "continue", image_cfg=2.0)
+
+
+def test_negative_prompt_replaces_the_all_pad_uncond_rows(model64: janus.JanusModel) -> None:
+    cond = model64.encode(PROMPT, negative_prompt="blurry")
+    edit = add_image(model64, cond, source_image(), "edit").cond
+    assert edit.uncond == cond.uncond and len(edit.uncond) < len(edit.ids)  # left-padded, masked
+    config = SamplerConfig(window=1, seed=2)
+    assert torch.equal(generate(model64, edit, SamplerConfig(window=8, seed=2)).tokens,
+                       generate(model64, edit, config).tokens)
+    plain = add_image(model64, model64.encode(PROMPT), source_image(), "edit").cond
+    assert not torch.equal(generate(model64, plain, config).tokens, generate(model64, edit, config).tokens)
+
+
+def test_compiled_edit_gives_the_eager_tokens(janus4o_dir: Path, model64: janus.JanusModel) -> None:
+    compiled = load_model(janus4o_dir, device="cpu", dtype=torch.float64, compile=True)
+    image, config = source_image(), SamplerConfig(window=8, seed=1)
+    edit = add_image(model64, model64.encode(PROMPT), image, "edit").cond
+    compiled_edit = add_image(compiled, compiled.encode(PROMPT), image, "edit").cond
+    assert torch.equal(generate(compiled, compiled_edit, config).tokens, generate(model64, edit, config).tokens)

@@ -698,7 +698,7 @@ def demo_digit(node_classes: dict[str, Any], demo: Any) -> tuple[Any, torch.Tens
 def test_image_prompt_schema_says_what_a_raster_model_sees(node_classes: dict[str, Any], omni: Any) -> None:
     node = node_classes["SCDImagePrompt"]
     inputs = inputs_of(node)
-    assert list(inputs) == ["model", "cond", "image", "task", "mask", "keep_top"]
+    assert list(inputs) == ["model", "cond", "image", "task", "mask", "keep_top", "image_cfg"]
     assert inputs["task"][0][0] == "continue"
     assert set(omni.model.image_tasks) <= set(inputs["task"][0])  # every task of the Omni checkpoint on offer
     description = node.GET_NODE_INFO_V1()["description"]

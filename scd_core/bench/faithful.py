@@ -9,10 +9,10 @@ there).  The first table counts, over seeds, the images whose tokens differ in a
 windows 16, 32 and auto (real timing).
 
 Calls: faithful against maximal and gumbel at windows 16 / 32 / 64 / auto, mean calls per image over the seeds,
-on the demo (float32; auto from real timing), the three synthetic grids and the grid of the Janus-Pro-1B
+on the demo (float32; auto from real timing), the three synthetic grids, the grid of the Janus-Pro-1B
 stand-in (24 x 24 over 16384 codes, medium entropy: its calls are the stand-in's, whose backbone only adds
-time); the grids' auto runs under the stand-in's cost profile on this CPU (`auto.HERE`), as their own calls
-are nearly free.
+time) and the synthetic video (`bench video`'s, previous-frame drafts); the synthetic models' auto runs under
+the stand-in's cost profile on this CPU (`auto.HERE`), as their own calls are nearly free.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..engine import generate
 from .auto import HERE, MEDIUM_SHARPNESS
 from .nfe import SHARPNESS
 from .synthetic import GridModel
+from .synthetic_video import VideoGridModel
 from .tables import markdown
 
 REPRODUCED_WINDOWS: tuple = (16, 32, AUTO_WINDOW)
@@ -61,7 +62,8 @@ def calls_rows(name: str, model: Any, cond: Any, seeds: Sequence[int], windows: 
 
 
 def calls_models() -> list[tuple[str, Any, Any]]:
-    """(name, model, cond) of the calls table: the demo, the three grids, the stand-in's grid."""
+    """(name, model, cond) of the calls table: the demo, the three grids, the stand-in's grid, the synthetic
+    video."""
     from ..models.loading import load_model
 
     demo = load_model("demo", "cpu", "float32")
@@ -70,6 +72,9 @@ def calls_models() -> list[tuple[str, Any, Any]]:
         models.append((f"grid, {entropy} entropy", GridModel(sharpness=sharpness), None))
     models.append(("Janus-Pro-1B stand-in grid", GridModel(rows=24, cols=24, vocab_size=16384,
                                                             sharpness=MEDIUM_SHARPNESS), None))
+    video = VideoGridModel()  # drafts from the previous frame, its default
+    frames, rows, cols = video.grid
+    models.append((f"synthetic video ({frames} x {rows} x {cols}, change {video.change})", video, None))
     for _, model, _ in models[1:]:
         auto_window.remember_costs(model, 1, STAND_IN_PROFILE)
     return models
@@ -84,5 +89,5 @@ def faithful_tables(seeds: Sequence[int], windows: Sequence[Any] = (16, 32, 64, 
     calls = [row for name, model, cond in calls_models() for row in calls_rows(name, model, cond, seeds, windows)]
     return (f"**faithful in bfloat16**: images (seeds 0-{seeds[-1]}) whose tokens differ from window 1's in any "
             f"position\n\n{markdown(reproduced, columns)}\n\n"
-            f"**calls per image** (mean over seeds 0-{seeds[-1]}; grids' auto under the stand-in's cost profile)"
+            f"**calls per image** (mean over seeds 0-{seeds[-1]}; synthetic models' auto under the stand-in's cost profile)"
             f"\n\n{markdown(calls, ('model', 'window', *COUPLERS, 'faithful / maximal'))}")

@@ -23,6 +23,8 @@ from .synthetic import GridModel
 
 
 class VideoGridModel:
+    default_draft_init = "previous_frame"  # as the real video family's (Cosmos)
+
     def __init__(self, frames: int = 4, rows: int = 16, cols: int = 16, vocab_size: int = 1024, change: float = 0.2,
                  sharpness: float = 1.5, seed: int = 0, device: str = "cpu") -> None:
         if not 0 < change <= 1:

@@ -179,10 +179,9 @@ class JanusModel(Compilable):
             raise ValueError(f"negative_prompt must be a string or None, got {type(negative_prompt).__name__}")
         cond = self._prefix_ids(prompt)
         if negative_prompt is None or not negative_prompt.strip():
-            uncond = (cond[0],) + (self._pad,) * (len(cond) - 2) + (cond[-1],)
-        else:
-            uncond = self._prefix_ids(negative_prompt)
-        return JanusPrompt(cond=cond, uncond=uncond, text=prompt, negative=negative_prompt)
+            return JanusPrompt(cond=cond, uncond=(cond[0],) + (self._pad,) * (len(cond) - 2) + (cond[-1],),
+                               text=prompt)
+        return JanusPrompt(cond=cond, uncond=self._prefix_ids(negative_prompt), text=prompt, negative=negative_prompt)
 
     def _prefix_ids(self, text: str) -> tuple[int, ...]:
         body = self._tokenizer.encode(PROMPT_TEMPLATE.format(text=text.strip()))
@@ -216,8 +215,8 @@ class JanusModel(Compilable):
         codes_at = ids.index(self._tokenizer.token_id(END_OF_IMAGE)) + 2
         if ids.count(self.module.config.image_token_id) != n or ids[codes_at:codes_at + n] != (self._pad,) * n:
             raise ValueError("the tokenizer split Janus-4o's image tokens: is this the right model folder?")
-        uncond = cond.uncond if cond.negative and cond.negative.strip() else (
-            (ids[0],) + (self._pad,) * (len(ids) - 2) + (ids[-1],))  # their uncond rows: BOS, pad, begin-of-image
+        uncond = cond.uncond if cond.negative else (  # their uncond rows: BOS, pad, begin-of-image
+            (ids[0],) + (self._pad,) * (len(ids) - 2) + (ids[-1],))
         return JanusEdit(ids=ids, uncond=uncond, features=features, codes=codes, codes_at=codes_at,
                          image_cfg=image_cfg)
 
