@@ -12,7 +12,7 @@ from scd_core.models.quantize import module_bytes
 from .checks import check_same_model, check_tokens
 from .core_compat import classic_patcher_class
 from .loader import module_holder
-from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel, SCDTokens
+from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel, SCDTokens, load_fully
 
 
 def decoding_stage(model: LoadedModel) -> Any:
@@ -61,6 +61,6 @@ class SCDVQDecode(io.ComfyNode):
         if stage is None:
             model.to_compute_device()
         else:  # only the decoding stage: ComfyUI offloads the AR stage if both do not fit
-            mm.load_models_gpu([stage], memory_required=0, force_full_load=True)
+            load_fully(stage, 0)
         images = model.model.decode(tokens, *context)
         return io.NodeOutput(images.to(device=mm.intermediate_device(), dtype=torch.float32))

@@ -91,6 +91,15 @@ def memory_note(model: Any, precision: str, weights: int, cache: int) -> str:
             "sampler reserves its batch's)")
 
 
+def decoding_note(model: Any, dtype: torch.dtype) -> str:
+    """The size of a separate decoding stage (GLM-Image's DiT, VAE, glyph encoder), which Decode loads; ""
+    for one-stage families."""
+    if not hasattr(model, "decoding_weights"):
+        return ""
+    return (f"decoding stage {model.decoding_weights() * dtype.itemsize / 2**30:.2f} GiB more, loaded by SCD VQ "
+            "Decode (ComfyUI offloads one stage for the other where both do not fit)")
+
+
 def fit_note(weights: int, cache: int, free: int, streamable: bool) -> str:
     """What happens to a model whose estimate exceeds the device's free memory; "" when it fits."""
     if weights + cache <= free:
@@ -184,7 +193,8 @@ class SCDModelLoader(io.ComfyNode):
                              slot_bytes=SLOT_BYTES * loaded.vocab_size)
         cache = result.memory_required  # one image at the automatic window's widest call
         fit = "" if load_device.type == "cpu" else fit_note(weights, cache, available_memory(load_device), streamable)
-        note = " | ".join(filter(None, [memory_note(loaded, precision, weights, cache), fit, core_note(load_device)]))
+        note = " | ".join(filter(None, [memory_note(loaded, precision, weights, cache),
+                                        decoding_note(loaded, compute_dtype), fit, core_note(load_device)]))
         node_id = getattr(getattr(cls, "hidden", None), "unique_id", None)
         if node_id is not None:
             PromptServer.instance.send_progress_text(note, str(node_id))

@@ -47,8 +47,22 @@ class LoadedModel:
         # A streamable model may load partially: what does not fit stays on the CPU and is copied in per call.
         # Others load fully: a compiled model's CUDA graphs hold its weights' addresses, which casting
         # copies made anew per call would not be.
-        mm.load_models_gpu([self.patcher], memory_required=self.memory_required if memory_required is None
-                           else memory_required, force_full_load=not self.streamable)
+        required = self.memory_required if memory_required is None else memory_required
+        if self.streamable:
+            mm.load_models_gpu([self.patcher], memory_required=required)
+        else:
+            load_fully(self.patcher, required)
+
+
+def load_fully(patcher: Any, memory_required: int) -> None:
+    """Load all of `patcher`'s weights, freeing `memory_required` bytes beside them.  ComfyUI counts only the
+    missing part of a model it partly evicted before (e.g. for another stage) and may then evict that model
+    itself to make room, loading it whole on top of the others; so the room for the missing part is made first,
+    keeping the model's loaded part, through its own free_memory."""
+    for entry in mm.current_loaded_models:
+        if entry.model is patcher and entry.model_offloaded_memory() > 0:
+            mm.free_memory(entry.model_offloaded_memory() * 1.1 + memory_required, entry.device, keep_loaded=[entry])
+    mm.load_models_gpu([patcher], memory_required=memory_required, force_full_load=True)
 
 
 @dataclass(eq=False)

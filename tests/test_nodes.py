@@ -859,3 +859,63 @@ def test_glm_image_decode_loads_its_own_stage(pack: ModuleType, node_classes: di
     assert any(entry.model is stage for entry in mm.current_loaded_models)
     assert stage.model_size() == glm_image.decoder_weights(folder) * 4  # float32
     assert torch.equal(images, model.decode(tokens))
+    # the loader's status line states the stage's size at the compute dtype; one-stage families say nothing
+    note = loader.decoding_note(model, torch.bfloat16)
+    assert note.startswith(f"decoding stage {glm_image.decoder_weights(folder) * 2 / 2**30:.2f} GiB more")
+    assert loader.decoding_note(load_model("demo", device="cpu"), torch.float32) == ""
+
+
+def test_glm_image_stages_evict_each_other_through_comfyuis_model_management(
+        pack: ModuleType, node_classes: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the AR stage and the decoding stage do not fit together, ComfyUI's own load_models_gpu offloads one
+    for the other: Decode evicts the AR stage, the next sampling evicts the decoding stage.  ComfyUI frees
+    nothing for the plain "cpu" device, so both stages load on "cpu:0" (the same memory, another device to its
+    model management) and its free memory is what a budget leaves after the models it holds there."""
+    pytest.importorskip("diffusers")
+    from glm_image_fixture import HEIGHT, WIDTH, write_tiny_glm_image
+    from scd_core import load_model
+    from scd_core.models import glm_image
+
+    loader = sys.modules[f"{pack.__name__}.nodes.loader"]
+    sockets = sys.modules[f"{pack.__name__}.nodes.sockets"]
+    mm = loader.mm
+    folder = write_tiny_glm_image(tmp_path / "glm")
+    model = load_model(folder, device="cpu", dtype=torch.float32)
+    model.set_image_size(WIDTH, HEIGHT)
+    device, cpu = torch.device("cpu", 0), torch.device("cpu")
+    ar_bytes = loader.module_bytes(model.module)
+    patcher = loader.classic_patcher_class()(loader.module_holder(model.module, "glm"), load_device=device,
+                                             offload_device=cpu, size=ar_bytes)
+    loaded = sockets.LoadedModel(name="glm", model=model, patcher=patcher)
+    decoder_bytes = glm_image.decoder_weights(folder) * 4  # float32
+    budget = max(ar_bytes, decoder_bytes) + min(ar_bytes, decoder_bytes) // 2  # one stage fits, not both
+
+    def held() -> int:
+        return sum(entry.model_loaded_memory() for entry in mm.current_loaded_models if entry.device == device)
+
+    def free(dev: Any = None, torch_free_too: bool = False) -> Any:
+        left = budget - held() if dev == device else psutil_free(dev)
+        return (left, left) if torch_free_too else left
+
+    psutil_free = mm.get_free_memory
+    monkeypatch.setattr(mm, "get_free_memory", free)
+    monkeypatch.setattr(mm, "minimum_inference_memory", lambda: 0)
+    monkeypatch.setattr(mm, "extra_reserved_memory", lambda: 0)
+    monkeypatch.setattr(mm, "DISABLE_SMART_MEMORY", False)
+
+    def stage_bytes(stage: Any) -> int:
+        return sum(entry.model_loaded_memory() for entry in mm.current_loaded_models if entry.model is stage)
+
+    try:
+        loaded.to_compute_device(memory_required=0)  # what the sampler does before sampling
+        assert stage_bytes(patcher) == ar_bytes
+        tokens = torch.randint(0, model.vocab_size, (1, model.num_tokens), generator=torch.Generator().manual_seed(0))
+        (images,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens)
+        assert stage_bytes(loaded.decoder_patcher) == decoder_bytes and stage_bytes(patcher) < ar_bytes
+        assert held() <= budget
+        loaded.to_compute_device(memory_required=0)  # the next prompt's sampling
+        assert stage_bytes(patcher) == ar_bytes and stage_bytes(loaded.decoder_patcher) < decoder_bytes
+        (again,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens)
+        assert torch.equal(again, images) and torch.equal(images, model.decode(tokens))
+    finally:
+        mm.unload_all_models()

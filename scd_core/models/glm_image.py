@@ -364,6 +364,10 @@ class GlmImageModel:
                                           next(self.module.parameters()).dtype)
         return self._pipeline
 
+    def decoding_weights(self) -> int:
+        """How many weights the decoding stage holds (`decoder_weights`), for a host's memory notes."""
+        return decoder_weights(self.folder)
+
     def decoding_modules(self, device: Optional[torch.device] = None) -> torch.nn.ModuleDict:
         """The decoding stage's networks (`DECODER_PARTS` of `decoder(device)`), for a host that moves them in
         and out of the compute device apart from the AR stage (ComfyUI's model management)."""
