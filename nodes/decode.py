@@ -61,6 +61,6 @@ class SCDVQDecode(io.ComfyNode):
         if stage is None:
             model.to_compute_device()
         else:  # only the decoding stage: ComfyUI offloads the AR stage if both do not fit
-            load_fully(stage, 0)
+            load_fully(stage, model.model.decoding_memory())
         images = model.model.decode(tokens, *context)
         return io.NodeOutput(images.to(device=mm.intermediate_device(), dtype=torch.float32))

@@ -92,8 +92,8 @@ def memory_note(model: Any, precision: str, weights: int, cache: int) -> str:
 
 
 def decoding_note(model: Any, dtype: torch.dtype) -> str:
-    """The size of a separate decoding stage (GLM-Image's DiT, VAE, glyph encoder), which Decode loads; ""
-    for one-stage families."""
+    """The size of a family's separate decoding stage (e.g. a diffusion decoder and its VAE), which Decode
+    loads; "" for one-stage families."""
     if not hasattr(model, "decoding_weights"):
         return ""
     return (f"decoding stage {model.decoding_weights() * dtype.itemsize / 2**30:.2f} GiB more, loaded by SCD VQ "

@@ -21,6 +21,7 @@ is exact.
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -338,6 +339,13 @@ class _Decoder:
         tokens[self.rows.squeeze(1)] = self.seq[:, :count]
         return tokens
 
+    def start_after(self, count: int) -> None:
+        """Begin at position `count`: the prefill fed the fixed cells before it (`Run.kept_prefix`), and they
+        commit with its decision (the host's count stays behind, so that the call counts them as forced)."""
+        self.seq[:, :count] = self.forced_ids[:, :count]
+        self.committed += count
+        self.first_new = self.committed.clone()
+
     def keep_rows(self, index: torch.Tensor) -> None:
         """Go on with rows `index` only; the others are done and keep their tokens for `tokens`."""
         if self.finished is None:
@@ -541,15 +549,32 @@ class Run:
         self.done, self.iteration, self.max_shift = 0, 0, 0
 
     def prefill(self) -> Call:
-        """The prefix call, which yields position 0's distribution; the decoder is sized after it."""
+        """The prefix call, which yields the first free position's distribution (position 0's, or the one after
+        a kept prefix the call fed too); the decoder is sized after it."""
         t0 = time.perf_counter()
-        logits = self.session.prefill()
+        kept = self.kept_prefix()
+        logits = self.session.prefill() if kept is None else self.session.prefill(kept)
         seeds = [self.config.seed + row for row in range(self.batch_size)]  # row i: seed s + i (mod 2**64)
         self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None),
                                         self.given)
+        if kept is not None:
+            self.decoder.start_after(kept.shape[1])
         if self.compiled:
             self.static = static_step.StaticCalls(self.session, self.decoder, _weights(self.model))
         return Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
+
+    def kept_prefix(self) -> Optional[torch.Tensor]:
+        """The ids (batch, K) of the fixed cells every row has from position 0 on (an image's kept top rows, its
+        row-ends), where the session's prefill can feed them after the prompt in the same call, so that they
+        cost no call; None where there are none or it cannot."""
+        if self.given is None or "tokens" not in inspect.signature(self.session.prefill).parameters:
+            return None
+        forced_tokens = getattr(self.model, "forced_tokens", None) or {}
+        code_ids, _ = code_tables(getattr(self.model, "code_ids", None), self.model.vocab_size,
+                                  forced_tokens.values(), torch.device("cpu"))
+        fixed, ids = forced_cells(forced_tokens, self.given, self.batch_size, self.n, code_ids)
+        count = min(int(fixed.long().cumprod(1).sum(1).min()), self.n - 1)  # a free position must follow
+        return ids[:, :count] if count else None
 
     def new_decoder(self, seeds: Sequence[int], device: torch.device, prefix: Optional[torch.Tensor],
                     given: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> _Decoder:

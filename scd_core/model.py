@@ -57,7 +57,9 @@ class Session(Protocol):
     """
 
     def prefill(self) -> Logits:
-        """Run the conditioning prefix; logits for image position 0, (batch, 1, V)."""
+        """Run the conditioning prefix; logits for image position 0, (batch, 1, V).  A session may take
+        `prefill(tokens)` ((batch, K) ids): it then feeds them after the prefix in the same call and returns
+        position K's logits (the engine feeds an image's kept top rows so, which then cost no call)."""
         ...
 
     def forward(self, tokens: torch.Tensor) -> Logits:

@@ -142,13 +142,14 @@ def test_faithful_gives_window_1s_tokens_at_every_width_and_keeps_the_cells(kind
 
 
 def test_kept_cells_cost_no_calls():
-    """Window 1 takes one call per free cell (plus the prefill): a kept top half halves the calls, a kept
+    """Window 1 takes one call per free cell (the prefill's included): a kept top half halves the calls, a kept
     region costs nothing, and the result counts the forced tokens apart."""
     image = image_of(2)
     full = generate(GRID, None, SamplerConfig(window=1, seed=1))
     assert full.nfe == 64
     half = generate(GRID, GivenCells(None, image, continuation(image, 4, (8, 8))), SamplerConfig(window=1, seed=1))
-    assert half.nfe == 1 + 32 and sum(half.forced) == 32 and sum(half.committed) == 64
+    # the kept half is fed with the prefill, which yields the first free cell
+    assert half.nfe == 32 and half.forced[0] == 32 and sum(half.committed) == 64
     region = torch.zeros(1, 8, 8, dtype=torch.bool)
     region[:, 4:8, 4:8] = True  # a quarter of the cells
     quarter = generate(GRID, GivenCells(None, image, from_cell_mask(image, region, (8, 8))),
@@ -235,3 +236,55 @@ def test_cells_the_model_cannot_take_are_refused():
         generate(model, GivenCells(None, *cells(6, {0: 4})), config)
     with pytest.raises(ValueError, match="id 7 at position 2 .* forces its own token 9"):
         generate(model, GivenCells(None, *cells(6, {2: 7})), config)
+
+
+# ----------------------------------------------------------------------------- a kept prefix in the prefill
+
+class WithoutPrefillTokens:
+    """A session whose prefill feeds the prompt only: a kept prefix then rides in the first window call."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+
+    def prefill(self):
+        return self.session.prefill()
+
+    def __getattr__(self, name: str):
+        return getattr(self.session, name)
+
+
+def real_families(tiny_janus_dir, tmp_path) -> list:
+    """(name, model, cond) of the demo (LlamaGen's session), Janus-Pro (text rows), Lumina-mGPT (row-end
+    tokens, a sub-vocabulary of codes) and GLM-Image (3-D M-RoPE positions)."""
+    from lumina_fixture import RESOLUTION_1, write_tiny_lumina
+
+    from scd_core import load_model
+
+    families = [load_model("demo", "cpu", torch.float64), load_model(tiny_janus_dir, "cpu", torch.float64),
+                load_model(write_tiny_lumina(tmp_path / f"Lumina-mGPT-7B-{RESOLUTION_1}"), "cpu", torch.float64)]
+    try:
+        from glm_image_fixture import HEIGHT, WIDTH, write_tiny_glm_image
+
+        families.append(load_model(write_tiny_glm_image(tmp_path / "glm"), "cpu", torch.float64))
+        families[-1].set_image_size(WIDTH, HEIGHT)
+    except ImportError:  # GLM-Image needs transformers 5 and diffusers: the newest tier
+        pass
+    return [(model.family, model, model.encode("7" if model.family == "demo" else "a red fox")) for model in families]
+
+
+def test_a_kept_prefix_fed_with_the_prefill_changes_no_token_and_saves_a_call(tiny_janus_dir, tmp_path,
+                                                                              monkeypatch):
+    for name, model, cond in real_families(tiny_janus_dir, tmp_path):
+        start = model.start
+        model.start(cond, 1)  # the conditioning's size (Lumina)
+        image = generate(model, cond, SamplerConfig(window=8, seed=3)).tokens
+        rows = model.grid[0]
+        given = GivenCells(cond, image, continuation(image, rows // 2, tuple(model.grid)))
+        config = SamplerConfig(window=4, seed=5)
+        folded = generate(model, given, config)
+        monkeypatch.setattr(model, "start", lambda *args, **kwargs: WithoutPrefillTokens(start(*args, **kwargs)))
+        fed_apart = generate(model, given, config)
+        monkeypatch.undo()
+        assert torch.equal(folded.tokens, fed_apart.tokens), name
+        assert folded.forced[0] == rows // 2 * model.grid[1] and fed_apart.forced[0] == 1, name
+        assert folded.nfe < fed_apart.nfe, name

@@ -858,6 +858,8 @@ def test_glm_image_decode_loads_its_own_stage(pack: ModuleType, node_classes: di
     stage = loaded.decoder_patcher
     assert any(entry.model is stage for entry in mm.current_loaded_models)
     assert stage.model_size() == glm_image.decoder_weights(folder) * 4  # float32
+    # room for the VAE's decode at this size, as ComfyUI reserves for one
+    assert model.decoding_memory() == 2178 * 64 * (HEIGHT // 8) * (WIDTH // 8) * 4
     assert torch.equal(images, model.decode(tokens))
     # the loader's status line states the stage's size at the compute dtype; one-stage families say nothing
     note = loader.decoding_note(model, torch.bfloat16)
@@ -902,6 +904,7 @@ def test_glm_image_stages_evict_each_other_through_comfyuis_model_management(
     monkeypatch.setattr(mm, "minimum_inference_memory", lambda: 0)
     monkeypatch.setattr(mm, "extra_reserved_memory", lambda: 0)
     monkeypatch.setattr(mm, "DISABLE_SMART_MEMORY", False)
+    monkeypatch.setattr(model, "decoding_memory", lambda: 0)  # the weights alone decide here
 
     def stage_bytes(stage: Any) -> int:
         return sum(entry.model_loaded_memory() for entry in mm.current_loaded_models if entry.model is stage)

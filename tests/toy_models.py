@@ -101,10 +101,14 @@ class TableSession:
         if model.image_cfg is not None:
             self.guidance = lambda cfg_scale: edit_guidance(cfg_scale, model.image_cfg)
 
-    def prefill(self):
+    def prefill(self, tokens: Optional[torch.Tensor] = None):
+        """With `tokens` (batch, K): fed after the (empty) prompt in the same call."""
         self.model.calls += 1
         self.prefilled = True
-        return self.model.logits_for(self.tokens, torch.zeros_like(self.length).unsqueeze(1))
+        if tokens is not None:
+            self.tokens[:, :tokens.shape[1]] = tokens
+            self.length += tokens.shape[1]
+        return self.model.logits_for(self.tokens, self.length.unsqueeze(1))
 
     def admit(self, fresh: list["TableSession"], tokens: Optional[torch.Tensor] = None):
         """Go on with the rows of `fresh` (not prefilled) too: one call feeds `tokens` to this session's rows

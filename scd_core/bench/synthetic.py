@@ -98,9 +98,13 @@ class GridSession:
         self.tokens = torch.zeros(batch, model.num_tokens, dtype=torch.long, device=model.device)
         self.length = torch.zeros(batch, 1, dtype=torch.long, device=model.device)
 
-    def prefill(self):
+    def prefill(self, tokens: Optional[torch.Tensor] = None):
+        """With `tokens` (batch, K), a kept top of an image: fed in the same call (`model.Session`)."""
         self.prefilled = True
-        return self.model.logits(self.tokens, torch.zeros_like(self.length)), None
+        if tokens is not None:
+            self.tokens[:, :tokens.shape[1]] = tokens.to(self.tokens.device)
+            self.length += tokens.shape[1]
+        return self.model.logits(self.tokens, self.length.clone()), None
 
     def admit(self, fresh: Sequence["GridSession"], tokens: Optional[torch.Tensor] = None):
         """Go on with the rows of `fresh` (not prefilled) too: one call feeds `tokens` to this session's rows

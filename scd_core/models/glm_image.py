@@ -364,6 +364,13 @@ class GlmImageModel:
                                           next(self.module.parameters()).dtype)
         return self._pipeline
 
+    def decoding_memory(self) -> int:
+        """Bytes beyond the weights that decoding one image at the current size may take at once: what ComfyUI
+        reserves for a KL VAE's decode of that size (comfy/sd.py: 2178 x 64 bytes per latent pixel, latents 8x
+        smaller than the image, per byte of the dtype); images are decoded one at a time."""
+        height, width = self.size
+        return 2178 * 64 * (height // 8) * (width // 8) * next(self.module.parameters()).element_size()
+
     def decoding_weights(self) -> int:
         """How many weights the decoding stage holds (`decoder_weights`), for a host's memory notes."""
         return decoder_weights(self.folder)

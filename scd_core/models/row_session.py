@@ -99,10 +99,15 @@ class RowSession:
         return self.cache.prefix
 
     @torch.no_grad()
-    def prefill(self) -> Logits:
+    def prefill(self, tokens: Optional[torch.Tensor] = None) -> Logits:
+        """Run the prompt, and with `tokens` ((batch, K) image ids: a kept top of an image) feed them after it in
+        the same call; the logits of the position after the last input."""
         if self.cache.longest:
             raise RuntimeError("prefill() was already called for this session")
-        logits = self.network(self.cache, self.network.embed_context(self.context), self.extras, 1, True)
+        inputs = self.network.embed_context(self.context)
+        if tokens is not None:
+            inputs = torch.cat([inputs, self._inputs(tokens).to(inputs.dtype)], dim=1)
+        logits = self.network(self.cache, inputs, self.extras, 1, True)
         return self._split(logits[:, -1:])
 
     @torch.no_grad()
