@@ -835,24 +835,32 @@ def test_image_prompt_gives_omni_its_control_image_and_lumina_its_rows(node_clas
         assert tokens[0, position] == token
 
 
-def test_glm_image_decode_loads_its_own_stage(pack: ModuleType, node_classes: dict[str, Any], tmp_path: Path) -> None:
-    """The Decode node registers GLM-Image's DiT, VAE and glyph encoder with ComfyUI as a patcher of their own,
-    sized by the decoding-stage estimate, and decodes the same pixels as the model's own decode."""
+def tiny_glm_image(pack: ModuleType, tmp_path: Path, load_device: torch.device) -> tuple[Any, Path, Any]:
+    """(the loader module, the tiny GLM-Image folder, its AR stage as the loader hands it on, loading on
+    `load_device`), at the fixture's small size."""
     pytest.importorskip("diffusers")
     from glm_image_fixture import HEIGHT, WIDTH, write_tiny_glm_image
     from scd_core import load_model
-    from scd_core.models import glm_image
 
     loader = sys.modules[f"{pack.__name__}.nodes.loader"]
     sockets = sys.modules[f"{pack.__name__}.nodes.sockets"]
-    mm = loader.mm
     folder = write_tiny_glm_image(tmp_path / "glm")
     model = load_model(folder, device="cpu", dtype=torch.float32)
     model.set_image_size(WIDTH, HEIGHT)
-    cpu = torch.device("cpu")
-    patcher = loader.classic_patcher_class()(loader.module_holder(model.module, "glm"), load_device=cpu,
-                                             offload_device=cpu, size=1)
-    loaded = sockets.LoadedModel(name="glm", model=model, patcher=patcher)
+    patcher = loader.classic_patcher_class()(loader.module_holder(model.module, "glm"), load_device=load_device,
+                                             offload_device=torch.device("cpu"), size=loader.module_bytes(model.module))
+    return loader, folder, sockets.LoadedModel(name="glm", model=model, patcher=patcher)
+
+
+def test_glm_image_decode_loads_its_own_stage(pack: ModuleType, node_classes: dict[str, Any], tmp_path: Path) -> None:
+    """The Decode node registers GLM-Image's DiT, VAE and glyph encoder with ComfyUI as a patcher of their own,
+    sized by the decoding-stage estimate, and decodes the same pixels as the model's own decode."""
+    from glm_image_fixture import HEIGHT, WIDTH
+    from scd_core import load_model
+    from scd_core.models import glm_image
+
+    loader, folder, loaded = tiny_glm_image(pack, tmp_path, torch.device("cpu"))
+    model, mm = loaded.model, loader.mm
     tokens = torch.randint(0, model.vocab_size, (1, model.num_tokens), generator=torch.Generator().manual_seed(0))
     (images,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens)
     stage = loaded.decoder_patcher
@@ -873,22 +881,12 @@ def test_glm_image_stages_evict_each_other_through_comfyuis_model_management(
     for the other: Decode evicts the AR stage, the next sampling evicts the decoding stage.  ComfyUI frees
     nothing for the plain "cpu" device, so both stages load on "cpu:0" (the same memory, another device to its
     model management) and its free memory is what a budget leaves after the models it holds there."""
-    pytest.importorskip("diffusers")
-    from glm_image_fixture import HEIGHT, WIDTH, write_tiny_glm_image
-    from scd_core import load_model
     from scd_core.models import glm_image
 
-    loader = sys.modules[f"{pack.__name__}.nodes.loader"]
-    sockets = sys.modules[f"{pack.__name__}.nodes.sockets"]
-    mm = loader.mm
-    folder = write_tiny_glm_image(tmp_path / "glm")
-    model = load_model(folder, device="cpu", dtype=torch.float32)
-    model.set_image_size(WIDTH, HEIGHT)
-    device, cpu = torch.device("cpu", 0), torch.device("cpu")
-    ar_bytes = loader.module_bytes(model.module)
-    patcher = loader.classic_patcher_class()(loader.module_holder(model.module, "glm"), load_device=device,
-                                             offload_device=cpu, size=ar_bytes)
-    loaded = sockets.LoadedModel(name="glm", model=model, patcher=patcher)
+    device = torch.device("cpu", 0)
+    loader, folder, loaded = tiny_glm_image(pack, tmp_path, device)
+    model, patcher, mm = loaded.model, loaded.patcher, loader.mm
+    ar_bytes = patcher.model_size()
     decoder_bytes = glm_image.decoder_weights(folder) * 4  # float32
     budget = max(ar_bytes, decoder_bytes) + min(ar_bytes, decoder_bytes) // 2  # one stage fits, not both
 

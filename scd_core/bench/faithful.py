@@ -89,5 +89,6 @@ def faithful_tables(seeds: Sequence[int], windows: Sequence[Any] = (16, 32, 64, 
     calls = [row for name, model, cond in calls_models() for row in calls_rows(name, model, cond, seeds, windows)]
     return (f"**faithful in bfloat16**: images (seeds 0-{seeds[-1]}) whose tokens differ from window 1's in any "
             f"position\n\n{markdown(reproduced, columns)}\n\n"
-            f"**calls per image** (mean over seeds 0-{seeds[-1]}; synthetic models' auto under the stand-in's cost profile)"
+            f"**calls per image** (mean over seeds 0-{seeds[-1]}; synthetic models' auto under the stand-in's "
+            "cost profile)"
             f"\n\n{markdown(calls, ('model', 'window', *COUPLERS, 'faithful / maximal'))}")
