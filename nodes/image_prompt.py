@@ -53,8 +53,8 @@ class SCDImagePrompt(io.ComfyNode):
                 io.Mask.Input("mask", optional=True,
                               tooltip=f"continue only: the cells to regenerate. A cell is regenerated where any "
                                       f"of its pixels is masked ({MASKED:g} or more); the others keep the image's "
-                                      "tokens. Same size as the image, at the model's aspect. Unconnected: "
-                                      "keep_top decides."),
+                                      "tokens. Same size as the image; fitted to the model's grid as the image is "
+                                      "(cropped or padded). Unconnected: keep_top decides."),
                 CheckedCombo("task", options=task_choices(), default=CONTINUE, tooltip=task_tooltip()),
                 io.Float.Input("keep_top", default=DEFAULT_KEEP_TOP, min=0.0, max=1.0, step=0.05, optional=True,
                                tooltip="continue without a mask: the share of the image's token rows kept from "

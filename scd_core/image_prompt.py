@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from .given import GivenCells, continuation, from_cell_mask
-from .image_input import check_images, no_image_encoder
+from .image_input import check_images, no_image_encoder, prepare_images
 
 CONTINUE = "continue"
 MASKED = 0.5  # a mask pixel at or above this is masked (ComfyUI's masks are 0..1; soft edges count from half)
-ASPECT_TOLERANCE = 0.01  # how far a masked image's aspect may be from the grid's (rounding of pixel sizes)
 
 
 @dataclass(frozen=True)
@@ -78,8 +77,7 @@ def add_image(model: Any, cond: Any, images: Any, task: str = CONTINUE, keep_top
         keep = continuation(tokens, rows_kept, grid)
         kept = f"kept the top {rows_kept} of {rows} token rows, sampling the {rows - rows_kept} below"
     else:
-        _check_aspect(mask, rows, cols)
-        regenerate = regenerated_cells(mask, rows, cols)
+        regenerate = regenerated_cells(fitted_mask(model, mask, rows, cols), rows, cols)
         keep = from_cell_mask(tokens, regenerate, grid)
         per_image = int(regenerate.flatten(1).sum(1).max())
         kept = f"regenerating {per_image} of {rows * cols} cells ({rows} x {cols}), keeping the others"
@@ -136,12 +134,15 @@ def _image_cols(model: Any) -> int:
     return cols - 1 if row_ends else cols
 
 
-def _check_aspect(mask: torch.Tensor, rows: int, cols: int) -> None:
-    h, w = mask.shape[1:]
-    if abs(h * cols / (w * rows) - 1) > ASPECT_TOLERANCE:
-        raise ValueError(f"with a mask the image must have the model's aspect ({cols} x {rows} cells), got "
-                         f"{w} x {h} px: the image would be cropped or padded to the grid and the mask would "
-                         "no longer match it; crop the image and the mask to that aspect first")
+def fitted_mask(model: Any, mask: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """A mask (B, H, W) of the image's size, fitted to the grid's aspect as the model's encoder fits the image
+    (`image_encoder.fit`: centre-cropped, or scaled inside and padded, the padding never masked), at about the
+    mask's own pixels per cell: (B, rows * k, cols * k)."""
+    fit = getattr(getattr(model, "image_encoder", None), "fit", "crop")
+    per_cell = max(1, min(mask.shape[1] // rows, mask.shape[2] // cols))
+    as_image = mask.unsqueeze(-1).expand(-1, -1, -1, 3)
+    fitted = prepare_images(as_image, (rows * per_cell, cols * per_cell), fit, value_range=(0.0, 1.0), fill=0.0)
+    return fitted.pixels[:, 0]
 
 
 @contextmanager

@@ -4,6 +4,7 @@ the size its conditioning was made for (the nodes' side is in test_nodes.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.given import GivenCells
-from scd_core.image_prompt import add_image, regenerated_cells
+from scd_core.image_prompt import add_image, fitted_mask, regenerated_cells
 
 
 def test_a_cell_is_regenerated_where_any_of_its_pixels_is_masked() -> None:
@@ -45,3 +46,14 @@ def test_a_continuation_is_encoded_at_its_conditioning_s_size(tiny_emu3_dir: Pat
     assert torch.equal(result.tokens[:, :10], given.tokens[:, :10])
     with pytest.raises(ValueError, match=r"keep_top must be a share of the image's rows in 0..1, got 1.5"):
         add_image(model, cond, image, keep_top=1.5)
+
+
+@pytest.mark.parametrize("fit,rows", [("crop", [0]), ("pad", [0, 1])])
+def test_a_mask_of_another_aspect_is_fitted_to_the_grid_as_the_image_is(fit: str, rows: list[int]) -> None:
+    """The top quarter of a landscape image's rows: a centre crop keeps the rows as they are (grid row 0 of 4); a
+    fit inside the square (padded above and below) moves them into the middle, over grid rows 0 and 1."""
+    mask = torch.zeros(1, 48, 64)
+    mask[:, :12] = 1.0
+    model = SimpleNamespace(image_encoder=SimpleNamespace(fit=fit))
+    cells = regenerated_cells(fitted_mask(model, mask, 4, 4), 4, 4)[0]
+    assert cells.any(1).nonzero().flatten().tolist() == rows and bool(cells[rows].all())

@@ -785,8 +785,11 @@ def test_image_prompt_refuses_what_it_cannot_do(node_classes: dict[str, Any], de
         run_node(node, model=janus, cond=cond, image=image, task="continue")
     with pytest.raises(ValueError, match=r"image values must lie in 0..1"):
         run_node(node, model=demo, cond=cond, image=image * 2, task="continue")
-    with pytest.raises(ValueError, match="the model's aspect"):  # cropped to the grid, a mask would not follow
-        run_node(node, model=demo, cond=cond, image=image[:, :48], task="continue", mask=torch.zeros(1, 48, 64))
+    # another aspect: the mask is fitted to the grid as the image is (the demo crops its middle square)
+    bottom = torch.zeros(1, 48, 64)
+    bottom[:, 24:] = 1.0
+    (fitted,) = run_node(node, model=demo, cond=cond, image=image[:, :48], task="continue", mask=bottom)
+    assert fitted.cond.keep.reshape(16, 16).all(1).tolist() == [True] * 8 + [False] * 8
     # the plain 2.0 checkpoint: scd_core's own refusal, naming the checkpoint and where the task lives
     list_in_comfyui(comfy, "scd", tiny_lumina2_dir, tiny_lumina2_dir.name)
     (plain,) = node_classes["SCDModelLoader"].execute(tiny_lumina2_dir.name, "auto", "auto").result
