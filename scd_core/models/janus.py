@@ -99,11 +99,11 @@ class JanusPrompt:
     negative: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class JanusEdit:
-    """Janus-4o editing: the prompt of the full and part rows (`ids`, the source image's understanding features
-    at `placeholders` in both, its codes' generation embeddings at `codes_at` in the full row only), the uncond
-    rows' ids, and the image's guidance weight."""
+    """Janus-4o editing: the prompt of the full and part rows (`ids`: the source image's understanding features
+    go at its image placeholders in both, its codes' generation embeddings at `codes_at` in the full row only),
+    the uncond rows' ids, and the image's guidance weight."""
 
     ids: tuple[int, ...]
     uncond: tuple[int, ...]
@@ -194,7 +194,7 @@ class JanusModel(Compilable):
         CFG scale is their cfg_weight."""
         if task not in self.image_tasks:
             trained = (f"it takes {', '.join(self.image_tasks)}" if self.image_tasks else
-                       f"image editing needs Janus-4o (a folder whose name holds 'Janus-4o', docs/models.md)")
+                       "image editing needs Janus-4o (a folder whose name holds 'Janus-4o', docs/models.md)")
             raise ValueError(f"task {task!r} is not one this Janus checkpoint was trained for: {trained}")
         check_start(cond, JanusPrompt, "JanusModel.encode()", 1)
         image_cfg = DEFAULT_IMAGE_CFG if image_cfg is None else float(image_cfg)
