@@ -105,6 +105,17 @@ def slot_positions(committed: torch.Tensor, count: int, branches: int) -> torch.
     return committed.unsqueeze(1) + torch.where(slots < width, slots, (slots - width) % max(width - 1, 1) + 1)
 
 
+def fixed_cells(model: TokenModel, given: Optional[tuple[torch.Tensor, torch.Tensor]], batch: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(code index -> model id, model id -> code index) on `device` (`code_tables`), then the cells no row
+    samples and their ids, (batch, N) each on the CPU: the model's own forced tokens (row-ends) and the kept
+    cells of `given` (`forced_cells`)."""
+    forced_tokens = getattr(model, "forced_tokens", None) or {}
+    code_ids, code_index = code_tables(getattr(model, "code_ids", None), model.vocab_size, forced_tokens.values(),
+                                       device)
+    return (code_ids, code_index, *forced_cells(forced_tokens, given, batch, model.num_tokens, code_ids))
+
+
 class _Decoder:
     """The state of one generation: token buffer, commit counts, proposals.
 
@@ -131,10 +142,7 @@ class _Decoder:
         batch = len(seeds)
         self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
         self.device = device
-        forced_tokens = getattr(model, "forced_tokens", None) or {}
-        self.code_ids, self.code_index = code_tables(getattr(model, "code_ids", None), self.vocab,
-                                                     forced_tokens.values(), device)
-        forced, forced_ids = forced_cells(forced_tokens, given, batch, self.n, self.code_ids)
+        self.code_ids, self.code_index, forced, forced_ids = fixed_cells(model, given, batch, device)
         # with given cells a call is widened over the forced positions in its way (`call_width`): it then spans
         # up to `window` free positions plus a row's forced ones (a static run sizes for the whole image, so
         # that its compiled shapes do not depend on the cells)
@@ -569,10 +577,7 @@ class Run:
         cost no call; None where there are none or it cannot."""
         if self.given is None or "tokens" not in inspect.signature(self.session.prefill).parameters:
             return None
-        forced_tokens = getattr(self.model, "forced_tokens", None) or {}
-        code_ids, _ = code_tables(getattr(self.model, "code_ids", None), self.model.vocab_size,
-                                  forced_tokens.values(), torch.device("cpu"))
-        fixed, ids = forced_cells(forced_tokens, self.given, self.batch_size, self.n, code_ids)
+        _, _, fixed, ids = fixed_cells(self.model, self.given, self.batch_size, torch.device("cpu"))
         count = min(int(fixed.long().cumprod(1).sum(1).min()), self.n - 1)  # a free position must follow
         return ids[:, :count] if count else None
 
