@@ -60,8 +60,9 @@ def load_fully(patcher: Any, memory_required: int) -> None:
     itself to make room, loading it whole on top of the others; so the room for the missing part is made first,
     keeping the model's loaded part, through its own free_memory."""
     for entry in mm.current_loaded_models:
-        if entry.model is patcher and entry.model_offloaded_memory() > 0:
-            mm.free_memory(entry.model_offloaded_memory() * 1.1 + memory_required, entry.device, keep_loaded=[entry])
+        missing = entry.model_offloaded_memory() if entry.model is patcher else 0
+        if missing > 0:
+            mm.free_memory(missing * 1.1 + memory_required, entry.device, keep_loaded=[entry])
     mm.load_models_gpu([patcher], memory_required=memory_required, force_full_load=True)
 
 
