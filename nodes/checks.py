@@ -28,6 +28,19 @@ def choice_error(name: str, value: Optional[str], options: tuple[str, ...]) -> O
     return None
 
 
+RECOMMENDED_SCALE = -1.0  # a guidance-scale widget's value meaning "the model's recommended value"
+
+
+def guidance_scale(name: str, value: float) -> Optional[float]:
+    """A guidance-scale widget's value as scd_core takes it: None for RECOMMENDED_SCALE, else the number, which
+    must not be negative."""
+    if value == RECOMMENDED_SCALE:
+        return None
+    if value < 0:
+        raise ValueError(f"{name} must be -1 (the model's recommended value) or a number in 0..100, got {value}")
+    return value
+
+
 def check_same_model(model: LoadedModel, encoded_by: str, what: str) -> None:
     if encoded_by != model.name:
         raise ValueError(f"the {what} came from model '{encoded_by}' but this node got model '{model.name}'; "

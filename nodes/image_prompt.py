@@ -10,11 +10,10 @@ from scd_core.image_prompt import CONTINUE, MASKED, add_image
 from scd_core.models.family import families
 from server import PromptServer
 
-from .checks import CheckedCombo, check_same_model
+from .checks import RECOMMENDED_SCALE, CheckedCombo, check_same_model, guidance_scale
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
 
 DEFAULT_KEEP_TOP = 0.5
-RECOMMENDED_IMAGE_CFG = -1.0  # the model's own weight
 
 
 def task_choices() -> list[str]:
@@ -60,7 +59,7 @@ class SCDImagePrompt(io.ComfyNode):
                                tooltip="continue without a mask: the share of the image's token rows kept from "
                                        "the top (0.5: the upper half, rounded to whole rows); the rows below "
                                        "are sampled."),
-                io.Float.Input("image_cfg", default=RECOMMENDED_IMAGE_CFG, min=-1.0, max=100.0, step=0.5,
+                io.Float.Input("image_cfg", default=RECOMMENDED_SCALE, min=-1.0, max=100.0, step=0.5,
                                optional=True,
                                tooltip="Janus-4o edit: how strongly the source image guides, apart from the "
                                        "text (the sampler's cfg_scale); -1 is the authors' 5. Other tasks take "
@@ -73,12 +72,10 @@ class SCDImagePrompt(io.ComfyNode):
     @classmethod
     def execute(cls, model: LoadedModel, cond: EncodedPrompt, image: torch.Tensor, task: str,
                 mask: Optional[torch.Tensor] = None, keep_top: float = DEFAULT_KEEP_TOP,
-                image_cfg: float = RECOMMENDED_IMAGE_CFG) -> io.NodeOutput:
+                image_cfg: float = RECOMMENDED_SCALE) -> io.NodeOutput:
         check_same_model(model, cond.model_name, "conditioning")
         model.to_compute_device()  # the image encoder computes where the model does
-        if image_cfg != RECOMMENDED_IMAGE_CFG and image_cfg < 0:
-            raise ValueError(f"image_cfg must be -1 (the model's value) or a number in 0..100, got {image_cfg}")
         prompt = add_image(model.model, cond.cond, image, task, keep_top, mask,
-                           None if image_cfg == RECOMMENDED_IMAGE_CFG else image_cfg)
+                           guidance_scale("image_cfg", image_cfg))
         PromptServer.instance.send_progress_text(prompt.note, str(cls.hidden.unique_id))
         return io.NodeOutput(EncodedPrompt(model_name=model.name, cond=prompt.cond))

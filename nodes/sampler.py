@@ -12,12 +12,11 @@ from scd_core.config import AUTO_WINDOW, DEFAULT_COUPLER, MAX_CANDIDATES, MAX_SE
 from scd_core.model import FAR_CFG_FACTOR, FAR_TEMPERATURE_FACTOR, unusual_settings
 from scd_core.models.family import families, joined
 
-from .checks import CheckedCombo, check_same_model
+from .checks import RECOMMENDED_SCALE, CheckedCombo, check_same_model, guidance_scale
 from .progress import ProgressReporter
 from .lowvram import streamed_bytes
 from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDModel, SCDStats, SCDTokens
 
-RECOMMENDED_CFG = -1.0  # widget value meaning "the model's recommended CFG scale"
 RECOMMENDED_TEMPERATURE = -1.0  # and its recommended temperature (its `default_temperature`, else 1)
 RECOMMENDED_TOP_K = 0
 RECOMMENDED_TOP_P = 0.0
@@ -32,9 +31,6 @@ MAX_BATCH = 16
 def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, temperature: float, top_k: int,
                    top_p: float, draft_init: str, candidates: int = 1) -> SamplerConfig:
     """Widget values -> SamplerConfig; the widgets' "recommended" sentinels become None, window 0 "auto"."""
-    if cfg_scale != RECOMMENDED_CFG and cfg_scale < 0:
-        raise ValueError(f"cfg_scale must be -1 (the model's recommended value) or a number in 0..100, "
-                         f"got {cfg_scale}")
     if temperature != RECOMMENDED_TEMPERATURE and temperature <= 0:
         raise ValueError(f"temperature must be -1 (the model's recommended value) or a number in (0, 100], "
                          f"got {temperature}")
@@ -44,7 +40,7 @@ def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, tempe
         raise ValueError(f"candidates must be 1 with the {coupler} coupler, which {couplers.coupler(coupler).help}; "
                          f"set candidates to 1 or choose another coupler (got {candidates})")
     return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window,
-                         cfg_scale=None if cfg_scale == RECOMMENDED_CFG else cfg_scale,
+                         cfg_scale=guidance_scale("cfg_scale", cfg_scale),
                          temperature=None if temperature == RECOMMENDED_TEMPERATURE else temperature,
                          top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
                          top_p=None if top_p == RECOMMENDED_TOP_P else top_p, seed=seed,
@@ -112,7 +108,7 @@ class SCDSampler(io.ComfyNode):
                                      "call costs on this device and how many tokens the calls so far committed. "
                                      "With faithful the window changes the calls, never the image; with the "
                                      "other couplers pin a number for seeds that reproduce."),
-                io.Float.Input("cfg_scale", default=RECOMMENDED_CFG, min=-1.0, max=100.0, step=0.1,
+                io.Float.Input("cfg_scale", default=RECOMMENDED_SCALE, min=-1.0, max=100.0, step=0.1,
                                tooltip=cfg_tooltip()),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
                              tooltip="Random seed. With the faithful coupler a seed gives the plain autoregressive "
