@@ -193,8 +193,8 @@ def _indices(state: dict[str, torch.Tensor], prefix: str) -> list[int]:
 def read_stages(state: dict[str, torch.Tensor], stack: str, source: str
                 ) -> tuple[int, int, tuple[int, ...], int, frozenset[int]]:
     """The codebook's size and width, then the widths of `stack`'s levels ("decoder.up" or "encoder.down"), its
-    residual blocks per level and its levels with attention, read off the weights; ModelLoadError naming `source` if they
-    do not fit."""
+    residual blocks per level and its levels with attention, read off the weights; ModelLoadError naming
+    `source` if they do not fit."""
     part = stack.split(".")[0]
     try:
         codebook_size, embed_dim = state["quantize.embedding.weight"].shape
