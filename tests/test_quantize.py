@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from cosmos_fixture import context_frames, write_cosmos
@@ -101,6 +102,40 @@ def test_quantization_error_on_small_init_weights(precision: str, bound: float, 
         approx = quantized(copy.deepcopy(layer).to(dtype), precision, dtype)(x.to(dtype)).float()
     error = float((approx - exact).norm() / exact.norm())
     assert 0 < error < bound
+
+
+def test_int8_layer_in_bfloat16_on_the_cpu_runs_torchs_fused_kernel_row_by_row() -> None:
+    """The fused kernel (`_weight_int8pack_mm`) computes each output element as one dot product: a row's output is
+    the same bits at any number of rows (any window width, any batch), and it is the cast path's value up to
+    bfloat16 rounding."""
+    q = quantized(small_init_linear(64, 48, seed=5), "int8", torch.bfloat16)
+    x = torch.randn(2, 40, 64, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    with torch.no_grad():
+        assert q._fused(x) is not None
+        out = q(x)
+        for width in (1, 2, 3, 5, 16, 17, 40):
+            assert torch.equal(q(x[:, :width]), out[:, :width])
+        assert all(torch.equal(q(x[b, i:i + 1]), out[b, i:i + 1]) for b in range(2) for i in range(40))
+        exact = x.double() @ q.dequantized(torch.float64).T + q.bias.double()
+    assert float((out.double() - exact).abs().max() / exact.abs().max()) < 1e-2
+
+
+def test_int8_layer_keeps_off_the_fused_kernel_where_it_would_read_out_of_bounds() -> None:
+    """K not a multiple of 16 crashes the kernel (a segfault, at two rows or more): the cast runs instead.  A
+    contiguous view at an odd offset is copied to an aligned row first, with the same result."""
+    odd = quantized(small_init_linear(40, 24, seed=7), "int8", torch.bfloat16)
+    x = torch.randn(5, 40).to(torch.bfloat16)
+    with torch.no_grad():
+        assert odd._fused(x) is None
+        assert torch.equal(odd(x), F.linear(x, odd.qweight.to(x.dtype)) * odd.scale + odd.bias)
+        q = quantized(small_init_linear(64, 48, seed=5), "int8", torch.bfloat16)
+        flat = torch.randn(5 * 64 + 3).to(torch.bfloat16)
+        shifted = flat[3:].view(5, 64)  # contiguous, 6 bytes past an aligned address
+        assert shifted.data_ptr() % quantize.FUSED_ALIGNMENT and q._fused(shifted) is not None
+        assert torch.equal(q(shifted), q(shifted.clone()))
+    for dtype in (torch.float32, torch.float16):  # the kernel's scalar loop: slower than the cast
+        assert not quantize.fused_int8_runs(torch.device("cpu"), dtype, 64)
+    assert not quantize.fused_int8_runs(torch.device("cuda"), torch.bfloat16, 64)  # unmeasured there
 
 
 def test_int8_layer_stores_int8_rows_and_one_scale_per_row() -> None:

@@ -85,7 +85,8 @@ def _shape(args: argparse.Namespace) -> Result:
     from .shapes import quantized_cost_table
 
     if args.quantize:
-        return f"shape-{args.shape}-quantize", quantized_cost_table(args.shape, args.quantize, device=args.device,
+        section = f"shape-{args.shape}-quantize" + (f"-{args.dtype}" if args.dtype else "")
+        return section, quantized_cost_table(args.shape, args.quantize, device=args.device,
                                                                     dtype=args.dtype, layers=args.layers)
     return f"shape-{args.shape}", shape_table(args.shape, args.device, args.dtype, args.layers)
 

@@ -2,8 +2,10 @@
 
 Exactness needs every position's logits to be a function of its own prefix only, so a
 quantised layer must treat the rows of a call independently.  Both layers offered do:
-int8 keeps int8 weights and one float scale per output row and dequantises the weight in
-its forward; NF4 dequantises 64-weight blocks of the weight.  Neither looks at the
+int8 keeps int8 weights and one float scale per output row; its forward casts the int8 rows
+to the compute dtype and scales the outputs, or on the CPU in bfloat16 runs torch's fused weight-only int8 matmul
+(`_weight_int8pack_mm`: each output element one dot product over K, whatever the call's rows); NF4 dequantises
+64-weight blocks of the weight.  Neither looks at the
 activations.  bitsandbytes' LLM.int8 (`Linear8bitLt` with an outlier threshold) picks
 outlier columns over all rows of a call and is therefore not offered
 (tests/test_quantize.py shows the difference).  Heads and embeddings are never passed
@@ -26,6 +28,20 @@ NF4_DEVICES = ("cpu", "cuda", "xpu", "meta")  # where bitsandbytes' 4-bit layers
 
 class QuantizationError(ValueError):
     """A precision this model, device or installation cannot take; the message says what to do."""
+
+
+# Where torch's fused weight-only int8 matmul runs for the layer (measured: scd_core/bench/README.md "int8 on the
+# CPU"); on CUDA it is unmeasured, so the device check times it against the cast (`bench.device_check`).
+FUSED_INT8_DEVICES = ("cpu",)
+FUSED_ALIGNMENT = 64  # bytes: the CPU kernel reads rows of 16 bfloat16 with aligned vector loads
+
+
+def fused_int8_runs(device: torch.device, dtype: torch.dtype, in_features: int) -> bool:
+    """Whether the layer runs `_weight_int8pack_mm` for inputs on `device` in `dtype`.  Its CPU kernel loads 16
+    bfloat16 at a time with aligned loads: with K not a multiple of 16 (or a row off a 32-byte boundary, which
+    the layer copies away) it reads out of bounds, a segfault (measured for every K % 16 != 0 at M >= 2).
+    float32 and float16 take its scalar loop there, slower than the cast, so they stay off it."""
+    return device.type in FUSED_INT8_DEVICES and dtype == torch.bfloat16 and in_features % 16 == 0
 
 
 class Int8Linear(nn.Module):
@@ -51,13 +67,28 @@ class Int8Linear(nn.Module):
         return self.qweight.to(dtype) * self.scale.to(dtype)[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Per call the int8 rows are cast whole and each output column scaled: nothing depends on the
+        # Per call the int8 rows are cast whole and each output column scaled, or fused: nothing depends on the
         # activations, so one row's output never depends on another row of the call.
         bias = None if self.bias is None else self.bias.to(x.dtype)
+        fused = self._fused(x)
+        if fused is not None:
+            return fused if bias is None else fused + bias
         if x.dtype == torch.float16:  # x times raw int8 rows can leave float16's range before the scale
             return F.linear(x, self.dequantized(x.dtype), bias)
         out = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)  # a pass less than dequantising
         return out if bias is None else out + bias
+
+    def _fused(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """x W^T through torch's fused weight-only int8 kernel, or None where it does not run."""
+        # (data pointers are not traced: compiled, inductor fuses the cast into the matmul itself)
+        if torch.compiler.is_compiling() or not fused_int8_runs(x.device, x.dtype, self.in_features) \
+                or not self.qweight.is_contiguous() or self.qweight.data_ptr() % FUSED_ALIGNMENT:
+            return None
+        rows = x.reshape(-1, self.in_features).contiguous()
+        if rows.data_ptr() % FUSED_ALIGNMENT:  # a view at an odd offset: an aligned copy
+            rows = rows.clone()
+        return torch._weight_int8pack_mm(rows, self.qweight, self.scale.to(x.dtype)).reshape(
+            *x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
