@@ -74,6 +74,8 @@ class GenerationResult:
     sample_s: float = 0.0
     prefill_s: float = 0.0
     total_s: float = 0.0
+    # a compiled model's parts that ran eagerly, each with why (a failed compile or CUDA graph capture)
+    eager_fallbacks: list[str] = field(default_factory=list)
 
     @property
     def tokens_per_call(self) -> float:
@@ -780,5 +782,7 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         run.record(call, outcome, time.perf_counter() - t1, callback)
     run.result.tokens = run.decoder.tokens(run.n).cpu()
     run.result.total_s = time.perf_counter() - started
+    if run.compiled:
+        run.result.eager_fallbacks = static_step.eager_fallbacks(model, run.static)
     run.policy.finish()
     return run.result

@@ -15,7 +15,8 @@ the verification or the coupling reads a value back to the host.  So each bucket
     per width and replayed with its inputs copied into a static buffer.
 
 Either falls back to eager, with one warning, when it fails (whatever it raises: dynamo's and inductor's errors,
-the recompile limit's plain Exception, a missing C++ compiler); on a torch older than the oldest the tests run
+the recompile limit's plain Exception, a missing C++ compiler), and the generation's result lists what ran
+eagerly and why (`eager_fallbacks`); on a torch older than the oldest the tests run
 (OLDEST_TESTED_TORCH), compile=True runs eagerly with one warning.  Compiled code is kept for the process (and in
 inductor's on-disk cache); graphs belong to one generation (they hold its cache's addresses).  What a graph is
 specialised on is kept to shapes: the sampler's numbers are device tensors (`sampling.sampler_tensors`), and
@@ -52,6 +53,11 @@ def _warn_once(key: str, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _reason(err: Exception) -> str:
+    """An error as one line for a warning or a report."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
 def recompile_limit_name(config: Any) -> str:
@@ -99,7 +105,7 @@ class CompiledRegion:
         except Exception as err:  # compile failures have no common type; they raise before the graph runs
             # an error of `fn` itself raises again here, as it would have without compile
             result = self.fn(*args)
-            self.error = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            self.error = _reason(err)
             _warn_once(f"compile:{self.name}", f"torch.compile of {self.name} failed, running it eagerly: "
                        f"{self.error}")
             return result
@@ -135,10 +141,14 @@ class GraphedSteps:
         self.step, self.weights = step, weights
         self.graphs: dict[int, tuple[Any, tuple[Any, ...]]] = {}
         self.calls: dict[int, int] = {}
-        self.failed = False
+        self.error: Optional[str] = None  # why capturing failed, for reports (`eager_fallbacks`)
         self.stream = torch.cuda.Stream(device=weights.device)
         self.pool: Any = None
         self.address = weights.data_ptr()
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
 
     def __call__(self, width: int) -> tuple[Any, ...]:
         if self.failed:
@@ -152,10 +162,10 @@ class GraphedSteps:
             try:
                 self.graphs[width] = outside_host_graphs(lambda: self._capture(width))
             except Exception as err:  # nothing ran: a capture records the step without running it
-                self.failed = True
+                self.error = _reason(err)
                 torch.cuda.synchronize(self.weights.device)
-                _warn_once("cuda-graph", "CUDA graph capture of the window call failed, running it eagerly: "
-                           f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
+                _warn_once("cuda-graph", f"CUDA graph capture of the window call failed, running it eagerly: "
+                           f"{self.error}")
                 return self.step(width)
         graph, outputs = self.graphs[width]
         graph.replay()
@@ -221,6 +231,18 @@ class StaticCalls:
         """Forward and sampling step of the call in `inputs[width]`: what one graph holds."""
         logits = self.session.forward(self.inputs[width])
         return SAMPLING_STEP(self.decoder, logits, width)
+
+
+def eager_fallbacks(model: Any, calls: Optional[StaticCalls]) -> list[str]:
+    """What of a compiled model's generation ran eagerly, and why: its compiled layer or the sampling step
+    (whose compile failed, in this process), or its CUDA graphs (whose capture failed in this generation)."""
+    regions = (getattr(model, "compiled_layer", None), SAMPLING_STEP)
+    found = [f"{region.name}: {region.error}" for region in regions
+             if isinstance(region, CompiledRegion) and region.failed]
+    graphs = None if calls is None else calls.graphs
+    if isinstance(graphs, GraphedSteps) and graphs.failed:
+        found.append(f"the CUDA graphs of the window call: {graphs.error}")
+    return found
 
 
 class Compilable:

@@ -112,6 +112,7 @@ def test_every_bucket_traces_as_one_graph(folders, traced) -> None:
     # one block graph and one sampling-step graph per width (the prefill runs eagerly), nothing more
     assert counters["stats"]["unique_graphs"] - before == 2 * len(widths)
     assert not compiled.compiled_layer.failed and not static_step.SAMPLING_STEP.failed
+    assert generate(compiled, cond, SamplerConfig(window=8, seed=1)).eager_fallbacks == []
 
 
 def test_whole_step_traces_as_one_graph(folders, traced, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,6 +199,38 @@ def test_failed_compilation_runs_eagerly_with_one_warning(folders, monkeypatch: 
     assert len(messages) == 2  # one per region (the block, the sampling step), not one per call
     assert compiled.compiled_layer.failed and static_step.SAMPLING_STEP.failed
     assert "RuntimeError: no compiler here" in compiled.compiled_layer.error  # what reports show (device check)
+    # and what each generation's result says ran eagerly
+    assert generate(compiled, cond, SamplerConfig(window=8, seed=6)).eager_fallbacks == [
+        f"{compiled.compiled_layer.name}: {compiled.compiled_layer.error}",
+        f"the sampling step: {static_step.SAMPLING_STEP.error}"]
+    assert generate(eager, cond, SamplerConfig(window=8, seed=6)).eager_fallbacks == []
+
+
+def test_failed_graph_capture_runs_the_step_eagerly_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA graph that cannot be captured (this CPU has none to capture: the capture is made to raise as it
+    would) runs its step eagerly from then on, warns once, and keeps the reason for the generation's
+    result."""
+    class NoCapture:
+        def __init__(self) -> None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", NoCapture)
+    monkeypatch.setattr(static_step, "WARMUP_CALLS", 0)
+    monkeypatch.setattr(static_step, "_WARNED", set())
+    steps = []
+    graphs = static_step.GraphedSteps(lambda width: steps.append(width) or (torch.full((width,), 1.0),),
+                                      torch.zeros(1))
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the window call failed, running it eagerly: "
+                                            "RuntimeError: operation not permitted"):
+        assert torch.equal(graphs(4)[0], torch.ones(4))
+    assert torch.equal(graphs(2)[0], torch.ones(2)) and steps == [4, 2]  # no capture tried again
+    calls = static_step.StaticCalls.__new__(static_step.StaticCalls)
+    calls.graphs = graphs
+    monkeypatch.setattr(static_step.SAMPLING_STEP, "error", None)
+    assert static_step.eager_fallbacks(object(), calls) == [
+        f"the CUDA graphs of the window call: {graphs.error}"]
 
 
 def test_refusals(folders, tiny_lumina_dir: Path) -> None:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from scd_core.bench import cli as bench
-from scd_core.bench.device_check import PRECISION_WIDTHS, SHAPES, TINY_SHAPES, WIDTHS
+from scd_core.bench.device_check import INT8_ROWS, PRECISION_WIDTHS, SHAPES, TINY_SHAPES, WIDTHS
 from scd_core.bench.device_compiled import TINY_WIDTHS, table
 
 
@@ -38,7 +38,7 @@ def test_device_check_writes_a_table_and_json(tmp_path, capsys):
     assert result["floor_ms"] * compiled["bandwidth_gb_s"] * 1e6 == pytest.approx(
         (result["weight_mb"] + result["kv_cache_mb"]) * 2**20)
     whole = data["whole_generate"]
-    assert whole["status"] == "compiled" and whole["same_tokens"]
+    assert whole["status"] == "compiled, no CUDA graphs on cpu" and whole["same_tokens"]
     assert whole["eager_calls"] == whole["compiled_calls"] < TINY_SHAPES[0].grid[0] * TINY_SHAPES[0].grid[1]
     assert all(whole[f"{name}_s"] > 0 for name in ("eager", "compiled_first", "compiled"))
     precision = data["precision"]
@@ -52,11 +52,16 @@ def test_device_check_writes_a_table_and_json(tmp_path, capsys):
         assert all(rows[p, width]["seconds"] > 0 and rows[p, width]["peak_mem_gb"] > 0 for p in offered)
     assert rows["none", 1]["vs_full_w1"] == 1.0
     assert any("low-VRAM streaming" in note and "not measured" in note for note in precision["notes"])
+    kernels = precision["int8_kernels"]  # the float32 CPU: the layer casts, the kernel runs its scalar loop
+    assert [row["rows"] for row in kernels] == list(INT8_ROWS) and not any(r["layer_uses_fused"] for r in kernels)
+    assert all(row["fused_rows_apart"] and row["fused_vs_cast"] < 1e-5 for row in kernels)
+    assert all(row[f"{name}_ms"] > 0 for row in kernels for name in ("cast", "fused", "float"))
     table = (tmp_path / "device_check.md").read_text()
     assert "| size | quantize | window | weight_gb | peak_mem_gb | seconds |" in table and "low-VRAM streaming" in table
     assert ("| model | width | floor_ms | eager_ms | graphs_ms | graphs_vs_eager | compiled_ms | compiled_vs_eager |"
             in table)
     assert "| window | status | same_tokens | eager_calls | compiled_calls | eager_s | compiled_first_s |" in table
+    assert "| rows | layer | layer_uses_fused | cast_ms | float_ms | fused_ms | fused_rows_apart |" in table
     assert table.startswith(data["header"]) and "cpu" in data["header"]
     assert "| model | params_b | context | ms_at_1 | x2 |" in table and "| ar_s | scd16_s |" in table
     assert table.strip() in capsys.readouterr().out

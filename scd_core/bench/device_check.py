@@ -26,10 +26,13 @@ compiled.  Then one whole image through `generate` with compile=True against eag
 (equal tokens and calls, seconds; the table says when compile=True is unavailable or failed); and the precision
 phase: per precision (none / int8 / nf4 where bitsandbytes runs on the device) the weight bytes, peak memory of
 the calls and cost per call at widths 1 / 16 / 64 on the Janus-Pro-1B shape (and -7B on a GPU), measured by
-`shapes.quantized_cost_rows` (`--shape 1B --quantize none int8 nf4`).  Low-VRAM streaming of weights is
-ComfyUI's (its casting layers) and is not measured here; the output says so.
+`shapes.quantized_cost_rows` (`--shape 1B --quantize none int8 nf4`), and one int8 layer's kernels: the cast the
+int8 layer makes against torch's fused int8 matmul (speed, rows kept apart), which tells whether the layer should
+use the fused kernel on this device (it does on the CPU in bfloat16).  Low-VRAM streaming of weights is
+ComfyUI's (its casting layers) and is not measured here; the output says so.  The whole generate's status names
+what ran eagerly and why (a failed compile or CUDA graph capture: `GenerationResult.eager_fallbacks`).
 
-It writes device_check.md (six tables) and device_check.json to DIR.
+It writes device_check.md (seven tables) and device_check.json to DIR.
 """
 
 from __future__ import annotations
@@ -300,9 +303,10 @@ def whole_generate(shape: Shape, device: torch.device, dtype: torch.dtype, tiny:
     with torch.no_grad():
         runs = dict(eager=generate(eager, None, config), compiled_first=generate(compiled, None, config),
                     compiled=generate(compiled, None, config))
-    failures = [r.error for r in (compiled.compiled_layer, static_step.SAMPLING_STEP) if r is not None and r.failed]
+    failures = runs["compiled_first"].eager_fallbacks + runs["compiled"].eager_fallbacks
+    graphs = "CUDA graphs" if static_step.graphs_available(device) else f"no CUDA graphs on {device.type}"
     status = ("compile=True unavailable: this torch is older than the tested ones" if not compiled.compiled
-              else f"compile failed (ran eagerly): {failures[0][:80]}" if failures else "compiled")
+              else f"ran eagerly: {failures[0][:100]}" if failures else f"compiled, {graphs}")
     del model, head, eager, compiled
     release_memory()
     return dict(model=shape.name, window=GENERATE_WINDOW, status=status,
@@ -320,6 +324,49 @@ def generate_table(whole: dict[str, Any]) -> str:
 PRECISION_WIDTHS = (1, 16, 64)
 PRECISION_COLUMNS = ("size", "quantize", "window", "weight_gb", "peak_mem_gb", "seconds", "ratio", "vs_full_w1",
                      "layers", "full_layers")
+
+
+INT8_LAYER = (5632, 2048)  # (out, in) of Janus-Pro-1B's MLP up-projection; tiny: (128, 64)
+INT8_ROWS = (2, 32, 128)   # a window call's rows with CFG at widths 1, 16, 64
+
+
+def int8_kernel_rows(device: torch.device, dtype: torch.dtype, tiny: bool) -> list[dict[str, Any]]:
+    """One int8 layer on the device: the cast the layer makes where it runs no fused kernel against torch's fused
+    weight-only int8 matmul (`_weight_int8pack_mm`), and the float matmul; whether the fused kernel keeps rows
+    apart (each row alone gives the same bits) and how far it is from the cast.  What decides whether the layer
+    should use the kernel on this device (`quantize.FUSED_INT8_DEVICES`)."""
+    import torch.nn.functional as F
+
+    from ..models.quantize import Int8Linear, fused_int8_runs
+    from .device_compiled import _median_seconds
+
+    out_features, in_features = (128, 64) if tiny else INT8_LAYER
+    generator = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(in_features, out_features, bias=False)
+    torch.nn.init.normal_(linear.weight, std=0.02, generator=generator)
+    layer = Int8Linear.from_linear(linear, dtype).to(device)
+    weight = linear.weight.detach().to(device, dtype)
+    scale = layer.scale.to(dtype)
+    rows = []
+    for count in INT8_ROWS:
+        x = (torch.randn(count, in_features, generator=generator) * 0.5).to(device, dtype)
+        cast = F.linear(x, layer.qweight.to(dtype)) * scale
+        row: dict[str, Any] = dict(rows=count, layer=f"{out_features}x{in_features}",
+                                   layer_uses_fused=fused_int8_runs(device, dtype, in_features),
+                                   cast_ms=1000 * _median_seconds(lambda: F.linear(x, layer.qweight.to(dtype)) * scale,
+                                                                  device),
+                                   float_ms=1000 * _median_seconds(lambda: F.linear(x, weight), device))
+        try:
+            fused = torch._weight_int8pack_mm(x, layer.qweight, scale)
+            row["fused_ms"] = 1000 * _median_seconds(lambda: torch._weight_int8pack_mm(x, layer.qweight, scale),
+                                                     device)
+            alone = torch.cat([torch._weight_int8pack_mm(x[i:i + 1], layer.qweight, scale) for i in range(count)])
+            row["fused_rows_apart"] = bool(torch.equal(alone, fused))
+            row["fused_vs_cast"] = float((fused.float() - cast.float()).abs().max() / cast.float().abs().max())
+        except (RuntimeError, NotImplementedError) as err:  # no kernel for this device or dtype
+            row["fused_ms"] = f"not available: {' '.join(str(err).split())[:80]}"
+        rows.append(row)
+    return rows
 
 
 def precision_phase(device: torch.device, dtype: torch.dtype, tiny: bool) -> dict[str, Any]:
@@ -346,11 +393,17 @@ def precision_phase(device: torch.device, dtype: torch.dtype, tiny: bool) -> dic
                   "ComfyUI is not importable here"))
     if device.type != "cuda":
         notes.append("peak_mem_gb on the CPU is the process's peak resident memory so far, not the calls' own")
+    kernels = int8_kernel_rows(device, dtype, tiny)
     table = ("Per precision on the Janus-Pro shapes (random weights, backbone linear layers quantised, head at the "
              "compute dtype): weights, peak memory of the calls, seconds per call; `ratio`: against width 1 at "
              "the same precision, `vs_full_w1`: against full precision at width 1\n\n"
-             + markdown(rows, PRECISION_COLUMNS) + "\n\n" + "\n".join(f"- {note}" for note in notes))
-    return dict(rows=rows, skipped=skipped, notes=notes, table=table, seconds=time.perf_counter() - started)
+             + markdown(rows, PRECISION_COLUMNS) + "\n\n" + "\n".join(f"- {note}" for note in notes)
+             + "\n\nint8 kernels: one int8 layer, the cast (what the layer runs without a fused kernel) against "
+               "torch's fused `_weight_int8pack_mm` and the float matmul; `fused_rows_apart`: each row alone gives "
+               "the same bits (needed for exactness), `fused_vs_cast`: largest difference over the largest "
+               "output\n\n" + markdown(kernels, list(kernels[0])))
+    return dict(rows=rows, skipped=skipped, notes=notes, int8_kernels=kernels, table=table,
+                seconds=time.perf_counter() - started)
 
 
 def run(out: Path, device: Optional[str] = None, dtype: Optional[str] = None, tiny: bool = False,
