@@ -30,7 +30,9 @@ def summary_text(stats: SamplingStats) -> str:
         f"draft init {config.draft_init or 'auto'}, "
         + (f"{config.candidates} candidates, " if config.candidates > 1 else "") + f"seed {config.seed}",
         f"wall {result.total_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "
-        f"sampling {result.sample_s:.2f} s"])
+        f"sampling {result.sample_s:.2f} s"]
+        # a compiled model whose compile or CUDA graph capture failed ran eagerly: the same image, not the speed
+        + [f"ran eagerly (compile=True): {reason}" for reason in result.eager_fallbacks])
 
 
 class SCDStatsNode(io.ComfyNode):

@@ -398,6 +398,11 @@ def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any],
     # three lines that stay lines in the frontend's Markdown text preview (a hard break ends each)
     lines = summary.split("\n")
     assert len(lines) == 3 and all(line.endswith("  ") for line in lines[:-1])
+    # a compiled model's part that ran eagerly gets a line of its own, with why
+    reason = "the sampling step: BackendCompilerFailed: no C++ compiler"
+    stats.result.eager_fallbacks = [reason]
+    _, summary = run_node(node_classes["SCDStats"], stats=stats)
+    assert summary.split("\n")[-1] == f"ran eagerly (compile=True): {reason}"
 
 
 def test_candidates_feed_trees_and_the_summary_says_so(node_classes: dict[str, Any], janus: Any,
