@@ -18,6 +18,7 @@
     python -m scd_core.bench auto-persist             # ten fresh demo processes sharing the saved window costs
     python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
     python -m scd_core.bench bf16 --seeds 8           # bfloat16: images differing by width, batch, compile
+    python -m scd_core.bench bf16-stand-in            # bfloat16 on the Janus-Pro-1B stand-in, teacher-forced
     python -m scd_core.bench given --seeds 3          # images in the prompt: calls of continuations and regions
     python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
@@ -166,6 +167,12 @@ def _bf16(args: argparse.Namespace) -> Result:
     return "bf16", bf16_table(list(range(args.seeds)))
 
 
+def _bf16_stand_in(args: argparse.Namespace) -> Result:
+    from .bf16 import stand_in_table
+
+    return "bf16-stand-in", stand_in_table(args.seeds, args.windows)
+
+
 def _faithful(args: argparse.Namespace) -> Result:
     from .faithful import faithful_tables
 
@@ -266,6 +273,10 @@ COMMANDS: dict[str, Bench] = {
                                        "move (no noise from other work on the machine)")), _auto_persist),
     "bf16": Bench("what holds in bfloat16: the demo's images that differ in any token across windows, between a "
                   "batch row and its seed alone, and between compiled and eager calls (faithful)", (SEEDS,), _bf16),
+    "bf16-stand-in": Bench("bfloat16 on the Janus-Pro-1B-shaped stand-in (random weights, ~25 min on a 2-core CPU): "
+                           "images that differ from window 1's, teacher-forced, one image per noise draw",
+                           (option("--seeds", type=int, default=64, metavar="N",
+                                   help="noise draws (images) per width (default: 64)"), WINDOWS), _bf16_stand_in),
     "faithful": Bench("the faithful coupler (the default): the demo's images in bfloat16 that differ from window "
                       "1's at other widths, and its calls against maximal and gumbel coupling", (SEEDS,), _faithful),
     "given": Bench("images in the prompt: calls of a continuation (top half kept) and of regenerated regions "
