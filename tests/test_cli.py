@@ -247,7 +247,7 @@ def test_commit_histogram_buckets_by_powers_of_two():
     (["--cfg", "-2"], "--cfg must be a number in 0..100"),
     (["--top-k", "0"], "--top-k must be an integer >= 1"),
     (["--batch-size", "0"], "--batch-size"),
-    (["--dtype", "int3"], "dtype must be one of"),
+    (["--dtype", "int3"], "--dtype: invalid choice: 'int3'"),
     (["--quantize", "int4"], "--quantize: invalid choice"),
     (["--device", "nonsense"], "--device"),
     (["-o", "{tmp}/out.jpg"], "must be a .png file"),

@@ -39,17 +39,18 @@ def pick_device(device: Union[str, torch.device, None]) -> torch.device:
     return torch.device("cpu")
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}  # the names taken
+
+
 def pick_dtype(dtype: Union[str, torch.dtype, None], device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "float64": torch.float64}
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in names:
-        raise ValueError(f"dtype must be one of {', '.join(names)}, got {dtype!r}")
-    return names[dtype]
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
 
 
 def download_hint(name: str) -> Optional[str]:
