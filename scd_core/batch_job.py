@@ -136,6 +136,13 @@ def record(line: int, job_id: Optional[str], seed: Optional[int], error: Optiona
     return entry if done else {**entry, "error": error}
 
 
+def logged_line(entry: dict, done: int, total: int) -> str:
+    """The line an image prints when it arrives where no progress bar draws (a log)."""
+    what = (f"{entry['file']}: {entry['nfe']} model calls, {entry['seconds']:.1f} s" if entry["status"] == "ok"
+            else f"line {entry['line']} failed: {entry['error']}")
+    return f"batch: {what} ({done} of {total})"
+
+
 def parse_line(text: str, seeds: Sequence[int]) -> tuple[str, list[int], str, Optional[str]]:
     """(id, seeds, prompt, negative prompt) of one JOBS line; ValueError saying what is wrong with it."""
     try:
@@ -481,6 +488,16 @@ def run_batch(args: argparse.Namespace) -> int:
     made = 0
     progress = tqdm(total=len(jobs) + len(bad), initial=skipped, unit="img", desc="batch", file=sys.stderr,
                     disable=None, dynamic_ncols=True)  # on a terminal only, as generate's bar
+
+    counted = skipped  # (a disabled bar counts nothing)
+
+    def tally(entry: dict) -> None:
+        nonlocal counted
+        counted += 1
+        progress.update()
+        if progress.disable:  # no bar draws (a log): a line per image, as generate prints
+            print(logged_line(entry, counted, len(jobs) + len(bad)), file=sys.stderr, flush=True)
+
     try:
         if todo:
             results = render_on_ray(args, folder.settings, todo) if args.ray is not None else \
@@ -495,7 +512,7 @@ def run_batch(args: argparse.Namespace) -> int:
                         made += 1
                     else:
                         failed.append(entry)
-                    progress.update()
+                    tally(entry)
         for job in todo:
             if job.file not in arrived:  # a worker dropped it: say so rather than finish short
                 entry = record(job.line, job.id, job.seed, "no result came back from the workers")
@@ -504,7 +521,7 @@ def run_batch(args: argparse.Namespace) -> int:
         for entry in bad:  # after the workers have started: a model that does not load leaves DIR as it was
             folder.add(entry)
             failed.append(entry)
-            progress.update()
+            tally(entry)
     finally:
         progress.close()
         folder.close()

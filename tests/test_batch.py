@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import re
 import subprocess
 import sys
 import time
@@ -96,6 +97,11 @@ def test_bad_lines_are_reported_and_every_other_image_is_made(tmp_path, capsys):
         assert error in entries[line]["error"]
         assert f"failed: line {line}" in printed
     assert "2 images made, 0 already in place, 6 failed" in printed
+    # where no progress bar draws (here: stderr is captured, as in a log) each image says it arrived
+    logged = [line for line in errors.splitlines() if line.startswith("batch: ")]
+    assert len(logged) == 8 and logged[-1].endswith("(8 of 8)")
+    assert any(re.fullmatch(r"batch: four-s5\.png: \d+ model calls, [\d.]+ s \(\d of 8\)", line) for line in logged)
+    assert any(line.startswith("batch: line 2 failed: ValueError") for line in logged)
     in_folder = sorted(path.name for path in (tmp_path / "out").iterdir())
     assert in_folder == sorted([MANIFEST, "four-s5.png", "one-s2.png", RUN_FILE])  # no partial file left
 
