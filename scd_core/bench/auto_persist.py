@@ -5,8 +5,9 @@ all keeping the automatic window's costs in one new file (`scd_core.window_memor
 starts from a cold cache (a timed pass), each later one from what the ones before it saved.  Each process makes,
 for seeds 0 .. images - 1, an automatic image and then one at each pinned window, seed for seed (so load from
 elsewhere falls on all windows alike); its first image is the automatic image of seed 0.  One process (the second
-by default, the first that starts from saved costs) runs its first automatic image under a burst of load (a
-busy loop started with it): the costs it learns there are what the next processes start from.
+by default, the first that starts from saved costs) runs its seed-0 images under a burst of load (a busy loop
+started with each, the automatic image first): the costs it learns there are what the next processes start
+from, and its pinned images of that seed bear the same load.
 
 Per process: the calls of its first image and of all its automatic images over those of the best pinned window
 (the pinned window with the least time per image in that process) on the same seeds, and the same for time.
@@ -97,11 +98,13 @@ def one_process(images: int, burst: bool, profile: bool = False) -> dict[str, An
     used: list[list[int]] = []
     for seed in range(images):
         for window in ("auto",) + PINNED:
-            loop = busy_loop(BURST_S) if burst and not profile and seed == 0 and window == "auto" else None
+            # the burst falls on each window's seed-0 image alike (load from elsewhere must not count against
+            # one window); the automatic image comes first, so the costs it learns and saves are the burst's
+            loop = busy_loop(BURST_S) if burst and not profile and seed == 0 else None
             started = clock.charged if clock else 0.0
             result = generate(model, cond, SamplerConfig(window=window, seed=seed))
             if loop is not None:
-                loop.wait()  # the pinned images of seed 0 come after the burst
+                loop.wait()
             seconds[str(window)].append(clock.charged - started if clock else result.total_s)
             calls[str(window)].append(result.nfe)
             if window == "auto":
@@ -161,7 +164,7 @@ def persist_table(processes: int, images: int, burst_process: int, profile: bool
     costs = ("calls cost the demo's profile on this CPU on a clock of their own, " + ", ".join(
         f"{w}: {c:g}" for w, c in PROFILE.items()) + f" x {PROFILE_UNIT:g} s" if profile else "wall time")
     burst = (f"its first {BURST_CALLS} calls cost {BURST_FACTOR:g}x" if profile
-             else f"its first automatic image runs under a {BURST_S:g} s busy loop")
+             else f"its seed-0 images (the automatic one first) each run under a {BURST_S:g} s busy loop")
     return (f"**demo** (prompt '7', the default coupler; {costs}): {processes} fresh processes one after the "
             f"other sharing one saved-costs file, new at the start; each makes, for seeds 0..{images - 1}, an "
             f"automatic image and one at each pinned window {', '.join(map(str, PINNED))}; process "
