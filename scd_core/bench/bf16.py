@@ -139,9 +139,9 @@ def stand_in_table(seeds: int, widths: Sequence[int]) -> str:
 
     layouts = stand_in_layouts(widths)
     logits = stand_in_logits(layouts)
-    common = collections.Counter(layouts["auto"]).most_common(2)
+    commonest = str(collections.Counter(layouts["auto"]).most_common(1)[0][0])
     pairs = [(name, "1") for name in layouts] + [(str(a), str(b)) for a, b in zip(widths, widths[1:])]
-    pairs.append(("auto", str(common[0][0])) if str(common[0][0]) in layouts else ("auto", str(widths[0])))
+    pairs.append(("auto", commonest if commonest in layouts else str(widths[0])))
     generator = torch.Generator().manual_seed(2)
     rows = []
     for name, reference_name in pairs:
