@@ -148,10 +148,10 @@ def test_int8_layer_stores_int8_rows_and_one_scale_per_row() -> None:
 
 # ---- the tiny Janus checkpoint: logits at a position depend on its own prefix only ----
 
-def janus_at(folder: Path, precision: str) -> object:
-    """The tiny Janus in float32 with its backbone at `precision` ("llm.int8": bitsandbytes' outlier kernel)."""
+def janus_at(folder: Path, precision: str, dtype: str = "float32") -> object:
+    """The tiny Janus in `dtype` with its backbone at `precision` ("llm.int8": bitsandbytes' outlier kernel)."""
     if precision != "llm.int8":
-        return load_model(folder, device="cpu", dtype="float32", quantize=precision)
+        return load_model(folder, device="cpu", dtype=dtype, quantize=precision)
     model = load_model(folder, device="cpu", dtype="float32")
     backbone = model.module.model.language_model
     for parent in list(backbone.modules()):
@@ -185,9 +185,13 @@ def largest_leaks(model) -> dict[str, float]:
     return leaks
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16 on the CPU: int8 through the fused kernel
 @pytest.mark.parametrize("precision", ["none"] + PRECISIONS)
-def test_janus_logits_depend_on_their_own_prefix_only(tiny_janus_dir: Path, precision: str) -> None:
-    model = janus_at(tiny_janus_dir, precision)
+def test_janus_logits_depend_on_their_own_prefix_only(tiny_janus_dir: Path, precision: str, dtype: str) -> None:
+    model = janus_at(tiny_janus_dir, precision, dtype)
+    fused = [layer for layer in model.module.modules() if isinstance(layer, quantize.Int8Linear)
+             and quantize.fused_int8_runs(torch.device("cpu"), getattr(torch, dtype), layer.in_features)]
+    assert bool(fused) == (precision == "int8" and dtype == "bfloat16")
     assert len(model.encode(PROMPT, SAME_LENGTH_NEGATIVE).uncond) == len(model.encode(PROMPT).cond)
     assert largest_leaks(model) == {"later drafts": 0.0, "other sample": 0.0, "CFG partner": 0.0}
 
