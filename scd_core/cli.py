@@ -231,14 +231,16 @@ def run_summary(run: Run) -> str:
 
 
 def timing_line(run: Run) -> str:
-    """Where the wall time went; a compiled model's compilation apart from the forward and sampling time."""
+    """Where the wall time went; a compiled model's compilation apart from the forward and sampling time, and
+    what of it ran eagerly."""
     result, (compile_forward, compile_sampling) = run.result, run.compile_s or (0.0, 0.0)
     line = (f"wall {run.wall_s:.2f} s: prefill {result.prefill_s:.2f} s, "
             f"forward {result.forward_s - compile_forward:.2f} s, sampling {result.sample_s - compile_sampling:.2f} s, "
             f"decode {run.decode_s:.2f} s")
     if run.compile_s is not None:
         line += f", compile {compile_forward + compile_sampling:.2f} s (first call of each width, beyond a typical one)"
-    return line
+    # a failed compile or graph capture ran that part eagerly: the same image, not the speed
+    return "\n".join([line] + [f"ran eagerly (--compile): {reason}" for reason in result.eager_fallbacks])
 
 
 def calls_of(runs: Sequence[Run]) -> list[int]:

@@ -10,11 +10,13 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from janus_fixture import IMAGE_SIZE
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.config import MAX_SEED
+from scd_core.engine import GenerationResult
 from scd_core import cli, couplers, static_step
 from scd_core.bench import cli as bench
 from scd_core.cli import (CAPTION_SIZE, LINE_HEIGHT, MIN_PANEL, PADDING, SHOWN_SEEDS, commit_histogram,
@@ -337,6 +339,15 @@ def test_compile_seconds_are_the_first_call_of_each_width_beyond_a_typical_one()
     forward, sampling = compile_seconds(widths, calls)
     assert forward == pytest.approx(4.0 + 0.0) and sampling == pytest.approx(2.8 + 1.7)
     assert compile_seconds([1, 8, 8], [(1.0, 1.0), (0.5, 0.5), (0.6, 0.6)]) == (0.0, 0.0)  # warm: nothing
+
+
+def test_a_compiled_part_that_ran_eagerly_is_named_under_the_timing_line():
+    result = GenerationResult(tokens=torch.zeros(1, 4, dtype=torch.long), nfe=2, total_s=1.0,
+                              eager_fallbacks=["the sampling step: BackendCompilerFailed: no C++ compiler"])
+    run = cli.Run("SCD-faithful", SamplerConfig(), result, torch.zeros(1, 8, 8, 3), 0.1, None, (0.0, 0.0))
+    lines = cli.timing_line(run).split("\n")
+    assert lines[0].startswith("wall 1.10 s") and "compile 0.00 s" in lines[0]
+    assert lines[1:] == ["ran eagerly (--compile): the sampling step: BackendCompilerFailed: no C++ compiler"]
 
 
 def test_compile_time_is_reported_apart_from_forward_and_sampling(tiny_janus_dir, tmp_path, monkeypatch, capsys):
