@@ -18,6 +18,8 @@ import pytest
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
@@ -171,6 +173,78 @@ def test_tensors_keep_their_addresses(folders, traced, monkeypatch: pytest.Monke
     result = generate(compiled, compiled.encode("4"), SamplerConfig(window=4, seed=3), batch_size=2)
     assert len(seen) == result.nfe - 1 > 3
     assert len(set(seen)) == 1
+
+
+class ExternalReads(TorchDispatchMode):
+    """The storages the ops of one step read that no op of that step made: the memory a CUDA graph captured
+    from the step holds the address of, and reads again at every replay.  A constant the step makes from a
+    Python number (`lift_fresh`: `h[:, 0] = 0.0`) is the step's own: a graph keeps its value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: set[int] = set()
+        self.read: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.lift_fresh.default:
+            self.made.add(args[0].untyped_storage().data_ptr())
+        for value in pytree.tree_leaves((args, kwargs)):
+            if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in self.made:
+                self.read.add(value.untyped_storage().data_ptr())
+        out = func(*args, **kwargs)
+        self.made.update(value.untyped_storage().data_ptr() for value in pytree.tree_leaves(out)
+                         if isinstance(value, torch.Tensor))
+        return out
+
+
+@pytest.mark.parametrize("family", ["demo", "janus", "emu3"])
+@pytest.mark.parametrize("settings", [dict(coupler="faithful", window=AUTO_WINDOW),
+                                      dict(coupler="maximal", window=8, top_k=5, cfg_scale=3.0),
+                                      dict(coupler="independent", window=4, verification="block")],
+                         ids=lambda s: "-".join(map(str, s.values())))
+def test_what_a_graph_would_replay_reads_the_same_memory_at_every_call(
+        request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, unlearned_auto_window,
+        family: str, settings: dict) -> None:
+    """The CUDA-graph path run on this CPU with the capture emulated: the step a graph holds (forward and
+    sampling step of one width, `StaticCalls._step`) runs eagerly under a dispatch mode that records which
+    memory its ops read that the step did not make itself.  A graph replays the reads of its capture, so each
+    call of a width must read the very memory its first call read (a tensor rebound to new memory between
+    calls would be read stale on a GPU: wrong tokens, no error); and the tokens are eager's."""
+    reads: dict[int, list[frozenset[int]]] = {}
+
+    class EmulatedGraphs:
+        failed = False
+
+        def __init__(self, step, weights) -> None:
+            self.step = step
+
+        def __call__(self, width: int):
+            with ExternalReads() as mode:
+                outputs = self.step(width)
+            reads.setdefault(width, []).append(frozenset(mode.read))
+            return outputs
+
+    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
+    monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
+    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)  # eager regions: reads, not code
+    folder = folders["c2i"] if family == "demo" else request.getfixturevalue(f"tiny_{family}_dir")
+    # (float64 for the row-attention families: their static cache's float32 sums may round apart from eager's,
+    # see test_transformers_families_match_eager; the reads do not depend on it)
+    dtype = "float32" if family == "demo" else "float64"
+    eager, compiled = (load_model(folder, device="cpu", dtype=dtype, compile=flag) for flag in (False, True))
+    monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
+    if family == "emu3":
+        eager.set_image_size(32, 24)  # 4 x 3 codes of 8 px, a row-end token after each row
+    cond = eager.encode("4" if family == "demo" else "a red cat")
+    for model in (eager, compiled):  # fixed costs on which the automatic window calls several widths, alike
+        auto_window.remember_costs(model, 2, {w: w ** 0.7 for w in candidate_widths(eager.num_tokens)})
+    config = SamplerConfig(seed=2, **settings)
+    assert_same_run(eager, compiled, cond, config, batch_size=2)
+    assert reads and sum(map(len, reads.values())) > len(reads)  # widths called more than once
+    assert len(reads) > 1 or settings["window"] != AUTO_WINDOW  # the automatic window's several graphs
+    for width, per_call in reads.items():
+        assert all(call == per_call[0] for call in per_call), (width, [len(call ^ per_call[0]) for call in per_call])
 
 
 def test_inductor_tokens_match_eager(folders) -> None:
