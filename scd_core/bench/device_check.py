@@ -331,10 +331,10 @@ INT8_ROWS = (2, 32, 128)   # a window call's rows with CFG at widths 1, 16, 64
 
 
 def int8_kernel_rows(device: torch.device, dtype: torch.dtype, tiny: bool) -> list[dict[str, Any]]:
-    """One int8 layer on the device: the cast the layer makes where it runs no fused kernel against torch's fused
-    weight-only int8 matmul (`_weight_int8pack_mm`), and the float matmul; whether the fused kernel keeps rows
-    apart (each row alone gives the same bits) and how far it is from the cast.  What decides whether the layer
-    should use the kernel on this device (`quantize.FUSED_INT8_DEVICES`)."""
+    """One int8 layer on the device: the cast the layer makes where it runs no fused kernel (`Int8Linear.cast`)
+    against torch's fused weight-only int8 matmul (`_weight_int8pack_mm`), and the float matmul; whether the fused
+    kernel keeps rows apart (each row alone gives the same bits) and how far it is from the cast.  What decides
+    whether the layer should use the kernel on this device (`quantize.FUSED_INT8_DEVICES`)."""
     import torch.nn.functional as F
 
     from ..models.quantize import Int8Linear, fused_int8_runs
@@ -350,11 +350,10 @@ def int8_kernel_rows(device: torch.device, dtype: torch.dtype, tiny: bool) -> li
     rows = []
     for count in INT8_ROWS:
         x = (torch.randn(count, in_features, generator=generator) * 0.5).to(device, dtype)
-        cast = F.linear(x, layer.qweight.to(dtype)) * scale
+        cast = layer.cast(x)
         row: dict[str, Any] = dict(rows=count, layer=f"{out_features}x{in_features}",
                                    layer_uses_fused=fused_int8_runs(device, dtype, in_features),
-                                   cast_ms=1000 * _median_seconds(lambda: F.linear(x, layer.qweight.to(dtype)) * scale,
-                                                                  device),
+                                   cast_ms=1000 * _median_seconds(lambda: layer.cast(x), device),
                                    float_ms=1000 * _median_seconds(lambda: F.linear(x, weight), device))
         try:
             fused = torch._weight_int8pack_mm(x, layer.qweight, scale)

@@ -73,6 +73,10 @@ class Int8Linear(nn.Module):
         fused = self._fused(x)
         if fused is not None:
             return fused if bias is None else fused + bias
+        return self.cast(x, bias)
+
+    def cast(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x W^T (+ bias) with the int8 rows cast to x's dtype: what runs where the fused kernel does not."""
         if x.dtype == torch.float16:  # x times raw int8 rows can leave float16's range before the scale
             return F.linear(x, self.dequantized(x.dtype), bias)
         out = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)  # a pass less than dequantising
