@@ -9,6 +9,7 @@ real inductor on the smallest model at windows 1 and 8.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import types
 import warnings
@@ -175,26 +176,44 @@ def test_tensors_keep_their_addresses(folders, traced, monkeypatch: pytest.Monke
     assert len(set(seen)) == 1
 
 
-class ExternalReads(TorchDispatchMode):
-    """The storages the ops of one step read that no op of that step made: the memory a CUDA graph captured
-    from the step holds the address of, and reads again at every replay.  A constant the step makes from a
-    Python number (`lift_fresh`: `h[:, 0] = 0.0`) is the step's own: a graph keeps its value."""
+class KernelTrace(TorchDispatchMode):
+    """What a CUDA graph captured from one step would replay: each op with its arguments, where a tensor is
+    named by the memory it lives in.  Memory the step did not make (the caches, the decoder's state, the
+    weights) is named by its address, which a graph holds; memory the step made is named by the order it was
+    made in (the graph's own pool); numbers, shapes and flags are taken as they are, since a graph keeps
+    the values of its capture.  A constant the step makes from a Python number (`lift_fresh`: `h[:, 0] = 0.0`)
+    is the step's own memory."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.made: set[int] = set()
-        self.read: set[int] = set()
+        self.made: dict[int, int] = {}  # storage address -> order made in
+        self.ops: list[tuple] = []
+        self.count = itertools.count()
+
+    @property
+    def external(self) -> frozenset:
+        """The addresses the step read that it did not make."""
+        return frozenset(name[1] for op in self.ops for name in op if isinstance(name, tuple) and name[0] == "at")
+
+    def _name(self, value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        address = value.untyped_storage().data_ptr()
+        where = ("made", self.made[address]) if address in self.made else ("at", address)
+        return where + (value.dtype, tuple(value.shape), value.stride(), value.storage_offset())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        inputs = {value.untyped_storage().data_ptr() for value in pytree.tree_leaves((args, kwargs))
+                  if isinstance(value, torch.Tensor)}
         if func is torch.ops.aten.lift_fresh.default:
-            self.made.add(args[0].untyped_storage().data_ptr())
-        for value in pytree.tree_leaves((args, kwargs)):
-            if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in self.made:
-                self.read.add(value.untyped_storage().data_ptr())
+            inputs.discard(args[0].untyped_storage().data_ptr())
+            self.made[args[0].untyped_storage().data_ptr()] = next(self.count)
+        self.ops.append((str(func),) + tuple(self._name(value) for value in pytree.tree_leaves((args, kwargs))))
         out = func(*args, **kwargs)
-        self.made.update(value.untyped_storage().data_ptr() for value in pytree.tree_leaves(out)
-                         if isinstance(value, torch.Tensor))
+        for value in pytree.tree_leaves(out):  # a view or an in-place result keeps its input's name
+            if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in inputs:
+                self.made[value.untyped_storage().data_ptr()] = next(self.count)
         return out
 
 
@@ -203,15 +222,16 @@ class ExternalReads(TorchDispatchMode):
                                       dict(coupler="maximal", window=8, top_k=5, cfg_scale=3.0),
                                       dict(coupler="independent", window=4, verification="block")],
                          ids=lambda s: "-".join(map(str, s.values())))
-def test_what_a_graph_would_replay_reads_the_same_memory_at_every_call(
+def test_what_a_graph_would_replay_is_what_every_call_runs(
         request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, unlearned_auto_window,
         family: str, settings: dict) -> None:
     """The CUDA-graph path run on this CPU with the capture emulated: the step a graph holds (forward and
-    sampling step of one width, `StaticCalls._step`) runs eagerly under a dispatch mode that records which
-    memory its ops read that the step did not make itself.  A graph replays the reads of its capture, so each
-    call of a width must read the very memory its first call read (a tensor rebound to new memory between
-    calls would be read stale on a GPU: wrong tokens, no error); and the tokens are eager's."""
-    reads: dict[int, list[frozenset[int]]] = {}
+    sampling step of one width, `StaticCalls._step`) runs eagerly under a dispatch mode that records its
+    kernels as a graph would (`KernelTrace`).  A graph replays its capture, so each call of a width must run
+    the very ops its first call ran, on the same memory and with the same numbers: a tensor rebound to new
+    memory between calls would be read stale on a GPU, a host number that changed would keep its captured
+    value (wrong tokens, no error); and the tokens are eager's."""
+    traces: dict[int, list[KernelTrace]] = {}
 
     class EmulatedGraphs:
         failed = False
@@ -220,9 +240,9 @@ def test_what_a_graph_would_replay_reads_the_same_memory_at_every_call(
             self.step = step
 
         def __call__(self, width: int):
-            with ExternalReads() as mode:
+            with KernelTrace() as trace:
                 outputs = self.step(width)
-            reads.setdefault(width, []).append(frozenset(mode.read))
+            traces.setdefault(width, []).append(trace)
             return outputs
 
     monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
@@ -241,10 +261,14 @@ def test_what_a_graph_would_replay_reads_the_same_memory_at_every_call(
         auto_window.remember_costs(model, 2, {w: w ** 0.7 for w in candidate_widths(eager.num_tokens)})
     config = SamplerConfig(seed=2, **settings)
     assert_same_run(eager, compiled, cond, config, batch_size=2)
-    assert reads and sum(map(len, reads.values())) > len(reads)  # widths called more than once
-    assert len(reads) > 1 or settings["window"] != AUTO_WINDOW  # the automatic window's several graphs
-    for width, per_call in reads.items():
-        assert all(call == per_call[0] for call in per_call), (width, [len(call ^ per_call[0]) for call in per_call])
+    assert traces and sum(map(len, traces.values())) > len(traces)  # widths called more than once
+    assert len(traces) > 1 or settings["window"] != AUTO_WINDOW  # the automatic window's several graphs
+    for width, calls in traces.items():
+        first = calls[0]
+        assert all(call.external == first.external for call in calls), width  # the same memory read
+        for call in calls[1:]:  # the same ops, memory and numbers, or the first op that differs
+            assert len(call.ops) == len(first.ops), width
+            assert next(((a, b) for a, b in zip(first.ops, call.ops) if a != b), None) is None, width
 
 
 def test_inductor_tokens_match_eager(folders) -> None:
