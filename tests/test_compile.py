@@ -217,7 +217,7 @@ class KernelTrace(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("family", ["demo", "janus", "emu3"])
+@pytest.mark.parametrize("family", ["demo", "t2i", "janus", "emu3"])
 @pytest.mark.parametrize("settings", [dict(coupler="faithful", window=AUTO_WINDOW),
                                       dict(coupler="maximal", window=8, top_k=5, cfg_scale=3.0),
                                       dict(coupler="independent", window=4, verification="block")],
@@ -248,10 +248,11 @@ def test_what_a_graph_would_replay_is_what_every_call_runs(
     monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
     monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
     monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)  # eager regions: reads, not code
-    folder = folders["c2i"] if family == "demo" else request.getfixturevalue(f"tiny_{family}_dir")
+    own_blocks = {"demo": "c2i", "t2i": "t2i"}  # LlamaGen's, class- and text-conditioned
+    folder = folders[own_blocks[family]] if family in own_blocks else request.getfixturevalue(f"tiny_{family}_dir")
     # (float64 for the row-attention families: their static cache's float32 sums may round apart from eager's,
     # see test_transformers_families_match_eager; the reads do not depend on it)
-    dtype = "float32" if family == "demo" else "float64"
+    dtype = "float32" if family in own_blocks else "float64"
     eager, compiled = (load_model(folder, device="cpu", dtype=dtype, compile=flag) for flag in (False, True))
     monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
     if family == "emu3":
