@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from . import couplers
 
@@ -60,6 +60,10 @@ class SamplerConfig:
       one chain, so the law stays exact.  Needs a session that scores trees (`keep_branch`; every family here)
       and a coupler with `candidates`.
     """
+
+    # what a captured CUDA graph does not read (its device copies, or the seed keys, it does): a kept graph serves
+    # a later generation whatever these are (scd_core.graph_state)
+    per_generation: ClassVar[frozenset[str]] = frozenset({"seed", "cfg_scale", "temperature", "top_k", "top_p"})
 
     coupler: str = DEFAULT_COUPLER
     window: int | str = 32

@@ -130,6 +130,9 @@ class _Decoder:
     # `free_before` and `host_committed` live on the host
     ROW_STATE = ("rows", "committed", "prefix", "keys", "calls", "seq", "proposals", "noise_window", "noise_start",
                  "first_new", "drafted_at", "forced", "forced_ids", "free_before", "host_committed")
+    # the sampler's numbers as given: a static step reads their device copies (`sampler`), so a kept CUDA graph
+    # serves any of them (scd_core.graph_state)
+    per_generation = frozenset({"sampling"})
 
     def __init__(self, model: TokenModel, config: SamplerConfig, window: int, seeds: Sequence[int],
                  device: torch.device, rows_per_cache: int, prefix: Optional[torch.Tensor],
@@ -563,6 +566,8 @@ class Run:
         a kept prefix the call fed too); the decoder is sized after it."""
         t0 = time.perf_counter()
         kept = self.kept_prefix()
+        # a compiled model's last generation's calls: their graphs, and their KV cache's memory for this prefill
+        kept_calls = static_step.take_kept(self.model, self.session) if self.compiled else None
         logits = self.session.prefill() if kept is None else self.session.prefill(kept)
         seeds = [self.config.seed + row for row in range(self.batch_size)]  # row i: seed s + i (mod 2**64)
         self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None),
@@ -570,7 +575,7 @@ class Run:
         if kept is not None:
             self.decoder.start_after(kept.shape[1])
         if self.compiled:
-            self.static = static_step.StaticCalls(self.session, self.decoder, _weights(self.model))
+            self.static = static_step.calls_for(kept_calls, self.session, self.decoder, _weights(self.model))
         return Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
 
     def kept_prefix(self) -> Optional[torch.Tensor]:
@@ -780,9 +785,11 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
         outcome = run.verify(call)
         run.settle_cache(call, outcome)
         run.record(call, outcome, time.perf_counter() - t1, callback)
-    run.result.tokens = run.decoder.tokens(run.n).cpu()
+    # a copy: a compiled model's next generation may reuse this one's memory (`static_step.keep`)
+    run.result.tokens = run.decoder.tokens(run.n).to("cpu", copy=True)
     run.result.total_s = time.perf_counter() - started
     if run.compiled:
         run.result.eager_fallbacks = static_step.eager_fallbacks(model, run.static)
+        static_step.keep(model, run.static)
     run.policy.finish()
     return run.result

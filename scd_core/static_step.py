@@ -18,10 +18,13 @@ Either falls back to eager, with one warning, when it fails (whatever it raises:
 the recompile limit's plain Exception, a missing C++ compiler), and the generation's result lists what ran
 eagerly and why (`eager_fallbacks`); on a torch older than the oldest the tests run
 (OLDEST_TESTED_TORCH), compile=True runs eagerly with one warning.  Compiled code is kept for the process (and in
-inductor's on-disk cache); graphs belong to one generation (they hold its cache's addresses).  What a graph is
-specialised on is kept to shapes: the sampler's numbers are device tensors (`sampling.sampler_tensors`), and
-a static KV cache holds its prompt's slots rounded up to a bucket (`row_session.PROMPT_BUCKET`), so prompts of
-one bucket share their graphs.
+inductor's on-disk cache).  What it is specialised on is kept to shapes: the sampler's numbers are device
+tensors (`sampling.sampler_tensors`), and a static KV cache holds its prompt's slots rounded up to a bucket
+(`row_session.PROMPT_BUCKET`), so prompts of one bucket share their compiled code.  CUDA graphs hold the
+addresses of the generation they were captured in (its KV cache, decoder state and input buffers): they are
+kept with that memory for the model's next generation (`keep`), which replays them where its state has the same
+layout (`graph_state`: the same batch and prompt length, the same sampler options on or off; the seed, the
+CFG scale, temperature, top-k and top-p values may differ) after copying its own state into that memory.
 
 Families that declare `compile` (`models.family.Family`) are `Compilable`: through their own blocks or the row
 attention (`models.row_attention.attention_layer`).  Trees of candidates are refused
@@ -37,6 +40,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .capture_scope import outside_host_graphs
+from .graph_state import State
 from .model import Logits
 
 # dynamo compiles one graph per width bucket, batch size, cache size and coupler for each compiled function;
@@ -80,6 +84,8 @@ def torch_tested(version: str) -> bool:
 
 class CompiledRegion:
     """`fn` through torch.compile, or `fn` itself once compiling it failed (one warning per region)."""
+
+    shared_across_generations = True  # (graph_state: one region for the model's or the process's life)
 
     def __init__(self, fn: Callable[..., Any], name: str) -> None:
         self.fn, self.name = fn, name
@@ -197,19 +203,33 @@ SAMPLING_STEP = compile_region(_decide, "the sampling step")
 
 
 class StaticCalls:
-    """One generation's window calls at static shapes, for the engine (`generate` with a compiled model).
+    """A generation's window calls at static shapes, for the engine (`generate` with a compiled model).
 
     Holds one input buffer per width, so a call's tensors keep their addresses (what changes per call, each
     row's commits and call counter, is decoder state updated in place); on CUDA the forward and the sampling
     step of each width run as one captured graph.  `session` has static shapes (`static_shapes`), `decoder`
-    is the engine's per-row state with `static` set.
+    is the engine's per-row state with `static` set; `state` is theirs right after the prefill, when the
+    calls were made for them: a later generation whose state has its layout takes the calls over (`taken_by`).
     """
 
-    def __init__(self, session: Any, decoder: Any, weights: Optional[torch.Tensor]) -> None:
+    def __init__(self, session: Any, decoder: Any, weights: Optional[torch.Tensor],
+                 state: Optional[State] = None) -> None:
         self.session, self.decoder = session, decoder
+        self.state = State.of([session, decoder]) if state is None else state
         self.inputs: dict[int, torch.Tensor] = {}
         self.graphs = (GraphedSteps(self._step, weights)
                        if weights is not None and graphs_available(weights.device) else None)
+
+    def release(self) -> None:
+        """Drop the graphs and the generation's state now (they refer to each other: without this, only Python's
+        cycle collector would free their memory)."""
+        self.graphs, self.session, self.decoder, self.state, self.inputs = None, None, None, None, {}
+
+    def taken_by(self, session: Any, decoder: Any, state: State) -> None:
+        """Serve a new generation's `session` and `decoder` (whose `state` has this one's layout): their tensors
+        move into the memory these calls' graphs read, and the calls run on them from now on."""
+        state.move_to(self.state, [session, decoder])
+        self.session, self.decoder = session, decoder
 
     def forward(self, inputs: torch.Tensor
                 ) -> tuple[Optional[Logits], Optional[tuple[Any, ...]]]:
@@ -233,6 +253,49 @@ class StaticCalls:
         return SAMPLING_STEP(self.decoder, logits, width)
 
 
+def take_kept(model: Any, session: Any) -> Optional[StaticCalls]:
+    """The static calls `model` kept from its last generation (`keep`), taken for a generation that is about
+    to prefill `session`: the session's static cache gets their cache's memory where it has its size (zeroed),
+    so that it is not held twice and is where their graphs read it."""
+    kept, model.kept_calls = getattr(model, "kept_calls", None), None
+    if kept is None:
+        return None
+    take = getattr(getattr(session, "cache", None), "take_memory", None)
+    if callable(take) and take(kept.session.cache):
+        return kept
+    kept.release()  # a cache of another size: the kept one's memory is freed before this prefill allocates
+    return None
+
+
+def calls_for(kept: Optional[StaticCalls], session: Any, decoder: Any,
+              weights: Optional[torch.Tensor]) -> StaticCalls:
+    """A generation's static calls, right after its prefill: `kept` (`take_kept`) where its state has the layout
+    of theirs, else new ones."""
+    state = State.of([session, decoder])
+    if kept is not None and kept.graphs is not None and not kept.graphs.failed and kept.state.layout == state.layout:
+        kept.taken_by(session, decoder, state)
+        return kept
+    if kept is not None:
+        kept.release()
+    return StaticCalls(session, decoder, weights, state)
+
+
+def keep(model: Any, calls: Optional[StaticCalls]) -> None:
+    """Keep a finished generation's static calls on `model` for its next generation, where their window calls ran
+    as CUDA graphs.  They hold that generation's KV cache and graphs until then (or until `forget`); the next
+    replays the graphs where its state has their layout (`graph_state`: the same batch and prompt length, the
+    same sampler options on or off) instead of capturing its own."""
+    if calls is not None and calls.graphs is not None and not calls.graphs.failed:
+        model.kept_calls = calls
+
+
+def forget(model: Any) -> None:
+    """Free the static calls `model` kept: their graphs and the KV cache they read (when ComfyUI unloads it)."""
+    kept, model.kept_calls = getattr(model, "kept_calls", None), None
+    if kept is not None:
+        kept.release()
+
+
 def eager_fallbacks(model: Any, calls: Optional[StaticCalls]) -> list[str]:
     """What of a compiled model's generation ran eagerly, and why: its compiled layer or the sampling step
     (whose compile failed, in this process), or its CUDA graphs (whose capture failed in this generation)."""
@@ -252,6 +315,8 @@ class Compilable:
 
     compiled = False
     compiled_layer: Optional[CompiledRegion] = None
+    kept_calls: Optional[StaticCalls] = None  # its last generation's, where they ran as CUDA graphs (`keep`)
+    shared_across_generations = True  # (graph_state: the model is not part of a generation's state)
     layer_step: Callable[..., torch.Tensor]
 
     def enable_compile(self) -> None:

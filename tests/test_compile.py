@@ -124,13 +124,14 @@ def test_whole_step_traces_as_one_graph(folders, traced, monkeypatch: pytest.Mon
     graph path (the decisions come back with the forward), it gives the eager tokens."""
     widths_traced: list[int] = []
 
-    def traced_graphs(self, session, decoder, weights):
-        original_init(self, session, decoder, weights)
+    def traced_graphs(self, session, decoder, weights, state=None):
+        original_init(self, session, decoder, weights, state)
         whole = torch.compile(self._step, fullgraph=True, dynamic=False, backend="eager")
 
         def replay(width: int):
             widths_traced.append(width)
             return whole(width)
+        replay.failed = False  # (as GraphedSteps: kept for the next generation)
         self.graphs = replay
 
     original_init = static_step.StaticCalls.__init__
@@ -217,6 +218,35 @@ class KernelTrace(TorchDispatchMode):
         return out
 
 
+class EmulatedGraphs:
+    """`static_step.GraphedSteps` on this CPU: each call of a width runs its step under a `KernelTrace` (what a
+    graph captured from it would replay), kept by width; every set made is listed in `made`."""
+
+    failed = False
+    made: list["EmulatedGraphs"] = []
+
+    def __init__(self, step, weights) -> None:
+        self.step = step
+        self.traces: dict[int, list[KernelTrace]] = {}
+        self.made.append(self)
+
+    def __call__(self, width: int):
+        with KernelTrace() as trace:
+            outputs = self.step(width)
+        self.traces.setdefault(width, []).append(trace)
+        return outputs
+
+    def assert_replays_its_captures(self) -> None:
+        """Each call of a width ran the kernels of the width's first call (its capture), on the same memory and
+        with the same numbers."""
+        for width, calls in self.traces.items():
+            first = calls[0]
+            assert all(call.external == first.external for call in calls), width  # the same memory read
+            for call in calls[1:]:  # the same ops, memory and numbers, or the first op that differs
+                assert len(call.ops) == len(first.ops), width
+                assert next(((a, b) for a, b in zip(first.ops, call.ops) if a != b), None) is None, width
+
+
 @pytest.mark.parametrize("family", ["demo", "t2i", "janus", "emu3"])
 @pytest.mark.parametrize("settings", [dict(coupler="faithful", window=AUTO_WINDOW),
                                       dict(coupler="maximal", window=8, top_k=5, cfg_scale=3.0),
@@ -231,20 +261,7 @@ def test_what_a_graph_would_replay_is_what_every_call_runs(
     the very ops its first call ran, on the same memory and with the same numbers: a tensor rebound to new
     memory between calls would be read stale on a GPU, a host number that changed would keep its captured
     value (wrong tokens, no error); and the tokens are eager's."""
-    traces: dict[int, list[KernelTrace]] = {}
-
-    class EmulatedGraphs:
-        failed = False
-
-        def __init__(self, step, weights) -> None:
-            self.step = step
-
-        def __call__(self, width: int):
-            with KernelTrace() as trace:
-                outputs = self.step(width)
-            traces.setdefault(width, []).append(trace)
-            return outputs
-
+    monkeypatch.setattr(EmulatedGraphs, "made", [])
     monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
     monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
     monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)  # eager regions: reads, not code
@@ -262,14 +279,82 @@ def test_what_a_graph_would_replay_is_what_every_call_runs(
         auto_window.remember_costs(model, 2, {w: w ** 0.7 for w in candidate_widths(eager.num_tokens)})
     config = SamplerConfig(seed=2, **settings)
     assert_same_run(eager, compiled, cond, config, batch_size=2)
+    [graphs] = EmulatedGraphs.made
+    traces = graphs.traces
     assert traces and sum(map(len, traces.values())) > len(traces)  # widths called more than once
     assert len(traces) > 1 or settings["window"] != AUTO_WINDOW  # the automatic window's several graphs
-    for width, calls in traces.items():
-        first = calls[0]
-        assert all(call.external == first.external for call in calls), width  # the same memory read
-        for call in calls[1:]:  # the same ops, memory and numbers, or the first op that differs
-            assert len(call.ops) == len(first.ops), width
-            assert next(((a, b) for a, b in zip(first.ops, call.ops) if a != b), None) is None, width
+    graphs.assert_replays_its_captures()
+
+
+@pytest.mark.parametrize("family", ["demo", "t2i", "janus", "emu3"])
+def test_kept_graphs_replay_in_later_generations_what_they_captured(
+        request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, unlearned_auto_window,
+        family: str) -> None:
+    """CUDA graphs kept from one generation for the next (`static_step.keep`), emulated as above: a generation
+    whose state has the kept one's layout (batch, prompt length, sampler options on or off) takes the kept
+    calls over, its tensors moved into their memory (`graph_state`), and every call of a width, in every
+    generation that replays it, runs what its capture ran; a generation of another layout makes its own.  The
+    tokens are eager's, and stay so when later generations reuse the memory."""
+    monkeypatch.setattr(EmulatedGraphs, "made", [])
+    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
+    monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
+    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)  # eager regions: reads, not code
+    own_blocks = {"demo": "c2i", "t2i": "t2i"}
+    folder = folders[own_blocks[family]] if family in own_blocks else request.getfixturevalue(f"tiny_{family}_dir")
+    dtype = "float32" if family in own_blocks else "float64"  # (as above)
+    eager, compiled = (load_model(folder, device="cpu", dtype=dtype, compile=flag) for flag in (False, True))
+    monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
+    for model in (eager, compiled):
+        if family == "emu3":
+            model.set_image_size(32, 24)
+        for batch in (1, 2):
+            auto_window.remember_costs(model, batch, {w: w ** 0.7 for w in candidate_widths(eager.num_tokens)})
+    prompt, same_length, longer = ("4", "5", None) if family == "demo" else ("a red cat", "a red dog", "a red cat, oil")
+    base = dict(coupler="faithful", window=8, top_k=5, top_p=0.95, cfg_scale=3.0)
+    # (prompt, settings, batch, whether the generation takes the last one's calls over)
+    generations = [(prompt, dict(seed=1), 1, False),
+                   (prompt, dict(seed=2, cfg_scale=2.0, temperature=0.7, top_k=9, top_p=0.9), 1, True),
+                   (same_length, dict(seed=3), 1, True),
+                   (prompt, dict(seed=4, window=AUTO_WINDOW), 1, False),  # buffers sized for its widest call
+                   (prompt, dict(seed=5, window=AUTO_WINDOW, cfg_scale=4.0), 1, True),  # several widths replayed
+                   (prompt, dict(seed=6, top_k=None), 1, False),  # no top-k: another step
+                   (prompt, dict(seed=7), 2, False),  # another batch
+                   (prompt, dict(seed=8), 2, True),
+                   (prompt, dict(seed=9, coupler="maximal"), 2, False),
+                   (prompt, dict(seed=10, coupler="maximal", alpha=0.5), 2, False),  # a number the step reads
+                   (prompt, dict(seed=11, coupler="maximal", alpha=0.75), 2, False),
+                   (prompt, dict(seed=12, coupler="maximal", alpha=0.75), 2, True)]
+    if longer is not None:  # another prompt length (the cache's slots past it are laid out for it)
+        generations += [(longer, dict(seed=13), 2, False), (longer, dict(seed=14), 2, True)]
+    else:  # an image's cells kept outside a region from one cell on (the cells before it fed with the prompt)
+        image = generate(eager, eager.encode(prompt), SamplerConfig(seed=0)).tokens
+        rows, cols = eager.grid
+
+        def region_kept(last_row: int):
+            def given(model):
+                region = torch.zeros(1, rows, cols, dtype=torch.bool)
+                region[:, rows // 4:last_row, cols // 2:] = True
+                return GivenCells(model.encode(prompt), image, from_cell_mask(image, region, model.grid))
+            return given
+        generations += [(region_kept(rows), dict(seed=15), 2, False),  # calls widened over kept cells
+                        (region_kept(rows // 4 + 1), dict(seed=16, cfg_scale=2.0), 2, True)]  # other kept cells
+    made, results, cache, last_batch = 0, [], None, None
+    for text, settings, batch, taken_over in generations:
+        config = SamplerConfig(**{**base, **settings})
+        cond = text if callable(text) else lambda model: model.encode(text)
+        expected = generate(eager, cond(eager), config, batch_size=batch)
+        results.append((expected, generate(compiled, cond(compiled), config, batch_size=batch)))
+        assert torch.equal(results[-1][1].tokens, expected.tokens), (text, settings)
+        assert len(EmulatedGraphs.made) == made + (not taken_over), (text, settings, batch)
+        made = len(EmulatedGraphs.made)
+        # a cache of the kept one's size (one prompt bucket, one batch) is the kept one's memory, not a second
+        assert (compiled.kept_calls.session.cache.keys[0] is cache) == (batch == last_batch), (text, settings)
+        cache, last_batch = compiled.kept_calls.session.cache.keys[0], batch
+    assert all(torch.equal(a.tokens, b.tokens) for a, b in results)  # no result reads memory reused since
+    assert compiled.kept_calls is not None and eager.kept_calls is None
+    for graphs in EmulatedGraphs.made:
+        graphs.assert_replays_its_captures()
+    assert sum(len(calls) > 1 for graphs in EmulatedGraphs.made for calls in graphs.traces.values()) > 3
 
 
 def test_inductor_tokens_match_eager(folders) -> None:

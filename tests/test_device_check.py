@@ -39,6 +39,7 @@ def test_device_check_writes_a_table_and_json(tmp_path, capsys):
         (result["weight_mb"] + result["kv_cache_mb"]) * 2**20)
     whole = data["whole_generate"]
     assert whole["status"] == "compiled, no CUDA graphs on cpu" and whole["same_tokens"]
+    assert whole["graphs_kept"] == "none kept"  # (graphs and what they read are kept only where captured)
     assert whole["eager_calls"] == whole["compiled_calls"] < TINY_SHAPES[0].grid[0] * TINY_SHAPES[0].grid[1]
     assert all(whole[f"{name}_s"] > 0 for name in ("eager", "compiled_first", "compiled"))
     precision = data["precision"]
@@ -60,7 +61,8 @@ def test_device_check_writes_a_table_and_json(tmp_path, capsys):
     assert "| size | quantize | window | weight_gb | peak_mem_gb | seconds |" in table and "low-VRAM streaming" in table
     assert ("| model | width | floor_ms | eager_ms | graphs_ms | graphs_vs_eager | compiled_ms | compiled_vs_eager |"
             in table)
-    assert "| window | status | same_tokens | eager_calls | compiled_calls | eager_s | compiled_first_s |" in table
+    assert ("| window | status | same_tokens | eager_calls | compiled_calls | eager_s | compiled_first_s | "
+            "compiled_s | graphs_kept |") in table
     assert "| rows | layer | layer_uses_fused | cast_ms | float_ms | fused_ms | fused_rows_apart |" in table
     assert table.startswith(data["header"]) and "cpu" in data["header"]
     assert "| model | params_b | context | ms_at_1 | x2 |" in table and "| ar_s | scd16_s |" in table

@@ -99,8 +99,11 @@ def test_a_partially_loaded_model_streams_and_samples_the_full_load_s_tokens(
     loaded.patcher.load(CPU, full_load=True)
     assert loaded.model.offload is None and loaded.model.compute_device == CPU
     full = [run(loaded, PROMPTS[name], config) for config in CONFIGS]
+    released = []  # what a compiled model keeps on a GPU: its last generation's graphs and KV cache
+    loaded.model.kept_calls = SimpleNamespace(release=lambda: released.append(True))
     loaded.patcher.detach()
     assert loaded.model.compute_device is None
+    assert loaded.model.kept_calls is None and released  # freed when ComfyUI unloads it (static_step.forget)
 
     load_partially(loaded)
     streamed = casting_modules(loaded)

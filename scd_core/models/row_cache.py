@@ -124,6 +124,18 @@ class RowCache:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
 
+    def take_memory(self, other: "RowCache") -> bool:
+        """Use `other`'s layer tensors, zeroed, as this static cache's (before its first call allocates them), where
+        they have its size: a kept generation's, whose CUDA graphs read them (`static_step.take_kept`).  Whether
+        it did."""
+        same_size = (other.lengths.shape, other.capacity, other.lengths.device) == (
+            self.lengths.shape, self.capacity, self.lengths.device)
+        if not (self.static and other.static and same_size and other.keys and not self.keys):
+            return False
+        self.keys = [tensor.zero_() for tensor in other.keys]
+        self.values = [tensor.zero_() for tensor in other.values]
+        return True
+
     def layer(self, index: int) -> LayerSlots:
         """Layer `index`'s tensors and this call's slots (after `begin` and `allocate`)."""
         return LayerSlots(self.keys[index], self.values[index], self._slots, self._key_len)
