@@ -23,8 +23,9 @@ tensors (`sampling.sampler_tensors`), and a static KV cache holds its prompt's s
 (`row_session.PROMPT_BUCKET`), so prompts of one bucket share their compiled code.  CUDA graphs hold the
 addresses of the generation they were captured in (its KV cache, decoder state and input buffers): they are
 kept with that memory for the model's next generation (`keep`), which replays them where its state has the same
-layout (`graph_state`: the same batch and prompt length, the same sampler options on or off; the seed, the
-CFG scale, temperature, top-k and top-p values may differ) after copying its own state into that memory.
+layout (`graph_state`: the same batch and bucket of prompt lengths, the same sampler options on or off; the
+prompt, the seed, the CFG scale, temperature, top-k and top-p values may differ) after copying its own state
+into that memory.
 
 Families that declare `compile` (`models.family.Family`) are `Compilable`: through their own blocks or the row
 attention (`models.row_attention.attention_layer`).  Trees of candidates are refused
@@ -283,8 +284,8 @@ def calls_for(kept: Optional[StaticCalls], session: Any, decoder: Any,
 def keep(model: Any, calls: Optional[StaticCalls]) -> None:
     """Keep a finished generation's static calls on `model` for its next generation, where their window calls ran
     as CUDA graphs.  They hold that generation's KV cache and graphs until then (or until `forget`); the next
-    replays the graphs where its state has their layout (`graph_state`: the same batch and prompt length, the
-    same sampler options on or off) instead of capturing its own."""
+    replays the graphs where its state has their layout (`graph_state`: the same batch and bucket of prompt
+    lengths, the same sampler options on or off) instead of capturing its own."""
     if calls is not None and calls.graphs is not None and not calls.graphs.failed:
         model.kept_calls = calls
 

@@ -291,10 +291,10 @@ def test_kept_graphs_replay_in_later_generations_what_they_captured(
         request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, unlearned_auto_window,
         family: str) -> None:
     """CUDA graphs kept from one generation for the next (`static_step.keep`), emulated as above: a generation
-    whose state has the kept one's layout (batch, prompt length, sampler options on or off) takes the kept
-    calls over, its tensors moved into their memory (`graph_state`), and every call of a width, in every
-    generation that replays it, runs what its capture ran; a generation of another layout makes its own.  The
-    tokens are eager's, and stay so when later generations reuse the memory."""
+    whose state has the kept one's layout (batch, bucket of prompt lengths, sampler options on or off) takes
+    the kept calls over, its tensors moved into their memory (`graph_state`), and every call of a width, in
+    every generation that replays it, runs what its capture ran; a generation of another layout makes its own.
+    The tokens are eager's, and stay so when later generations reuse the memory."""
     monkeypatch.setattr(EmulatedGraphs, "made", [])
     monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
     monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
@@ -310,6 +310,7 @@ def test_kept_graphs_replay_in_later_generations_what_they_captured(
         for batch in (1, 2):
             auto_window.remember_costs(model, batch, {w: w ** 0.7 for w in candidate_widths(eager.num_tokens)})
     prompt, same_length, longer = ("4", "5", None) if family == "demo" else ("a red cat", "a red dog", "a red cat, oil")
+    another_bucket = None if family == "demo" else longer + ", " + "in the style of a painting " * 10
     base = dict(coupler="faithful", window=8, top_k=5, top_p=0.95, cfg_scale=3.0)
     # (prompt, settings, batch, whether the generation takes the last one's calls over)
     generations = [(prompt, dict(seed=1), 1, False),
@@ -324,8 +325,11 @@ def test_kept_graphs_replay_in_later_generations_what_they_captured(
                    (prompt, dict(seed=10, coupler="maximal", alpha=0.5), 2, False),  # a number the step reads
                    (prompt, dict(seed=11, coupler="maximal", alpha=0.75), 2, False),
                    (prompt, dict(seed=12, coupler="maximal", alpha=0.75), 2, True)]
-    if longer is not None:  # another prompt length (the cache's slots past it are laid out for it)
-        generations += [(longer, dict(seed=13), 2, False), (longer, dict(seed=14), 2, True)]
+    if longer is not None:  # a longer prompt of the same bucket of lengths (the cache's size), then of another
+        last = dict(coupler="maximal", alpha=0.75)  # (the settings of the last generation above)
+        generations += [(longer, dict(seed=13, **last), 2, True),
+                        (another_bucket, dict(seed=14, **last), 2, family == "t2i"),  # (T5 prompts: one length)
+                        (another_bucket, dict(seed=15, **last), 2, True)]
     else:  # an image's cells kept outside a region from one cell on (the cells before it fed with the prompt)
         image = generate(eager, eager.encode(prompt), SamplerConfig(seed=0)).tokens
         rows, cols = eager.grid
@@ -336,9 +340,9 @@ def test_kept_graphs_replay_in_later_generations_what_they_captured(
                 region[:, rows // 4:last_row, cols // 2:] = True
                 return GivenCells(model.encode(prompt), image, from_cell_mask(image, region, model.grid))
             return given
-        generations += [(region_kept(rows), dict(seed=15), 2, False),  # calls widened over kept cells
-                        (region_kept(rows // 4 + 1), dict(seed=16, cfg_scale=2.0), 2, True)]  # other kept cells
-    made, results, cache, last_batch = 0, [], None, None
+        generations += [(region_kept(rows), dict(seed=16), 2, False),  # calls widened over kept cells
+                        (region_kept(rows // 4 + 1), dict(seed=17, cfg_scale=2.0), 2, True)]  # other kept cells
+    made, results, cache = 0, [], None
     for text, settings, batch, taken_over in generations:
         config = SamplerConfig(**{**base, **settings})
         cond = text if callable(text) else lambda model: model.encode(text)
@@ -347,9 +351,10 @@ def test_kept_graphs_replay_in_later_generations_what_they_captured(
         assert torch.equal(results[-1][1].tokens, expected.tokens), (text, settings)
         assert len(EmulatedGraphs.made) == made + (not taken_over), (text, settings, batch)
         made = len(EmulatedGraphs.made)
-        # a cache of the kept one's size (one prompt bucket, one batch) is the kept one's memory, not a second
-        assert (compiled.kept_calls.session.cache.keys[0] is cache) == (batch == last_batch), (text, settings)
-        cache, last_batch = compiled.kept_calls.session.cache.keys[0], batch
+        # a cache of the kept one's size (one batch, one bucket of prompt lengths) is the kept one's memory
+        keys = compiled.kept_calls.session.cache.keys[0]
+        assert (keys is cache) == (cache is not None and keys.shape == cache.shape), (text, settings)
+        cache = keys
     assert all(torch.equal(a.tokens, b.tokens) for a, b in results)  # no result reads memory reused since
     assert compiled.kept_calls is not None and eager.kept_calls is None
     for graphs in EmulatedGraphs.made:

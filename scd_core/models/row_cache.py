@@ -98,6 +98,10 @@ class RowCache:
     place) is then the only truth: `shortest` / `longest` hold the prefill's length only.
     """
 
+    # what depends on the prompt's length and no static call reads (it reads `last_slot` and `lengths`): a kept
+    # CUDA graph serves any prompt of its cache's size (scd_core.graph_state)
+    per_generation = frozenset({"prefix", "end", "shortest", "longest", "_slots"})
+
     def __init__(self, rows: int, capacity: int, prefix: int, device: torch.device,
                  real: Optional[torch.Tensor] = None, spare: int = 0) -> None:
         """`spare` of the `capacity` slots, the last ones, are never written or attended: they give a compiled
@@ -114,6 +118,7 @@ class RowCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._slots = torch.zeros(rows, 0, dtype=torch.long, device=device)
+        self.last_slot = torch.tensor(self.end - 1, device=device)  # as static calls read `end - 1` (never grown)
         self._key_len = 0
         self.static = False
 
@@ -162,7 +167,7 @@ class RowCache:
         slots = self.lengths.unsqueeze(1) + torch.arange(width, device=device)
         # A faster row may run past the end while a slower one finishes; those tokens only yield logits
         # of positions past the last, so they share the last slot.
-        self._slots = slots.clamp(max=self.end - 1)
+        self._slots = torch.minimum(slots, self.last_slot) if self.static else slots.clamp(max=self.end - 1)
         self._key_len = self.capacity if self.static else min(self.longest + width, self.capacity)
         keys = torch.arange(self._key_len, device=device)
         new = keys - self.lengths.unsqueeze(1)  # (rows, keys): index among this call's tokens, < 0 if cached

@@ -75,6 +75,7 @@ class RowSession:
     """
 
     rows_per_cache = 1
+    per_generation = frozenset({"context"})  # read by the prefill only (scd_core.graph_state)
     prompt_bucket = 1  # a compiled run's prompt slots are rounded up to this (`PROMPT_BUCKET` for text prompts)
 
     def __init__(self, context: torch.Tensor, num_tokens: int, network: RowNetwork, copies: int = 2,
