@@ -575,7 +575,7 @@ class Run:
         if kept is not None:
             self.decoder.start_after(kept.shape[1])
         if self.compiled:
-            self.static = static_step.calls_for(kept_calls, self.session, self.decoder, _weights(self.model))
+            self.static = static_step.calls_for(kept_calls, self.session, self.decoder, _network(self.model))
         return Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
 
     def kept_prefix(self) -> Optional[torch.Tensor]:
@@ -752,12 +752,10 @@ class Run:
         return time.perf_counter() - t0
 
 
-def _weights(model: TokenModel) -> Optional[torch.Tensor]:
-    """One parameter of the model's network (its address tells whether the weights moved), if it has one."""
+def _network(model: TokenModel) -> Optional[torch.nn.Module]:
+    """The model's network (where its weights lie tells whether they moved), if it has one."""
     module = getattr(model, "module", None)
-    if not isinstance(module, torch.nn.Module):
-        return None
-    return next(module.parameters(), None)
+    return module if isinstance(module, torch.nn.Module) else None
 
 
 def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size: int = 1,

@@ -35,6 +35,7 @@ attention (`models.row_attention.attention_layer`).  Trees of candidates are ref
 from __future__ import annotations
 
 import contextlib
+import itertools
 import warnings
 from typing import Any, Callable, Optional
 
@@ -213,13 +214,15 @@ class StaticCalls:
     calls were made for them: a later generation whose state has its layout takes the calls over (`taken_by`).
     """
 
-    def __init__(self, session: Any, decoder: Any, weights: Optional[torch.Tensor],
+    def __init__(self, session: Any, decoder: Any, network: Optional[torch.nn.Module],
                  state: Optional[State] = None) -> None:
         self.session, self.decoder = session, decoder
         self.state = State.of([session, decoder]) if state is None else state
         self.inputs: dict[int, torch.Tensor] = {}
+        weights = None if network is None else next(network.parameters(), None)
         self.graphs = (GraphedSteps(self._step, weights)
                        if weights is not None and graphs_available(weights.device) else None)
+        self.weights_at = weight_addresses(network)  # where the graphs read the weights
 
     def release(self) -> None:
         """Drop the graphs and the generation's state now (they refer to each other: without this, only Python's
@@ -268,17 +271,26 @@ def take_kept(model: Any, session: Any) -> Optional[StaticCalls]:
     return None
 
 
+def weight_addresses(network: Optional[torch.nn.Module]) -> tuple[int, ...]:
+    """Where each weight of `network` lies: ComfyUI may move any of them between two generations (a partial
+    unload, then a load), and a graph would read the old addresses."""
+    if network is None:
+        return ()
+    return tuple(tensor.data_ptr() for tensor in itertools.chain(network.parameters(), network.buffers()))
+
+
 def calls_for(kept: Optional[StaticCalls], session: Any, decoder: Any,
-              weights: Optional[torch.Tensor]) -> StaticCalls:
+              network: Optional[torch.nn.Module]) -> StaticCalls:
     """A generation's static calls, right after its prefill: `kept` (`take_kept`) where its state has the layout
-    of theirs, else new ones."""
+    of theirs and the weights lie where their graphs read them, else new ones for the `network`."""
     state = State.of([session, decoder])
-    if kept is not None and kept.graphs is not None and not kept.graphs.failed and kept.state.layout == state.layout:
+    if (kept is not None and kept.graphs is not None and not kept.graphs.failed and kept.state.layout == state.layout
+            and kept.weights_at == weight_addresses(network)):
         kept.taken_by(session, decoder, state)
         return kept
     if kept is not None:
         kept.release()
-    return StaticCalls(session, decoder, weights, state)
+    return StaticCalls(session, decoder, network, state)
 
 
 def keep(model: Any, calls: Optional[StaticCalls]) -> None:
