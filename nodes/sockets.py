@@ -7,7 +7,7 @@ from typing import Any
 
 import comfy.model_management as mm
 from comfy_api.latest import io
-from scd_core import GenerationResult, SamplerConfig
+from scd_core import GenerationResult, SamplerConfig, static_step
 from scd_core.auto_window import CANDIDATES
 from scd_core.config import AUTO_WINDOW
 
@@ -32,9 +32,11 @@ class LoadedModel:
     def run_memory(self, batch_size: int, window: int | str, candidates: int = 1) -> int:
         """What a sampler run allocates besides the weights: each image's KV cache and the distributions of
         its widest call (the automatic window's widest, 64, or the pinned one; a tree of candidates feeds k
-        chains)."""
+        chains), less what the model holds from its last image for the next (a compiled model's kept CUDA
+        graphs and their KV cache, which the run reuses or frees first)."""
         width = min(CANDIDATES[-1] if window == AUTO_WINDOW else int(window), self.model.num_tokens)
-        return batch_size * (self.image_cache_bytes + candidates * width * self.slot_bytes)
+        allocated = batch_size * (self.image_cache_bytes + candidates * width * self.slot_bytes)
+        return max(0, allocated - static_step.kept_bytes(self.model))
 
     @property
     def memory_required(self) -> int:

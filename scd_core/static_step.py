@@ -302,6 +302,17 @@ def keep(model: Any, calls: Optional[StaticCalls]) -> None:
         model.kept_calls = calls
 
 
+def kept_bytes(model: Any) -> int:
+    """The memory `model`'s kept calls hold in their state (the KV cache, mostly): its next generation reuses
+    it, or frees it before it allocates its own (`take_kept`)."""
+    kept = getattr(model, "kept_calls", None)
+    if kept is None or kept.state is None:
+        return 0
+    storages = {tensor.untyped_storage().data_ptr(): tensor.untyped_storage().nbytes()
+                for tensor in kept.state.tensors.values()}
+    return sum(storages.values())
+
+
 def forget(model: Any) -> None:
     """Free the static calls `model` kept: their graphs and the KV cache they read (when ComfyUI unloads it)."""
     kept, model.kept_calls = getattr(model, "kept_calls", None), None

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import pytest
 import torch
+from scd_core.graph_state import State
 from scd_core.models.checkpoints import ModelLoadError
 
 from comfy_server import REPO_ROOT, comfyui_main
@@ -683,6 +684,13 @@ def test_sampler_reserves_its_batch_before_loading(node_classes: dict[str, Any],
     n = janus.model.num_tokens  # the automatic window's widest call is the whole image here
     assert four == 4 * one and one == janus.image_cache_bytes + 4 * janus.slot_bytes
     assert automatic == 4 * (janus.image_cache_bytes + n * janus.slot_bytes) and trees > four
+    # what a compiled model keeps from its last image on a GPU (its CUDA graphs' KV cache) is reused or freed
+    # before the run allocates: not asked for again
+    held = torch.zeros(janus.image_cache_bytes // 2, dtype=torch.uint8)
+    kept = SimpleNamespace(state=State.of({"cache": held, "view": held[1:]}), release=lambda: None)
+    monkeypatch.setattr(janus.model, "kept_calls", kept, raising=False)
+    run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, batch_size=1, window=4))
+    assert asked[-1] == one - held.numel()  # (its storage counted once)
 
 
 # -- SCD Image Prompt ------------------------------------------------------------------------------------------
