@@ -286,8 +286,12 @@ def calls_for(kept: Optional[StaticCalls], session: Any, decoder: Any,
     state = State.of([session, decoder])
     if (kept is not None and kept.graphs is not None and not kept.graphs.failed and kept.state.layout == state.layout
             and kept.weights_at == weight_addresses(network)):
-        kept.taken_by(session, decoder, state)
-        return kept
+        try:
+            kept.taken_by(session, decoder, state)
+            return kept
+        except Exception as err:  # (a layout that matches should move) the image goes on with graphs of its own
+            _warn_once("kept-graphs", f"the last image's CUDA graphs could not be reused, capturing new ones: "
+                       f"{_reason(err)}")
     if kept is not None:
         kept.release()
     return StaticCalls(session, decoder, network, state)

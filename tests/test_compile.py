@@ -25,8 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
-from scd_core import (ModelLoadError, SamplerConfig, auto_window, generate, generate_many, load_model, sampling,
-                      static_step)
+from scd_core import (ModelLoadError, SamplerConfig, auto_window, generate, generate_many, graph_state, load_model,
+                      sampling, static_step)
 from scd_core.auto_window import candidate_widths
 from scd_core.config import AUTO_WINDOW
 from scd_core.given import GivenCells, continuation, from_cell_mask
@@ -375,6 +375,26 @@ def test_kept_graphs_replay_in_later_generations_what_they_captured(
     for graphs in EmulatedGraphs.made:
         graphs.assert_replays_its_captures()
     assert sum(len(calls) > 1 for graphs in EmulatedGraphs.made for calls in graphs.traces.values()) > 3
+
+
+def test_kept_graphs_that_cannot_be_reused_give_way_to_new_ones(folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A take-over that fails (whatever it raises) warns once and captures anew: the image is eager's."""
+    def broken(self, kept, root):
+        raise RuntimeError("unsupported operation: overlapping memory")
+
+    monkeypatch.setattr(EmulatedGraphs, "made", [])
+    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
+    monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
+    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)
+    monkeypatch.setattr(static_step, "_WARNED", set())
+    monkeypatch.setattr(graph_state.State, "move_to", broken)
+    eager, compiled = (load_model(folders["c2i"], device="cpu", compile=flag) for flag in (False, True))
+    monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
+    cond = eager.encode("6")
+    with pytest.warns(RuntimeWarning, match="could not be reused, capturing new ones: RuntimeError: unsupported"):
+        for seed in (1, 2, 3):
+            assert_same_run(eager, compiled, cond, SamplerConfig(window=8, seed=seed))
+    assert len(EmulatedGraphs.made) == 3
 
 
 def test_inductor_tokens_match_eager(folders) -> None:
