@@ -214,10 +214,8 @@ class StaticCalls:
     calls were made for them: a later generation whose state has its layout takes the calls over (`taken_by`).
     """
 
-    def __init__(self, session: Any, decoder: Any, network: Optional[torch.nn.Module],
-                 state: Optional[State] = None) -> None:
-        self.session, self.decoder = session, decoder
-        self.state = State.of([session, decoder]) if state is None else state
+    def __init__(self, session: Any, decoder: Any, network: Optional[torch.nn.Module], state: State) -> None:
+        self.session, self.decoder, self.state = session, decoder, state
         self.inputs: dict[int, torch.Tensor] = {}
         weights = None if network is None else next(network.parameters(), None)
         self.graphs = (GraphedSteps(self._step, weights)
@@ -310,7 +308,7 @@ def kept_bytes(model: Any) -> int:
     """The memory `model`'s kept calls hold in their state (the KV cache, mostly): its next generation reuses
     it, or frees it before it allocates its own (`take_kept`)."""
     kept = getattr(model, "kept_calls", None)
-    if kept is None or kept.state is None:
+    if kept is None:
         return 0
     storages = {tensor.untyped_storage().data_ptr(): tensor.untyped_storage().nbytes()
                 for tensor in kept.state.tensors.values()}

@@ -124,7 +124,7 @@ def test_whole_step_traces_as_one_graph(folders, traced, monkeypatch: pytest.Mon
     graph path (the decisions come back with the forward), it gives the eager tokens."""
     widths_traced: list[int] = []
 
-    def traced_graphs(self, session, decoder, network, state=None):
+    def traced_graphs(self, session, decoder, network, state):
         original_init(self, session, decoder, network, state)
         whole = torch.compile(self._step, fullgraph=True, dynamic=False, backend="eager")
 
@@ -247,6 +247,32 @@ class EmulatedGraphs:
                 assert next(((a, b) for a, b in zip(first.ops, call.ops) if a != b), None) is None, width
 
 
+@pytest.fixture
+def emulated_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's CUDA-graph path on this CPU, its captures emulated (`EmulatedGraphs`), the compiled regions
+    run eagerly (the traces record reads, not code)."""
+    monkeypatch.setattr(EmulatedGraphs, "made", [])
+    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
+    monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
+    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)
+
+
+def emulated_pair(request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, family: str) -> tuple:
+    """The eager and the compiled model of `family` ("demo" and "t2i": LlamaGen's own blocks, class- and
+    text-conditioned), the compiled one's layer run eagerly; Emu3 at 4 x 3 codes of 8 px (a row-end token after
+    each row).  Float64 for the row-attention families: their static cache's float32 sums may round apart from
+    eager's (see test_transformers_families_match_eager); what a graph reads does not depend on it."""
+    own_blocks = {"demo": "c2i", "t2i": "t2i"}
+    folder = folders[own_blocks[family]] if family in own_blocks else request.getfixturevalue(f"tiny_{family}_dir")
+    dtype = "float32" if family in own_blocks else "float64"
+    eager, compiled = (load_model(folder, device="cpu", dtype=dtype, compile=flag) for flag in (False, True))
+    monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
+    if family == "emu3":
+        for model in (eager, compiled):
+            model.set_image_size(32, 24)
+    return eager, compiled
+
+
 @pytest.mark.parametrize("family", ["demo", "t2i", "janus", "emu3"])
 @pytest.mark.parametrize("settings", [dict(coupler="faithful", window=AUTO_WINDOW),
                                       dict(coupler="maximal", window=8, top_k=5, cfg_scale=3.0),
@@ -254,26 +280,14 @@ class EmulatedGraphs:
                          ids=lambda s: "-".join(map(str, s.values())))
 def test_what_a_graph_would_replay_is_what_every_call_runs(
         request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, unlearned_auto_window,
-        family: str, settings: dict) -> None:
+        emulated_graphs, family: str, settings: dict) -> None:
     """The CUDA-graph path run on this CPU with the capture emulated: the step a graph holds (forward and
     sampling step of one width, `StaticCalls._step`) runs eagerly under a dispatch mode that records its
     kernels as a graph would (`KernelTrace`).  A graph replays its capture, so each call of a width must run
     the very ops its first call ran, on the same memory and with the same numbers: a tensor rebound to new
     memory between calls would be read stale on a GPU, a host number that changed would keep its captured
     value (wrong tokens, no error); and the tokens are eager's."""
-    monkeypatch.setattr(EmulatedGraphs, "made", [])
-    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
-    monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
-    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)  # eager regions: reads, not code
-    own_blocks = {"demo": "c2i", "t2i": "t2i"}  # LlamaGen's, class- and text-conditioned
-    folder = folders[own_blocks[family]] if family in own_blocks else request.getfixturevalue(f"tiny_{family}_dir")
-    # (float64 for the row-attention families: their static cache's float32 sums may round apart from eager's,
-    # see test_transformers_families_match_eager; the reads do not depend on it)
-    dtype = "float32" if family in own_blocks else "float64"
-    eager, compiled = (load_model(folder, device="cpu", dtype=dtype, compile=flag) for flag in (False, True))
-    monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
-    if family == "emu3":
-        eager.set_image_size(32, 24)  # 4 x 3 codes of 8 px, a row-end token after each row
+    eager, compiled = emulated_pair(request, folders, monkeypatch, family)
     cond = eager.encode("4" if family == "demo" else "a red cat")
     for model in (eager, compiled):  # fixed costs on which the automatic window calls several widths, alike
         auto_window.remember_costs(model, 2, {w: w ** 0.7 for w in candidate_widths(eager.num_tokens)})
@@ -289,24 +303,14 @@ def test_what_a_graph_would_replay_is_what_every_call_runs(
 @pytest.mark.parametrize("family", ["demo", "t2i", "janus", "emu3"])
 def test_kept_graphs_replay_in_later_generations_what_they_captured(
         request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, unlearned_auto_window,
-        family: str) -> None:
+        emulated_graphs, family: str) -> None:
     """CUDA graphs kept from one generation for the next (`static_step.keep`), emulated as above: a generation
     whose state has the kept one's layout (batch, bucket of prompt lengths, sampler options on or off) takes
     the kept calls over, its tensors moved into their memory (`graph_state`), and every call of a width, in
     every generation that replays it, runs what its capture ran; a generation of another layout makes its own.
     The tokens are eager's, and stay so when later generations reuse the memory."""
-    monkeypatch.setattr(EmulatedGraphs, "made", [])
-    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
-    monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
-    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)  # eager regions: reads, not code
-    own_blocks = {"demo": "c2i", "t2i": "t2i"}
-    folder = folders[own_blocks[family]] if family in own_blocks else request.getfixturevalue(f"tiny_{family}_dir")
-    dtype = "float32" if family in own_blocks else "float64"  # (as above)
-    eager, compiled = (load_model(folder, device="cpu", dtype=dtype, compile=flag) for flag in (False, True))
-    monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
+    eager, compiled = emulated_pair(request, folders, monkeypatch, family)
     for model in (eager, compiled):
-        if family == "emu3":
-            model.set_image_size(32, 24)
         for batch in (1, 2):
             auto_window.remember_costs(model, batch, {w: w ** 0.7 for w in candidate_widths(eager.num_tokens)})
     prompt, same_length, longer = ("4", "5", None) if family == "demo" else ("a red cat", "a red dog", "a red cat, oil")
@@ -377,19 +381,15 @@ def test_kept_graphs_replay_in_later_generations_what_they_captured(
     assert sum(len(calls) > 1 for graphs in EmulatedGraphs.made for calls in graphs.traces.values()) > 3
 
 
-def test_kept_graphs_that_cannot_be_reused_give_way_to_new_ones(folders, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kept_graphs_that_cannot_be_reused_give_way_to_new_ones(
+        request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, emulated_graphs) -> None:
     """A take-over that fails (whatever it raises) warns once and captures anew: the image is eager's."""
     def broken(self, kept, root):
         raise RuntimeError("unsupported operation: overlapping memory")
 
-    monkeypatch.setattr(EmulatedGraphs, "made", [])
-    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
-    monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
-    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)
     monkeypatch.setattr(static_step, "_WARNED", set())
     monkeypatch.setattr(graph_state.State, "move_to", broken)
-    eager, compiled = (load_model(folders["c2i"], device="cpu", compile=flag) for flag in (False, True))
-    monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
+    eager, compiled = emulated_pair(request, folders, monkeypatch, "demo")
     cond = eager.encode("6")
     with pytest.warns(RuntimeWarning, match="could not be reused, capturing new ones: RuntimeError: unsupported"):
         for seed in (1, 2, 3):
