@@ -567,7 +567,8 @@ class Run:
         t0 = time.perf_counter()
         kept = self.kept_prefix()
         # a compiled model's last generation's calls: their graphs, and their KV cache's memory for this prefill
-        kept_calls = static_step.take_kept(self.model, self.session) if self.compiled else None
+        # (held by the run from here on, so that `close` frees them whatever the prefill raises)
+        self.static = static_step.take_kept(self.model, self.session) if self.compiled else None
         logits = self.session.prefill() if kept is None else self.session.prefill(kept)
         seeds = [self.config.seed + row for row in range(self.batch_size)]  # row i: seed s + i (mod 2**64)
         self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None),
@@ -575,8 +576,17 @@ class Run:
         if kept is not None:
             self.decoder.start_after(kept.shape[1])
         if self.compiled:
-            self.static = static_step.calls_for(kept_calls, self.session, self.decoder, _network(self.model))
+            self.static = static_step.calls_for(self.static, self.session, self.decoder, _network(self.model))
         return Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
+
+    def close(self) -> None:
+        """Let go of the run's state now, finished or not: its session (the KV cache), its decoder and its static
+        calls, except those the model keeps for its next generation (`static_step.keep`).  Static calls and
+        their CUDA graphs refer to each other: without this a cancel or an error would leave them, and the
+        memory they hold, to Python's cycle collector."""
+        if self.static is not None and getattr(self.model, "kept_calls", None) is not self.static:
+            self.static.release()
+        self.static, self.decoder, self.session = None, None, None
 
     def kept_prefix(self) -> Optional[torch.Tensor]:
         """The ids (batch, K) of the fixed cells every row has from position 0 on (an image's kept top rows, its
@@ -775,19 +785,23 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
     session = start_session(model, cond, batch_size, config)
     cells = None if given is None else given.rows(model.num_tokens, batch_size)
     run = Run(model, session, config, batch_size, sync_timing, given=cells)
-    while run.done < run.n:
-        if should_cancel is not None and should_cancel():
-            raise GenerationCancelled(f"generation cancelled after {run.done} of {run.n} tokens")
-        call = run.prefill() if run.decoder is None else run.feed(run.choose_window())
-        t1 = time.perf_counter()
-        outcome = run.verify(call)
-        run.settle_cache(call, outcome)
-        run.record(call, outcome, time.perf_counter() - t1, callback)
-    # a copy: a compiled model's next generation may reuse this one's memory (`static_step.keep`)
-    run.result.tokens = run.decoder.tokens(run.n).to("cpu", copy=True)
-    run.result.total_s = time.perf_counter() - started
-    if run.compiled:
-        run.result.eager_fallbacks = static_step.eager_fallbacks(model, run.static)
-        static_step.keep(model, run.static)
-    run.policy.finish()
-    return run.result
+    del session  # the run's from here on: it lets go of it on every way out (`Run.close`)
+    try:
+        while run.done < run.n:
+            if should_cancel is not None and should_cancel():
+                raise GenerationCancelled(f"generation cancelled after {run.done} of {run.n} tokens")
+            call = run.prefill() if run.decoder is None else run.feed(run.choose_window())
+            t1 = time.perf_counter()
+            outcome = run.verify(call)
+            run.settle_cache(call, outcome)
+            run.record(call, outcome, time.perf_counter() - t1, callback)
+        # a copy: a compiled model's next generation may reuse this one's memory (`static_step.keep`)
+        run.result.tokens = run.decoder.tokens(run.n).to("cpu", copy=True)
+        run.result.total_s = time.perf_counter() - started
+        if run.compiled:
+            run.result.eager_fallbacks = static_step.eager_fallbacks(model, run.static)
+            static_step.keep(model, run.static)
+        run.policy.finish()
+        return run.result
+    finally:
+        run.close()

@@ -83,6 +83,7 @@ class State:
                     walk(item, path + (key,))
 
         walk(root, ())
+        del walk  # (a closure that calls itself is a reference cycle, which would hold the tensors till collected)
         return cls(tuple(layout), tensors)
 
     def move_to(self, kept: "State", root: Any) -> None:

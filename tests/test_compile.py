@@ -9,6 +9,7 @@ real inductor on the smallest model at windows 1 and 8.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import random
 import types
@@ -25,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
-from scd_core import (ModelLoadError, SamplerConfig, auto_window, generate, generate_many, graph_state, load_model,
+from scd_core import (GenerationCancelled, ModelLoadError, SamplerConfig, auto_window, generate, generate_many, graph_state, load_model,
                       sampling, static_step)
 from scd_core.auto_window import candidate_widths
 from scd_core.config import AUTO_WINDOW
@@ -616,3 +617,83 @@ def test_given_cells_match_eager(folders, traced, settings: dict) -> None:
         assert_same_run(eager, compiled, given, SamplerConfig(seed=5, **settings), batch_size=2)
         result = generate(compiled, given, SamplerConfig(seed=5, **settings))
         assert torch.equal(result.tokens[keep], image[keep])
+
+
+def tensor_bytes() -> int:
+    """The bytes of every tensor storage that Python holds, collectable garbage included (with the cycle
+    collector off, what a reference cycle keeps is still here)."""
+    storages = {}
+    for value in gc.get_objects():
+        if type(value) in (torch.Tensor, torch.nn.Parameter) and value.device.type != "meta":
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+class Stop(Exception):
+    """An error a callback raises mid-generation."""
+
+
+class PlainGraphs:
+    """`static_step.GraphedSteps` on this CPU without a capture: each call runs its step, and the set holds the
+    step as the real one does (a method of the static calls that hold the set)."""
+
+    failed = False
+
+    def __init__(self, step, weights) -> None:
+        self.step = step
+
+    def __call__(self, width: int):
+        return self.step(width)
+
+
+@pytest.mark.parametrize("family", ["demo", "janus"])
+def test_a_cancel_or_an_error_frees_everything_at_once(request: pytest.FixtureRequest, folders, traced,
+                                                       monkeypatch: pytest.MonkeyPatch, family: str) -> None:
+    """With Python's cycle collector off, the tensor bytes alive after a cancelled (or failed) compiled
+    generation on the CUDA-graph path (its graphs as `PlainGraphs`) are those alive before it, whether it
+    made its own calls or took the last image's over; a finished one keeps only its calls for the next image
+    (`static_step.keep`), which `forget` (ComfyUI's unload) frees."""
+    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
+    monkeypatch.setattr(static_step, "GraphedSteps", PlainGraphs)
+    folder = folders["c2i"] if family == "demo" else request.getfixturevalue("tiny_janus_dir")
+    model = load_model(folder, device="cpu", compile=True)
+    batch = 8 if family == "demo" else 2
+    cond = model.encode("4" if family == "demo" else "a red cat")
+    config = SamplerConfig(window=8, seed=1, cfg_scale=3.0)
+    generate(model, cond, config, batch_size=batch)  # dynamo's and the families' one-time state
+    static_step.forget(model)
+
+    def cancel_after(calls: int):
+        count = itertools.count()
+        return lambda: next(count) >= calls
+
+    def fail_after(calls: int):
+        count = itertools.count()
+
+        def callback(stats) -> None:
+            if next(count) >= calls:
+                raise Stop("from the callback")
+        return callback
+
+    gc.collect()
+    gc.disable()
+    try:
+        nothing_kept = tensor_bytes()
+        with pytest.raises(GenerationCancelled):  # with calls of its own
+            generate(model, cond, config, batch_size=batch, should_cancel=cancel_after(3))
+        assert tensor_bytes() == nothing_kept
+        generate(model, cond, config, batch_size=batch)
+        assert model.kept_calls is not None and tensor_bytes() > nothing_kept
+        with pytest.raises(GenerationCancelled):  # with the last image's calls taken over
+            generate(model, cond, config, batch_size=batch, should_cancel=cancel_after(3))
+        assert model.kept_calls is None and tensor_bytes() == nothing_kept
+        generate(model, cond, config, batch_size=batch)
+        with pytest.raises(Stop):
+            generate(model, cond, config, batch_size=batch, callback=fail_after(2))
+        assert model.kept_calls is None and tensor_bytes() == nothing_kept
+        generate(model, cond, config, batch_size=batch)
+        static_step.forget(model)
+        assert tensor_bytes() == nothing_kept
+    finally:
+        gc.enable()
