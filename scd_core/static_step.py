@@ -51,6 +51,9 @@ RECOMPILE_LIMIT = 64
 OLDEST_TESTED_TORCH = (2, 13)  # tests/run.sh's oldest tier: compile=True runs eagerly on anything older
 WARMUP_CALLS = 2  # eager calls of a width before its graph is captured (they are real calls, not repeats)
 BACKEND = "inductor"
+# CUDA's own allocator: graphs have no private pool under it, and memory of a graph freed outside it (what a
+# kept set's state is, once the next image rebinds it) warns and may be handed out again: graphs are not kept
+ASYNC_ALLOCATOR = "cudaMallocAsync"
 _WARNED: set[str] = set()
 _EAGER = [0]  # > 0 within `eager_regions`
 
@@ -297,11 +300,23 @@ def calls_for(kept: Optional[StaticCalls], session: Any, decoder: Any,
 
 def keep(model: Any, calls: Optional[StaticCalls]) -> None:
     """Keep a finished generation's static calls on `model` for its next generation, where their window calls ran
-    as CUDA graphs.  They hold that generation's KV cache and graphs until then (or until `forget`); the next
+    as CUDA graphs under torch's native allocator.  They hold that generation's KV cache and graphs until then (or until `forget`); the next
     replays the graphs where its state has their layout (`graph_state`: the same batch and bucket of prompt
     lengths, the same sampler options on or off) instead of capturing its own."""
-    if calls is not None and calls.graphs is not None and not calls.graphs.failed:
-        model.kept_calls = calls
+    if calls is None or calls.graphs is None or calls.graphs.failed:
+        return
+    if allocator_backend() == ASYNC_ALLOCATOR:
+        _warn_once("async-allocator", f"CUDA graphs are not kept between images under torch's {ASYNC_ALLOCATOR} "
+                   "allocator (ComfyUI's default on NVIDIA; --disable-cuda-malloc turns it off): each image "
+                   "captures its own")
+        return
+    model.kept_calls = calls
+
+
+def allocator_backend() -> Optional[str]:
+    """The CUDA allocator torch runs on, as it reports it ("native", or ASYNC_ALLOCATOR where
+    PYTORCH_CUDA_ALLOC_CONF says backend:cudaMallocAsync); None without CUDA."""
+    return torch.cuda.get_allocator_backend() if torch.cuda.is_available() else None
 
 
 def kept_bytes(model: Any) -> int:

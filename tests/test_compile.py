@@ -639,9 +639,11 @@ class PlainGraphs:
     step as the real one does (a method of the static calls that hold the set)."""
 
     failed = False
+    made = 0  # sets made (a count: a list would hold them)
 
     def __init__(self, step, weights) -> None:
         self.step = step
+        type(self).made += 1
 
     def __call__(self, width: int):
         return self.step(width)
@@ -697,3 +699,31 @@ def test_a_cancel_or_an_error_frees_everything_at_once(request: pytest.FixtureRe
         assert tensor_bytes() == nothing_kept
     finally:
         gc.enable()
+
+
+def test_graphs_are_not_kept_under_the_async_allocator(folders, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch's cudaMallocAsync allocator (as ComfyUI sets it on NVIDIA) each image captures graphs of its
+    own, with one warning that says so; under the native one they are kept.  The backend is asked of torch,
+    which reports none without CUDA."""
+    assert static_step.allocator_backend() == (torch.cuda.get_allocator_backend() if torch.cuda.is_available()
+                                               else None)
+    monkeypatch.setattr(PlainGraphs, "made", 0)
+    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
+    monkeypatch.setattr(static_step, "GraphedSteps", PlainGraphs)
+    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)
+    monkeypatch.setattr(static_step, "_WARNED", set())
+    eager, compiled = pair(folders["c2i"])
+    monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
+    cond = eager.encode("7")
+    monkeypatch.setattr(static_step, "allocator_backend", lambda: "cudaMallocAsync")
+    with pytest.warns(RuntimeWarning, match="CUDA graphs are not kept between images under torch's "
+                                            "cudaMallocAsync allocator .*: each image captures its own") as caught:
+        for seed in (1, 2, 3):
+            assert_same_run(eager, compiled, cond, SamplerConfig(window=8, seed=seed))
+            assert compiled.kept_calls is None
+    assert len(caught) == 1 and PlainGraphs.made == 3
+    monkeypatch.setattr(static_step, "allocator_backend", lambda: "native")
+    for seed in (4, 5):
+        assert_same_run(eager, compiled, cond, SamplerConfig(window=8, seed=seed))
+        assert compiled.kept_calls is not None
+    assert PlainGraphs.made == 4
