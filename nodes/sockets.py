@@ -32,11 +32,22 @@ class LoadedModel:
     def run_memory(self, batch_size: int, window: int | str, candidates: int = 1) -> int:
         """What a sampler run allocates besides the weights: each image's KV cache and the distributions of
         its widest call (the automatic window's widest, 64, or the pinned one; a tree of candidates feeds k
-        chains), less what the model holds from its last image for the next (a compiled model's kept CUDA
-        graphs and their KV cache, which the run reuses or frees first)."""
+        chains), and a compiled model's CUDA graph pool, less what the model holds from its last image for the
+        next (a compiled model's kept CUDA graphs and their KV cache, which the run reuses or frees first)."""
         width = min(CANDIDATES[-1] if window == AUTO_WINDOW else int(window), self.model.num_tokens)
         allocated = batch_size * (self.image_cache_bytes + candidates * width * self.slot_bytes)
-        return max(0, allocated - static_step.kept_bytes(self.model))
+        return max(0, allocated + self.graph_pool_bytes(batch_size, width) - static_step.kept_bytes(self.model))
+
+    def graph_pool_bytes(self, batch_size: int, width: int) -> int:
+        """A compiled model's CUDA graphs hold their steps' intermediates in a pool of their own, from their capture
+        until the model's next image: estimated as the widest step's distributions with their working copies
+        (`slot_bytes` per slot and image), which an eager call frees as it ends (the step's activations are
+        smaller: a layer's width is well below the vocabulary).  None where kept graphs are there (the run
+        replays them, or frees them before it captures) or no graph is captured (CPU, MPS)."""
+        graphed = bool(getattr(self.model, "compiled", False)) and mm.is_device_cuda(self.patcher.load_device)
+        if not graphed or getattr(self.model, "kept_calls", None) is not None:
+            return 0
+        return batch_size * width * self.slot_bytes
 
     @property
     def memory_required(self) -> int:

@@ -691,6 +691,15 @@ def test_sampler_reserves_its_batch_before_loading(node_classes: dict[str, Any],
     monkeypatch.setattr(janus.model, "kept_calls", kept, raising=False)
     run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, batch_size=1, window=4))
     assert asked[-1] == one - held.numel()  # (its storage counted once)
+    # a compiled model on CUDA: its graphs' pool holds the widest step's distributions between calls, unless
+    # kept graphs are there to be replayed (or freed before a capture)
+    monkeypatch.setattr(janus.model, "compiled", True)
+    monkeypatch.setattr(janus.model, "kept_calls", kept)
+    assert janus.run_memory(4, 4) == four - held.numel()
+    monkeypatch.setattr(comfy.mm, "is_device_cuda", lambda device: True)
+    assert janus.run_memory(4, 4) == four - held.numel()
+    monkeypatch.setattr(janus.model, "kept_calls", None)
+    assert janus.run_memory(4, 4) == four + 4 * 4 * janus.slot_bytes
 
 
 # -- SCD Image Prompt ------------------------------------------------------------------------------------------
