@@ -48,7 +48,7 @@ from .model import Logits
 # dynamo compiles one graph per width bucket, batch size, cache size and coupler for each compiled function;
 # its default limit (8 per function) would be reached by a process that switches couplers
 RECOMPILE_LIMIT = 64
-OLDEST_TESTED_TORCH = (2, 11)  # tests/run.sh's oldest tier: compile=True runs eagerly on anything older
+OLDEST_TESTED_TORCH = (2, 11)  # tests/run.sh's oldest tier (the GPU image's torch): compile=True runs eagerly on anything older
 WARMUP_CALLS = 2  # eager calls of a width before its graph is captured (they are real calls, not repeats)
 BACKEND = "inductor"
 # CUDA's own allocator: graphs have no private pool under it, and memory of a graph freed outside it (what a

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
 OLDEST_TRANSFORMERS=4.52.1  # keep in step with requirements.txt
-OLDEST_TORCH=2.13.0  # keep in step with OLDEST_TESTED_TORCH in scd_core/static_step.py (compile=True)
+OLDEST_TORCH=2.11.0  # keep in step with OLDEST_TESTED_TORCH in scd_core/static_step.py (compile=True)
 
 pip_install() { "$1/bin/pip" install --quiet --disable-pip-version-check "${@:2}"; }
 
