@@ -48,7 +48,7 @@ from .model import Logits
 # dynamo compiles one graph per width bucket, batch size, cache size and coupler for each compiled function;
 # its default limit (8 per function) would be reached by a process that switches couplers
 RECOMPILE_LIMIT = 64
-OLDEST_TESTED_TORCH = (2, 11)  # tests/run.sh's oldest tier (the GPU image's torch): compile=True runs eagerly on anything older
+OLDEST_TESTED_TORCH = (2, 11)  # tests/run.sh's oldest tier, the GPU image's: compile=True runs eagerly before it
 WARMUP_CALLS = 2  # eager calls of a width before its graph is captured (they are real calls, not repeats)
 BACKEND = "inductor"
 # CUDA's own allocator: graphs have no private pool under it, and memory of a graph freed outside it (what a
@@ -302,9 +302,9 @@ def calls_for(kept: Optional[StaticCalls], session: Any, decoder: Any,
 
 def keep(model: Any, calls: Optional[StaticCalls]) -> None:
     """Keep a finished generation's static calls on `model` for its next generation, where their window calls ran
-    as CUDA graphs under torch's native allocator.  They hold that generation's KV cache and graphs until then (or until `forget`); the next
-    replays the graphs where its state has their layout (`graph_state`: the same batch and bucket of prompt
-    lengths, the same sampler options on or off) instead of capturing its own."""
+    as CUDA graphs under torch's native allocator.  They hold that generation's KV cache and graphs until then (or
+    until `forget`); the next replays the graphs where its state has their layout (`graph_state`: the same batch
+    and bucket of prompt lengths, the same sampler options on or off) instead of capturing its own."""
     if calls is None or calls.graphs is None or calls.graphs.failed:
         return
     if allocator_backend() == ASYNC_ALLOCATOR:

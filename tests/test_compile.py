@@ -27,8 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
-from scd_core import (GenerationCancelled, ModelLoadError, SamplerConfig, auto_window, generate, generate_many, graph_state, load_model,
-                      sampling, static_step)
+from scd_core import (GenerationCancelled, ModelLoadError, SamplerConfig, auto_window, generate, generate_many,
+                      graph_state, load_model, sampling, static_step)
 from scd_core.auto_window import candidate_widths
 from scd_core.config import AUTO_WINDOW
 from scd_core.given import GivenCells, continuation, from_cell_mask

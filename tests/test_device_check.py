@@ -8,6 +8,7 @@ import json
 import pytest
 
 from scd_core.bench import cli as bench
+from scd_core.bench import device_run
 from scd_core.bench.device_check import INT8_ROWS, PRECISION_WIDTHS, SHAPES, TINY_SHAPES, WIDTHS
 from scd_core.bench.device_compiled import TINY_WIDTHS, table
 
@@ -77,3 +78,29 @@ def test_a_failed_compile_shows_in_the_table():
                   compile_error="BackendCompilerFailed: no C++ compiler")
     text = table([result], 100.0)
     assert "| m | 1 | 1 | 2 | 1.5 | bit-equal | compile failed (ran eagerly): BackendCompilerFailed: no C++" in text
+
+
+def test_device_run_dry_run_writes_each_table_as_it_goes(tmp_path):
+    """The device run for a GPU machine as it comes, on the CPU with tiny shapes: every part ends, in its own
+    process, and writes its table as soon as it is measured (each file before the next part's)."""
+    text = device_run.run(tmp_path, "cpu", tiny=True)
+    names = [f"{index}-{name}.md" for index, name in enumerate(device_run.PARTS, start=1)]
+    written = [tmp_path / name for name in ["0-environment.md", *names]]
+    assert all(path.exists() for path in written)
+    times = [path.stat().st_mtime for path in written]
+    assert times == sorted(times) and len(set(times)) == len(times)
+    parts = (tmp_path / "parts.md").read_text()
+    assert all(f"| {name} | " in parts and "done" in parts.split(f"| {name} | ")[1].split("\n")[0]
+               for name in device_run.PARTS)
+    assert "transformers" in text and "compile=True from torch" in text
+    kept = json.loads((tmp_path / "2-compiled.json").read_text())
+    assert kept["whole_generate"]["same_tokens"]
+    assert [row["tokens_vs_captured_anew"] for row in kept["kept"]][1:] == [0, 0]
+    bits = json.loads((tmp_path / "4-bits.json").read_text())
+    assert {(row["dtype"], row["widths"]) for row in bits} == {
+        (dtype, pair) for dtype in ("bfloat16", "float32") for pair in ("1 vs 8", "1 vs 32", "8 vs 32", "8 vs 8 again")}
+    assert all(row["positions_bit_equal"] == "32/32" for row in bits if row["widths"] == "8 vs 8 again")
+    asynchronous = json.loads((tmp_path / "3-async.json").read_text())
+    assert [row["graphs"] for row in asynchronous["rows"]] == ["as decided"] * 3 + ["kept anyway"] * 3
+    for path in written[1:]:
+        assert "|---|" in path.read_text()  # a table in each

@@ -12,6 +12,7 @@
     python -m scd_core.bench candidates --seeds 30    # candidates against SCD with maximal coupling, seed for seed
     python -m scd_core.bench memory                   # weights and KV cache per precision at the published shapes
     python -m scd_core.bench device-check --out DIR   # the prepared GPU check (--device cpu --tiny to try it)
+    python -m scd_core.bench device-run --out DIR     # a GPU machine as it comes, 9 minutes (--device cpu --tiny)
     python -m scd_core.bench compile                  # eager vs compiled: demo and Janus-Pro-1B shape, compile apart
     python -m scd_core.bench auto                     # automatic window against pinned ones in fresh processes
     python -m scd_core.bench auto-replay --processes 4 --images 5   # whole processes under fixed call costs
@@ -136,6 +137,12 @@ def _device_check(args: argparse.Namespace) -> Result:
     return "device-check", run(args.out, args.device, args.dtype, args.tiny, args.compile_widths, args.compile_budget)
 
 
+def _device_run(args: argparse.Namespace) -> Result:
+    from .device_run import run
+
+    return "device-run", run(args.out, args.device, args.tiny, args.limit)
+
+
 def _compile(args: argparse.Namespace) -> Result:
     from .compiled import compile_tables
 
@@ -236,6 +243,16 @@ COMMANDS: dict[str, Bench] = {
                                   help="seconds after which the compiled phase compiles nothing more "
                                        "(default: 150; tiny: none)"),
                            DEVICE, DTYPE), _device_check),
+    "device-run": Bench("the device check for a GPU machine as it comes (its own python, at most 9 minutes): "
+                        "per-call time against the floor, compiled against eager and kept graphs against new "
+                        "ones, kept graphs under cudaMallocAsync, logits' bits across call widths, int8 kernels; "
+                        "each table written once measured",
+                        (option("--out", type=Path, required=True, metavar="DIR", help="folder for the tables"),
+                         option("--tiny", action="store_true", help="tiny shapes: the dry run, on a CPU"),
+                         option("--limit", type=float, default=540.0, metavar="S",
+                                help="seconds for the whole run (default: 540)"),
+                         option("--device", help="cuda, cuda:1, cpu (default: cuda where there is one)")),
+                        _device_run),
     "compile": Bench("eager against compiled models, per call and per image, compile time apart, and where a demo "
                      "call's time goes",
                      (SEEDS, option("--layers", type=int, default=4,

@@ -1,0 +1,282 @@
+"""The device check for a GPU machine as it comes: its own python (no package registry), at most LIMIT_S seconds.
+
+    python -m scd_core.bench device-run --out DIR                     # a GPU machine
+    python -m scd_core.bench device-run --out DIR --device cpu --tiny  # the dry run: tiny shapes, seconds
+
+Each part runs in a process of its own under a time limit (its own cap, or what is left of the whole run's),
+and writes its table to DIR (`N-part.md`, `N-part.json`) as soon as it is measured: a run cut short keeps what
+it measured, and `parts.md` says how each part ended.  In order of value, on the smallest Janus-Pro shape
+(random weights, `device_check.build`):
+
+  1. floor: per-call time against the weight-read floor, eager, CUDA graphs and compiled layers
+     (`device_compiled.compiled_phase`);
+  2. compiled: one whole image with compile=True against eager (`device_check.whole_generate`), and kept CUDA
+     graphs against graphs captured anew (`kept_rows`: the second image replays the first's graphs; the tokens
+     must equal a fresh capture's);
+  3. async: part 2's kept graphs in a process under PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (ComfyUI's
+     default on NVIDIA): as the library decides (not kept), and kept anyway, with the allocator's warnings
+     counted, which tells whether keeping them could be allowed there;
+  4. bits: whether a position's logits are bit-identical when its call is 1, 8 or 32 wide (the same prefix
+     cached), in bfloat16 and in float32 with TF32 off, through transformers' layers and through the static
+     row attention of compiled models (run eagerly);
+  5. int8: one int8 layer's kernels (`device_check.int8_kernel_rows`).
+
+The dry run runs dynamo's "eager" backend (graphs traced, no code generated: inductor takes minutes per width
+on a CPU); the header says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from .. import static_step
+from ..config import SamplerConfig
+from ..engine import generate
+from ..models.memory import release_memory
+from .tables import markdown
+
+LIMIT_S = 540  # the whole run: 9 minutes
+ASYNC_ALLOCATOR_CONF = "backend:cudaMallocAsync"
+KEPT_CONFIGS = (("A seed 0 (captures)", SamplerConfig(seed=0, coupler="maximal", window=16)),
+                ("B seed 5, T 0.9 (kept graphs)", SamplerConfig(seed=5, coupler="maximal", window=16,
+                                                                 temperature=0.9)),
+                ("B again (captured anew)", SamplerConfig(seed=5, coupler="maximal", window=16, temperature=0.9)))
+BIT_WIDTHS = (1, 8, 32)
+BIT_SPAN = 32  # positions compared, after the prompt and BIT_CACHED image tokens
+BIT_CACHED = 288
+COMPILE_WIDTHS = (1, 32)
+COMPILE_BUDGET_S = 100.0
+
+
+def _setting(device: str, tiny: bool) -> tuple[torch.device, torch.dtype, Any]:
+    """The device, the compute dtype and the Janus-Pro shape a part runs at."""
+    from .device_check import SHAPES, TINY_SHAPES
+
+    shape = next(s for s in (TINY_SHAPES if tiny else SHAPES) if s.family == "llama")
+    torch_device = torch.device(device)
+    return torch_device, torch.float32 if tiny else torch.bfloat16, shape
+
+
+def floor_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
+    from .device_check import build
+    from .device_compiled import TINY_WIDTHS, compiled_phase
+
+    result = compiled_phase([shape], build, device, dtype, tiny, TINY_WIDTHS[:1] if tiny else COMPILE_WIDTHS,
+                            COMPILE_BUDGET_S)
+    yield result.pop("table"), result
+
+
+def kept_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> list[dict[str, Any]]:
+    """Three compiled images: the first captures its graphs, the second replays them (`took_kept`), the third,
+    the second's settings after `forget`, captures anew; the kept replay's tokens must be the fresh capture's."""
+    from .device_check import ShapeModel, build
+
+    model, head = build(shape, device, dtype, tiny)
+    compiled = ShapeModel(shape, model, head, compile=True)
+    rows, tokens = [], {}
+    for step, config in KEPT_CONFIGS:
+        if step.startswith("B again"):
+            static_step.forget(compiled)
+        before = compiled.kept_calls
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            started = time.perf_counter()
+            result = generate(compiled, None, config)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - started
+        tokens[step] = result.tokens
+        rows.append(dict(step=step, seconds=seconds, calls=result.nfe, ms_per_call=1000 * seconds / result.nfe,
+                         took_kept=before is not None and compiled.kept_calls is before,
+                         kept_mib=static_step.kept_bytes(compiled) / 2**20,
+                         allocated_mib=torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else "-",
+                         allocator_warnings=sum("free" in str(w.message) for w in caught),
+                         eager_fallbacks="; ".join(result.eager_fallbacks)[:160] or "-"))
+    for row in rows:
+        row["tokens_vs_captured_anew"] = int((tokens[row["step"]] != tokens[KEPT_CONFIGS[-1][0]]).sum())
+    static_step.forget(compiled)
+    return rows
+
+
+def compiled_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
+    from .device_check import generate_table, whole_generate
+
+    whole = whole_generate(shape, device, dtype, tiny)
+    yield generate_table(whole), dict(whole_generate=whole)
+    rows = kept_rows(device, dtype, shape, tiny)
+    yield (generate_table(whole) + "\n\nKept CUDA graphs against graphs captured anew (compile=True, window 16, "
+            "maximal): `took_kept` the image replayed the last one's graphs; `tokens_vs_captured_anew` must be 0 "
+            "in every B row\n\n" + markdown(rows, list(rows[0]))), dict(whole_generate=whole, kept=rows)
+
+
+def async_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
+    backend, rows = static_step.allocator_backend(), []
+    decided = static_step.allocator_backend
+    # as the library decides, then kept anyway (the native allocator reported): what keeping them there would do
+    for graphs, reported in (("as decided", decided), ("kept anyway", lambda: "native")):
+        static_step.allocator_backend = reported
+        try:
+            rows += [dict(graphs=graphs, **row) for row in kept_rows(device, dtype, shape, tiny)]
+        finally:
+            static_step.allocator_backend = decided
+        yield async_table(rows, backend), dict(backend=backend, rows=rows)
+
+
+def async_table(rows: list[dict[str, Any]], backend: Optional[str]) -> str:
+    return (f"Kept CUDA graphs under {os.environ.get('PYTORCH_CUDA_ALLOC_CONF', 'the default allocator')} (torch "
+            f"reports the {backend} allocator): as the library decides (not kept under cudaMallocAsync), then kept "
+            "anyway; `allocator_warnings`: torch's warnings about frees of graph memory during the image\n\n"
+            + markdown(rows, list(rows[0])))
+
+
+def bit_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> list[dict[str, Any]]:
+    """Logits of BIT_SPAN positions computed in calls of each BIT_WIDTHS width (and width 8 again), compared
+    position by position."""
+    from .device_check import ShapeModel, build
+
+    model, head = build(shape, device, dtype, tiny)
+    cached = 0 if tiny else BIT_CACHED
+    ids = torch.randint(shape.codes, (1, cached + BIT_SPAN), generator=torch.Generator().manual_seed(0)).to(device)
+    rows = []
+    for static in (False, True):
+        network = ShapeModel(shape, model, head, num_tokens=cached + BIT_SPAN)
+        network.compiled, network.compiled_layer = static, None  # the static row attention, run eagerly
+        session = network.start(None, 1)
+        session.prefill()
+        if cached:
+            session.forward(ids[:, :cached])
+        logits = {}
+        for width in (*BIT_WIDTHS, "8 again"):
+            step = 8 if width == "8 again" else width
+            calls = [session.forward(ids[:, cached + at:cached + at + step]) for at in range(0, BIT_SPAN, step)]
+            session.rewind(BIT_SPAN)
+            logits[width] = torch.cat([torch.stack(call) for call in calls], dim=2).float()  # (cond/uncond, 1, S, V)
+        for a, b in ((1, 8), (1, 32), (8, 32), (8, "8 again")):
+            same = sum(bool(torch.equal(logits[a][:, :, p], logits[b][:, :, p])) for p in range(BIT_SPAN))
+            rows.append(dict(dtype=str(dtype).replace("torch.", ""),
+                             backbone="static row attention" if static else "transformers layers",
+                             widths=f"{a} vs {b}", positions_bit_equal=f"{same}/{BIT_SPAN}",
+                             max_abs_diff=float((logits[a] - logits[b]).abs().max())))
+        del session
+    del model, head
+    release_memory()
+    return rows
+
+
+def bits_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rows: list[dict[str, Any]] = []
+    for each in (torch.bfloat16, torch.float32):
+        rows += bit_rows(device, each, shape, tiny)
+        yield bits_table(rows, shape), rows
+
+
+def bits_table(rows: list[dict[str, Any]], shape: Any) -> str:
+    return (f"A position's logits computed in calls of width {', '.join(map(str, BIT_WIDTHS))} after the same "
+            f"cached prefix ({shape.name}, random weights, TF32 off): positions whose logits are bit-identical, "
+            "and the largest difference\n\n" + markdown(rows, list(rows[0])))
+
+
+def int8_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
+    from .device_check import int8_kernel_rows
+
+    rows = int8_kernel_rows(device, dtype, tiny)
+    yield ("int8 kernels: one int8 layer, the cast against torch's fused `_weight_int8pack_mm` and the float "
+            "matmul (`fused_rows_apart`: each row alone gives the same bits)\n\n" + markdown(rows, list(rows[0]))), rows
+
+
+# name: (cap in seconds on a GPU, the part: its table and data, again each time it has measured more, extra
+# environment)
+PARTS: dict[str, tuple[float, Callable[..., Iterator[tuple[str, Any]]], dict[str, str]]] = {
+    "floor": (170, floor_part, {}),
+    "compiled": (150, compiled_part, {}),
+    "async": (100, async_part, {"PYTORCH_CUDA_ALLOC_CONF": ASYNC_ALLOCATOR_CONF}),
+    "bits": (60, bits_part, {}),
+    "int8": (40, int8_part, {}),
+}
+
+
+def environment(device: str) -> str:
+    """What the machine runs: python, torch, transformers, the accelerator and its allocator."""
+    import transformers
+
+    lines = [f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+             f"transformers {transformers.__version__}, compile=True from torch "
+             f"{'.'.join(map(str, static_step.OLDEST_TESTED_TORCH))}: "
+             f"{'yes' if static_step.torch_tested(torch.__version__) else 'no, runs eagerly'}"]
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(torch.device(device))
+        lines.append(f"{properties.name}, {properties.total_memory / 2**30:.0f} GiB, "
+                     f"{properties.multi_processor_count} SMs, allocator {static_step.allocator_backend()}")
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def run_part(name: str, out: Path, device: str, tiny: bool) -> None:
+    """One part, in this process: its table and data written to `out` as soon as each piece is measured."""
+    torch.set_grad_enabled(False)
+    if tiny:
+        static_step.BACKEND = "eager"
+    torch_device, dtype, shape = _setting(device, tiny)
+    started = time.perf_counter()
+    index = list(PARTS).index(name) + 1
+    for table, data in PARTS[name][1](torch_device, dtype, shape, tiny):
+        header = (f"## {index}. {name} ({time.perf_counter() - started:.0f} s, {torch_device}, "
+                  f"{str(dtype).replace('torch.', '')}{', tiny shapes, dynamo eager backend' if tiny else ''})")
+        (out / f"{index}-{name}.md").write_text(f"{header}\n\n{table}\n")
+        (out / f"{index}-{name}.json").write_text(json.dumps(data, indent=1, default=str))
+
+
+def run(out: Path, device: Optional[str] = None, tiny: bool = False, limit_s: float = LIMIT_S) -> str:
+    """Every part in turn, each in a process of its own under its cap (tiny: the whole limit) and what is left
+    of `limit_s`; returns the tables written."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "0-environment.md").write_text(f"## Environment\n\n{environment(device)}\n")
+    started, ended = time.perf_counter(), []
+    root = str(Path(__file__).resolve().parents[2])
+    for name, (cap, _, extra) in PARTS.items():
+        left = limit_s - (time.perf_counter() - started)
+        if left < 5:
+            ended.append(dict(part=name, seconds=0, ended="not run: the time was spent"))
+            continue
+        env = {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+               "SCD_WINDOW_COSTS": "off"}
+        command = [sys.executable, "-m", "scd_core.bench.device_run", name, str(out), device] + (["--tiny"] * tiny)
+        part_started = time.perf_counter()
+        try:
+            done = subprocess.run(command, env=env, timeout=min(left, limit_s if tiny else cap),
+                                  capture_output=True, text=True)
+            ended.append(dict(part=name, seconds=time.perf_counter() - part_started,
+                              ended="done" if done.returncode == 0 else
+                              f"failed ({done.returncode}): {' '.join(done.stderr.split()[-40:])}"))
+        except subprocess.TimeoutExpired:
+            ended.append(dict(part=name, seconds=time.perf_counter() - part_started, ended="cut at its time limit"))
+        (out / "parts.md").write_text("## Parts\n\n" + markdown(ended, ["part", "seconds", "ended"]) + "\n")
+        print(f"{name}: {ended[-1]['ended'][:200]} ({ended[-1]['seconds']:.0f} s)", flush=True)
+    return "\n\n".join(path.read_text() for path in sorted(out.glob("*.md")))
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description="one part of the device run, in this process (`run`)")
+    parser.add_argument("part", choices=list(PARTS))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("device")
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args(argv)
+    run_part(args.part, args.out, args.device, args.tiny)
+
+
+if __name__ == "__main__":
+    main()
