@@ -137,11 +137,33 @@ def test_greedy_tokens_equal_transformers_generate(model: glm_image.GlmImageMode
 
 
 @needs_glm_image
-def test_unset_temperature_and_top_p_sample_at_the_folders_generation_config(model: glm_image.GlmImageModel
-                                                                              ) -> None:
+def test_default_sampling_law_is_the_pipelines(model: glm_image.GlmImageModel, folder: Path) -> None:
+    """Left at the model's values, the engine samples the law of the pipeline's `generate(..., do_sample=True)`
+    on the same folder: transformers' own logits processors, built by generate from the folder's
+    generation_config.json (as published: temperature 0.9, top_p 0.75, no top_k) and its global defaults, which
+    add top-k 50."""
+    from glm_image_fixture import PUBLISHED_SAMPLING
+    from sampling_law import assert_same_law, default_probs, processed_probs, spread_logits
+    from transformers import GlmImageForConditionalGeneration
+
+    saved = json.loads((folder / glm_image.AR_FOLDER / "generation_config.json").read_text())
+    assert {key: saved.get(key) for key in ("do_sample", "temperature", "top_p", "top_k")} == \
+        {**PUBLISHED_SAMPLING, "top_k": None}
+    net = GlmImageForConditionalGeneration.from_pretrained(str(folder / glm_image.AR_FOLDER))
+    generation, _ = net._prepare_generation_config(None, do_sample=True)  # what the pipeline's call builds
+    processors = net._get_logits_processor(generation_config=generation, input_ids_seq_length=1,
+                                           encoder_input_ids=None, prefix_allowed_tokens_fn=None,
+                                           logits_processor=None)
+    logits = spread_logits(model.vocab_size)
+    assert_same_law(default_probs(model, logits), processed_probs(processors, logits))
+    assert (model.default_temperature, model.default_top_k, model.default_top_p) == (0.9, 50, 0.75)
+
+
+@needs_glm_image
+def test_unset_sampling_settings_sample_as_generate_reads_the_folder(model: glm_image.GlmImageModel) -> None:
     """Left at "the model's value" (SamplerConfig's None, the node's -1 / 0 widgets, the CLI without
-    --temperature / --top-p) GLM-Image samples at its generation_config's 0.9 and 0.75: the tokens of those
-    values set by hand."""
+    --temperature / --top-k / --top-p) GLM-Image samples at its generation_config's 0.9 and 0.75 and generate's
+    top-k 50: the tokens of those values set by hand."""
     import argparse
 
     from scd_core.cli_shared import add_sampler_arguments, sampler_config
@@ -150,10 +172,10 @@ def test_unset_temperature_and_top_p_sample_at_the_folders_generation_config(mod
     parser = argparse.ArgumentParser()
     add_sampler_arguments(parser)
     for config in (SamplerConfig(window=8, seed=5), sampler_config(parser.parse_args(["--window", "8"]), 5)):
-        assert sampling_settings(model, config) == (1.0, 0.9, None, 0.75)
+        assert sampling_settings(model, config) == (1.0, 0.9, 50, 0.75)
     cond = model.encode(PROMPT)
     unset = generate(model, cond, SamplerConfig(window=8, seed=5)).tokens
-    assert torch.equal(unset, generate(model, cond, SamplerConfig(window=8, seed=5, temperature=0.9,
+    assert torch.equal(unset, generate(model, cond, SamplerConfig(window=8, seed=5, temperature=0.9, top_k=50,
                                                                   top_p=0.75)).tokens)
 
 
