@@ -341,6 +341,44 @@ def test_decode_equals_the_pipeline_for_the_same_tokens(model: glm_image.GlmImag
 
 
 @needs_glm_image
+@pytest.mark.parametrize("width, height", [(44, 40), (150, 150)])
+def test_image_to_image_decode_resizes_the_source_as_the_pipeline(model: glm_image.GlmImageModel, folder: Path,
+                                                                  width: int, height: int) -> None:
+    """The pipeline resizes the source itself (lanczos, to its size floored to 16 px): where that is the size the
+    codes describe (44 x 40: 32 x 32, one code of the tiny processor), the decoded pixels are the pipeline's given
+    the source as it is.  Where it is not (150 x 150: 144 x 144 against 2 x 2 codes, 64 x 64 px), the pipeline
+    itself fails, and the source is resized to the codes' size first."""
+    from diffusers import GlmImagePipeline
+    from PIL import Image
+
+    pixels = torch.rand(height, width, 3, generator=torch.Generator().manual_seed(3))
+    picture = Image.fromarray((pixels * 255).to(torch.uint8).numpy())
+    cond = model.encode(PROMPT, image=picture)
+    tokens = generate(model, cond, SamplerConfig(window=8, seed=0)).tokens
+    model.decode_steps = 2
+    images = model.decode(tokens, cond)
+    assert images.shape == (1, *model.size, 3)
+    (rows, cols), (source_rows, source_cols) = model.grid, cond.source.grid
+    up = lambda codes, r, c: torch.nn.functional.interpolate(codes.view(1, 1, r, c).float(), scale_factor=2,
+                                                             mode="nearest").long().view(1, -1)
+    pipeline = GlmImagePipeline.from_pretrained(str(folder))
+    call = dict(prompt=PROMPT, image=[picture], prior_token_ids=up(tokens[0], rows, cols), height=model.size[0],
+                width=model.size[1], prior_token_image_ids=[up(torch.tensor(cond.source.codes), source_rows,
+                                                                source_cols)[0]],
+                source_image_grid_thw=[torch.tensor([[1, 2 * source_rows, 2 * source_cols]])],
+                num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="pt")
+    fits = (height // 16 * 16, width // 16 * 16) == (source_rows * 32, source_cols * 32)
+    assert fits == (width == 44)
+    if fits:
+        expected = pipeline(**call).images[0].permute(1, 2, 0).float()
+        torch.testing.assert_close(images[0], expected, atol=1e-6, rtol=0)
+    else:
+        with pytest.raises(Exception):
+            pipeline(**call)
+    generate(model, model.encode(PROMPT), SamplerConfig(window=8, seed=0))  # back to text-to-image
+
+
+@needs_glm_image
 def test_missing_diffusers_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     real_import = builtins.__import__
 

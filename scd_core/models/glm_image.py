@@ -325,8 +325,8 @@ class GlmImageModel:
         if cond.source is not None:  # the DiT sees the source image (its VAE latents) and its codes
             rows, cols = cond.source.grid
             codes = upsampled(torch.tensor([cond.source.codes]), cond.source.grid)[0].to(device)
-            # at the size its codes describe (the processor may have resized it), so both cover the same cells
-            picture = cond.source.image.resize((cols * PIXELS_PER_TOKEN, rows * PIXELS_PER_TOKEN))
+            picture = decoder_source(cond.source.image, cond.source.grid,
+                                     pipeline.vae_scale_factor * pipeline.transformer.config.patch_size)
             source = dict(image=[picture], prior_token_image_ids=[codes],
                           source_image_grid_thw=[torch.tensor([[1, 2 * rows, 2 * cols]], device=device)])
         images = []
@@ -394,6 +394,19 @@ def upsampled(tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     rows, cols = grid
     cells = tokens.reshape(-1, rows, cols).repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)
     return cells.reshape(tokens.shape[0], -1)
+
+
+def decoder_source(picture: Any, grid: tuple[int, int], multiple_of: int) -> Any:
+    """The source image as the pipeline's DiT is to see it: at the size its codes describe (grid rows x cols of
+    32 px tokens), so that latents and codes cover the same cells.  The pipeline resizes a source itself (lanczos,
+    to its size floored to `multiple_of` px): where that is the codes' size it is handed over as it is, so the
+    pipeline's own resize applies; where not (the pipeline would fail, e.g. on a 150 x 150 source whose codes
+    describe 160 x 160) it is resized here to the codes' size (Pillow's bicubic)."""
+    rows, cols = grid
+    size = (cols * PIXELS_PER_TOKEN, rows * PIXELS_PER_TOKEN)
+    if tuple(side // multiple_of * multiple_of for side in picture.size) == size:
+        return picture
+    return picture.resize(size)
 
 
 def pil_image(image: Any) -> Any:
