@@ -94,7 +94,8 @@ def test_default_sampling_law_is_the_authors_generate(tiny_emu3_dir: Path, tmp_p
     codes = model.code_ids.tolist()
     generation, _ = full._prepare_generation_config(GenerationConfig(do_sample=True, top_k=2048))
     guidance = UnbatchedClassifierFreeGuidanceLogitsProcessor(3.0, full, unconditional_ids=uncond_ids)
-    authors = LogitsProcessorList([guidance, PrefixConstrainedLogitsProcessor(lambda batch_id, ids: codes, num_beams=1)])
+    allowed = PrefixConstrainedLogitsProcessor(lambda batch_id, ids: codes, num_beams=1)
+    authors = LogitsProcessorList([guidance, allowed])
     processors = full._get_logits_processor(generation_config=generation, input_ids_seq_length=cond_ids.shape[1],
                                             encoder_input_ids=cond_ids, prefix_allowed_tokens_fn=None,
                                             logits_processor=authors)

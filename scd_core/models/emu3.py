@@ -41,7 +41,9 @@ MODEL_TYPE = "emu3"
 FAMILY = Family(
     label="Emu3", holds="an Emu3-Gen folder (BAAI/Emu3-Gen-hf: model_type 'emu3')",
     downloads=(("emu3", "the Hugging Face repository BAAI/Emu3-Gen-hf (the transformers format)"),),
-    roots=("Emu3",), cfg="Emu3 3", sizes=("Emu3 (any aspect, 8 px steps)",), compile=True)
+    roots=("Emu3",), cfg="Emu3 3", top_k="Emu3 2048",
+    top_p="Emu3 its generation_config.json's, if it sets one", temperature="Emu3 its generation_config.json's, if any",
+    sizes=("Emu3 (any aspect, 8 px steps)",), compile=True)
 HF_FORMAT_HINT = ("download the transformers-format repository BAAI/Emu3-Gen-hf instead (BAAI/Emu3-Gen holds "
                   "the original layout, which needs its own custom code)")
 BOS, EOS = "<|extra_203|>", "<|extra_204|>"

@@ -44,7 +44,9 @@ FAMILY = Family(
     holds="a GLM-Image folder (zai-org/GLM-Image as published: model_index.json naming GlmImagePipeline, "
           "vision_language_encoder/ with model_type 'glm_image')",
     downloads=(("glm", "the Hugging Face repository zai-org/GLM-Image (all of its subfolders)"),),
-    roots=("GLM-Image",), top_p="0.75 for GLM-Image", temperature="0.9 for GLM-Image",
+    roots=("GLM-Image",), top_k="GLM-Image its generation_config.json's (as published: none, so generate's 50)",
+    top_p="GLM-Image its generation_config.json's (0.75 as published)",
+    temperature="GLM-Image its generation_config.json's (0.9 as published)",
     sizes=("GLM-Image (multiples of 32)",))
 MODEL_TYPE = "glm_image"
 PIPELINE_CLASS = "GlmImagePipeline"
