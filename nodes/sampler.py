@@ -66,6 +66,11 @@ def temperature_tooltip() -> str:
             "status line warns).")
 
 
+def top_k_tooltip() -> str:
+    declared = "; ".join(family.top_k for family in families() if family.top_k)
+    return f"0 uses the model's recommended value ({declared + '; ' if declared else ''}else none: every token)."
+
+
 def top_p_tooltip() -> str:
     declared = "; ".join(family.top_p for family in families() if family.top_p)
     return f"0 uses the model's recommended value ({declared + ', ' if declared else ''}else 1: no top-p)."
@@ -117,7 +122,7 @@ class SCDSampler(io.ComfyNode):
                 io.Float.Input("temperature", default=RECOMMENDED_TEMPERATURE, min=-1.0, max=100.0, step=0.01,
                                tooltip=temperature_tooltip()),
                 io.Int.Input("top_k", default=RECOMMENDED_TOP_K, min=0, max=MAX_TOP_K,
-                             tooltip="0 uses the model's recommended value."),
+                             tooltip=top_k_tooltip()),
                 io.Float.Input("top_p", default=RECOMMENDED_TOP_P, min=0.0, max=1.0, step=0.01,
                                tooltip=top_p_tooltip()),
                 CheckedCombo("draft_init", options=list(DRAFT_INIT_CHOICES), default=MODEL_DRAFT_INIT,

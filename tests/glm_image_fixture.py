@@ -26,6 +26,9 @@ CHAT_TEMPLATE = ("{%- for message in messages -%}{%- if message.content is strin
                  "{%- if item.type == 'image' -%}<|dit_token_" + str(IMAGE_START) + "|><|image|><|dit_token_"
                  + str(IMAGE_END) + "|>{%- elif item.type == 'text' -%}{{ item.text }}{%- endif -%}"
                  "{%- endfor -%}{%- endif -%}{%- endfor -%}")
+# the sampling keys of zai-org/GLM-Image's vision_language_encoder/generation_config.json: no top_k, which
+# generate then takes from transformers' global defaults (50)
+PUBLISHED_SAMPLING = {"do_sample": True, "temperature": 0.9, "top_p": 0.75}
 HEIGHT, WIDTH = 128, 96  # a 4 x 3 grid of 32 px tokens (the preview grid is 18 x 13)
 
 
@@ -83,7 +86,7 @@ def tiny_ar_model(tokenizer: object) -> torch.nn.Module:
         for name, weight in model.model.language_model.named_parameters():
             if name.endswith("proj.weight"):
                 weight.normal_(0.0, 1.5 / weight.shape[1] ** 0.5)
-    model.generation_config.update(do_sample=True, temperature=0.9, top_p=0.75, top_k=None)
+    model.generation_config.update(**PUBLISHED_SAMPLING)
     return model
 
 

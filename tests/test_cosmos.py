@@ -15,7 +15,7 @@ from cosmos_fixture import (CONTEXT_DIM, FRAME_SIZE, TINY, context_frames, write
                             write_tokenizer)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
 from scd_core.models.cosmos import (TOKENIZER_FOLDER, VideoContext, config_for, detect, official_keys,
-                                    read_state_dict, rope_table_3d, sincos_table_3d, yarn_factors, BASE_12B)
+                                    read_state_dict, rope_table_3d, sincos_table_3d, yarn_factors, BASE_12B, SIZES)
 
 FRAME_TOKENS = TINY["video_latent_shape"][1] * TINY["video_latent_shape"][2]
 NUM_TOKENS = TINY["generated_frames"] * FRAME_TOKENS
@@ -122,6 +122,24 @@ def test_defaults_and_layout(folders):
     assert big.default_top_p == 0.9 and big.config.yarn_scale == 2.0
     session = model.start(_context(model), 1)
     assert torch.equal(session.prefix_tokens, _context(model).codes) and session.prefix_tokens.shape == (2 * FRAME_TOKENS,)
+
+
+# NVIDIA's Cosmos-1.0 autoregressive README (github:NVIDIA/Cosmos before its code moved to
+# nvidia-cosmos/cosmos-predict1, whose examples repeat 4B 0.8 and 5B-Video2World 0.7): the top-p of each model's
+# commands, "tuned ... to achieve the best performance"; temperature 1, no top-k, no guidance for all
+AUTHORS_TOP_P = {"4B": 0.8, "12B": 0.9, "5B-Video2World": 0.7, "13B-Video2World": 0.8}
+
+
+def test_default_sampling_law_is_the_authors(folders, tmp_path):
+    """Left at the model's values, each size samples NVIDIA's law: softmax at temperature 1, then top-p at its
+    README's value, as transformers' own warpers compute it, for the same logits."""
+    from sampling_law import assert_same_law, default_probs, processed_probs, spread_logits, warpers
+
+    for size, folder in folders.items():
+        model = load_model(folder, "cpu", torch.float32)
+        logits = spread_logits(model.vocab_size)
+        assert_same_law(default_probs(model, logits), processed_probs(warpers(1.0, None, AUTHORS_TOP_P[size]), logits))
+    assert {size: config_for(tmp_path / f"Cosmos-1.0-Autoregressive-{size}").top_p for size in SIZES} == AUTHORS_TOP_P
 
 
 def test_generate_and_decode(folders):
@@ -297,8 +315,6 @@ def test_pickled_code_is_refused(tmp_path):
 
 def test_detect_and_size_from_name(tmp_path, folders):
     assert all(detect(folder) for folder in folders.values())
-    from scd_core.models.cosmos import SIZES
-
     for size, expected in SIZES.items():  # the real sizes, from NVIDIA's folder names alone
         named = tmp_path / "real" / f"Cosmos-1.0-Autoregressive-{size}"
         named.mkdir(parents=True)

@@ -68,6 +68,44 @@ def test_loaded_model_describes_itself(tiny_emu3_dir: Path) -> None:
     assert model.forced_tokens == {4: ids[EOL], 9: ids[EOL], 14: ids[EOL], 15: ids[EOF], 16: ids[EOI], 17: ids[EOS]}
 
 
+@pytest.mark.parametrize("saved", [{}, {"temperature": 0.7, "top_p": 0.9, "top_k": 5}],
+                         ids=["as-written", "folder-sets-sampling"])
+def test_default_sampling_law_is_the_authors_generate(tiny_emu3_dir: Path, tmp_path: Path, saved: dict) -> None:
+    """Left at the model's values, the engine samples the law of BAAI's image_generation.py: generate with
+    GenerationConfig(do_sample=True, top_k=2048) and CFG 3 as an UnbatchedClassifierFreeGuidanceLogitsProcessor
+    (plus the allowed-token prefix), the rest from the folder's generation_config.json, then transformers' global
+    defaults: transformers' own processors, built by generate, on the tiny model's own logits."""
+    from sampling_law import assert_same_law, default_probs, processed_probs
+    from transformers import (Emu3ForConditionalGeneration, GenerationConfig, LogitsProcessorList,
+                              PrefixConstrainedLogitsProcessor, UnbatchedClassifierFreeGuidanceLogitsProcessor)
+
+    folder = tiny_emu3_dir
+    if saved:  # a folder whose generation_config.json sets sampling keys of its own
+        folder = tmp_path / tiny_emu3_dir.name
+        shutil.copytree(tiny_emu3_dir, folder)
+        path = folder / "generation_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **saved}))
+    model = at_test_size(load_model(folder, device="cpu", dtype="float32"))
+    full = Emu3ForConditionalGeneration.from_pretrained(str(folder)).eval()
+    prompt = model.encode(PROMPT)
+    cond_ids, uncond_ids = torch.tensor([prompt.cond]), torch.tensor([prompt.uncond])
+    with torch.no_grad():
+        cond, uncond = (full(input_ids=ids).logits[:, -1] for ids in (cond_ids, uncond_ids))
+    codes = model.code_ids.tolist()
+    generation, _ = full._prepare_generation_config(GenerationConfig(do_sample=True, top_k=2048))
+    guidance = UnbatchedClassifierFreeGuidanceLogitsProcessor(3.0, full, unconditional_ids=uncond_ids)
+    allowed = PrefixConstrainedLogitsProcessor(lambda batch_id, ids: codes, num_beams=1)
+    authors = LogitsProcessorList([guidance, allowed])
+    processors = full._get_logits_processor(generation_config=generation, input_ids_seq_length=cond_ids.shape[1],
+                                            encoder_input_ids=cond_ids, prefix_allowed_tokens_fn=None,
+                                            logits_processor=authors)
+    with torch.no_grad():
+        reference = processed_probs(processors, cond, cond_ids)[:, codes]
+    assert_same_law(default_probs(model, cond[:, codes], uncond[:, codes]), reference)
+    expected = (saved.get("temperature", 1.0), 2048, saved.get("top_p", 1.0))
+    assert (model.default_temperature, model.default_top_k, model.default_top_p) == expected
+
+
 @pytest.mark.parametrize("ratio, area", [("1:1", 518400), ("16:9", 518400), ("3:4", 262144), ("4:3", 768),
                                          ("21:9", 1000000)])
 def test_grid_size_follows_emu3_processor(ratio: str, area: int) -> None:

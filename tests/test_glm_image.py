@@ -137,11 +137,33 @@ def test_greedy_tokens_equal_transformers_generate(model: glm_image.GlmImageMode
 
 
 @needs_glm_image
-def test_unset_temperature_and_top_p_sample_at_the_folders_generation_config(model: glm_image.GlmImageModel
-                                                                              ) -> None:
+def test_default_sampling_law_is_the_pipelines(model: glm_image.GlmImageModel, folder: Path) -> None:
+    """Left at the model's values, the engine samples the law of the pipeline's `generate(..., do_sample=True)`
+    on the same folder: transformers' own logits processors, built by generate from the folder's
+    generation_config.json (as published: temperature 0.9, top_p 0.75, no top_k) and its global defaults, which
+    add top-k 50."""
+    from glm_image_fixture import PUBLISHED_SAMPLING
+    from sampling_law import assert_same_law, default_probs, processed_probs, spread_logits
+    from transformers import GlmImageForConditionalGeneration
+
+    saved = json.loads((folder / glm_image.AR_FOLDER / "generation_config.json").read_text())
+    assert {key: saved.get(key) for key in ("do_sample", "temperature", "top_p", "top_k")} == \
+        {**PUBLISHED_SAMPLING, "top_k": None}
+    net = GlmImageForConditionalGeneration.from_pretrained(str(folder / glm_image.AR_FOLDER))
+    generation, _ = net._prepare_generation_config(None, do_sample=True)  # what the pipeline's call builds
+    processors = net._get_logits_processor(generation_config=generation, input_ids_seq_length=1,
+                                           encoder_input_ids=None, prefix_allowed_tokens_fn=None,
+                                           logits_processor=None)
+    logits = spread_logits(model.vocab_size)
+    assert_same_law(default_probs(model, logits), processed_probs(processors, logits))
+    assert (model.default_temperature, model.default_top_k, model.default_top_p) == (0.9, 50, 0.75)
+
+
+@needs_glm_image
+def test_unset_sampling_settings_sample_as_generate_reads_the_folder(model: glm_image.GlmImageModel) -> None:
     """Left at "the model's value" (SamplerConfig's None, the node's -1 / 0 widgets, the CLI without
-    --temperature / --top-p) GLM-Image samples at its generation_config's 0.9 and 0.75: the tokens of those
-    values set by hand."""
+    --temperature / --top-k / --top-p) GLM-Image samples at its generation_config's 0.9 and 0.75 and generate's
+    top-k 50: the tokens of those values set by hand."""
     import argparse
 
     from scd_core.cli_shared import add_sampler_arguments, sampler_config
@@ -150,10 +172,10 @@ def test_unset_temperature_and_top_p_sample_at_the_folders_generation_config(mod
     parser = argparse.ArgumentParser()
     add_sampler_arguments(parser)
     for config in (SamplerConfig(window=8, seed=5), sampler_config(parser.parse_args(["--window", "8"]), 5)):
-        assert sampling_settings(model, config) == (1.0, 0.9, None, 0.75)
+        assert sampling_settings(model, config) == (1.0, 0.9, 50, 0.75)
     cond = model.encode(PROMPT)
     unset = generate(model, cond, SamplerConfig(window=8, seed=5)).tokens
-    assert torch.equal(unset, generate(model, cond, SamplerConfig(window=8, seed=5, temperature=0.9,
+    assert torch.equal(unset, generate(model, cond, SamplerConfig(window=8, seed=5, temperature=0.9, top_k=50,
                                                                   top_p=0.75)).tokens)
 
 
@@ -316,6 +338,44 @@ def test_decode_equals_the_pipeline_for_the_same_tokens(model: glm_image.GlmImag
                        num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="pt")
         torch.testing.assert_close(images[row], out.images[0].permute(1, 2, 0).float(), atol=1e-5, rtol=0)
     assert not torch.equal(images[0], images[1])
+
+
+@needs_glm_image
+@pytest.mark.parametrize("width, height", [(44, 40), (150, 150)])
+def test_image_to_image_decode_resizes_the_source_as_the_pipeline(model: glm_image.GlmImageModel, folder: Path,
+                                                                  width: int, height: int) -> None:
+    """The pipeline resizes the source itself (lanczos, to its size floored to 16 px): where that is the size the
+    codes describe (44 x 40: 32 x 32, one code of the tiny processor), the decoded pixels are the pipeline's given
+    the source as it is.  Where it is not (150 x 150: 144 x 144 against 2 x 2 codes, 64 x 64 px), the pipeline
+    itself fails, and the source is resized to the codes' size first."""
+    from diffusers import GlmImagePipeline
+    from PIL import Image
+
+    pixels = torch.rand(height, width, 3, generator=torch.Generator().manual_seed(3))
+    picture = Image.fromarray((pixels * 255).to(torch.uint8).numpy())
+    cond = model.encode(PROMPT, image=picture)
+    tokens = generate(model, cond, SamplerConfig(window=8, seed=0)).tokens
+    model.decode_steps = 2
+    images = model.decode(tokens, cond)
+    assert images.shape == (1, *model.size, 3)
+    (rows, cols), (source_rows, source_cols) = model.grid, cond.source.grid
+    up = lambda codes, r, c: torch.nn.functional.interpolate(codes.view(1, 1, r, c).float(), scale_factor=2,
+                                                             mode="nearest").long().view(1, -1)
+    pipeline = GlmImagePipeline.from_pretrained(str(folder))
+    call = dict(prompt=PROMPT, image=[picture], prior_token_ids=up(tokens[0], rows, cols), height=model.size[0],
+                width=model.size[1], prior_token_image_ids=[up(torch.tensor(cond.source.codes), source_rows,
+                                                                source_cols)[0]],
+                source_image_grid_thw=[torch.tensor([[1, 2 * source_rows, 2 * source_cols]])],
+                num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="pt")
+    fits = (height // 16 * 16, width // 16 * 16) == (source_rows * 32, source_cols * 32)
+    assert fits == (width == 44)
+    if fits:
+        expected = pipeline(**call).images[0].permute(1, 2, 0).float()
+        torch.testing.assert_close(images[0], expected, atol=1e-6, rtol=0)
+    else:
+        with pytest.raises(Exception):
+            pipeline(**call)
+    generate(model, model.encode(PROMPT), SamplerConfig(window=8, seed=0))  # back to text-to-image
 
 
 @needs_glm_image

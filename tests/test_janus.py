@@ -53,6 +53,17 @@ def test_prompt_layout_follows_transformers(model32: janus.JanusModel, tiny_janu
     assert model32.encode(PROMPT, negative_prompt="  ") == prompt
 
 
+def test_default_sampling_law_is_the_authors(model32: janus.JanusModel) -> None:
+    """Left at the model's values, Janus-Pro samples DeepSeek's law (generation_inference.py, the README's
+    Janus-Pro example, demo/app_januspro.py: cfg_weight 5, temperature 1, softmax over every image code, no
+    top-k or top-p): logits = uncond + 5 (cond - uncond), then transformers' temperature warper at 1."""
+    from sampling_law import assert_same_law, default_probs, guided, processed_probs, spread_logits, warpers
+
+    cond, uncond = spread_logits(model32.vocab_size, seed=0), spread_logits(model32.vocab_size, seed=1)
+    reference = processed_probs(warpers(1.0, None, 1.0), guided(cond, uncond, 5.0))
+    assert_same_law(default_probs(model32, cond, uncond), reference)
+
+
 @pytest.mark.parametrize("coupler", COUPLERS)
 def test_generate_and_decode_with_every_coupler(model32: janus.JanusModel, coupler: str) -> None:
     config = SamplerConfig(coupler=coupler, window=4, seed=3)

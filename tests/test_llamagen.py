@@ -177,6 +177,24 @@ def test_original_names_and_defaults(folders):
     assert "t5" in dict(t2i.module.named_children())
 
 
+# LlamaGen's autoregressive/sample/sample_c2i.py and sample_t2i.py argparse defaults: (cfg, top-k, temperature, top-p)
+AUTHORS = {"c2i": (4.0, 2000, 1.0, 1.0), "t2i": (7.5, 1000, 1.0, 1.0)}
+
+
+def test_default_sampling_law_is_the_authors(folders):
+    """Left at the model's values, LlamaGen samples its authors' law: uncond + cfg (cond - uncond), then
+    temperature, top-k and top-p (their filtering, taken from transformers: here transformers' own warpers; a
+    top-k at or above the tiny vocabulary keeps every token, as their clamp to the vocabulary does)."""
+    from sampling_law import assert_same_law, default_probs, guided, processed_probs, spread_logits, warpers
+
+    for name in ("pt", "t2i"):
+        model = load_model(folders[name], "cpu", torch.float32)
+        cfg, top_k, temperature, top_p = AUTHORS[model.config.task]
+        cond, uncond = spread_logits(model.vocab_size, seed=0), spread_logits(model.vocab_size, seed=1)
+        reference = warpers(temperature, min(top_k, model.vocab_size), top_p)
+        assert_same_law(default_probs(model, cond, uncond), processed_probs(reference, guided(cond, uncond, cfg)))
+
+
 def test_rope_table_matches_published_layout():
     table = rope_table_2d(GPTConfig(dim=32, n_layer=1, n_head=2, n_kv_head=2, ffn_hidden=8, vocab_size=4,
                                     grid_size=3, cls_token_num=2))

@@ -62,6 +62,21 @@ def test_lumina2_describes_itself(model2: lumina.LuminaModel) -> None:
     assert (model2.default_cfg_scale, model2.default_top_k) == (4.0, 4096)
 
 
+def test_default_sampling_law_is_the_authors(model32: lumina.LuminaModel, model2: lumina.LuminaModel) -> None:
+    """Left at the model's values, each generation samples its authors' law: CFG as their guidance processor
+    (uncond + cfg (cond - uncond)), top-k over the image codes, temperature 1; transformers' own warpers here.
+    Lumina-mGPT: `FlexARInferenceSolver.generate` without a logits processor builds `create_logits_processor()`,
+    cfg 3, image_top_k 2000 (their README's example passes cfg 4.0).  Lumina-mGPT 2.0: generate.py has no
+    defaults; the README and scripts/sample.sh run --cfg 4.0 --top_k 4096 --temperature 1.0 (4096 keeps all of
+    the tiny codebook's 256 codes, as their top-k clamps to the vocabulary)."""
+    from sampling_law import assert_same_law, default_probs, guided, processed_probs, spread_logits, warpers
+
+    for model, (cfg, top_k) in ((model32, (3.0, 2000)), (model2, (4.0, 4096))):
+        cond, uncond = spread_logits(model.vocab_size, seed=0), spread_logits(model.vocab_size, seed=1)
+        reference = warpers(1.0, min(top_k, model.vocab_size), 1.0)
+        assert_same_law(default_probs(model, cond, uncond), processed_probs(reference, guided(cond, uncond, cfg)))
+
+
 @pytest.mark.parametrize("which", ["1", "2"])
 def test_prompt_layout_follows_the_authors(which: str, model32: lumina.LuminaModel, model2: lumina.LuminaModel,
                                            tiny_lumina_dir: Path, tiny_lumina2_dir: Path) -> None:

@@ -621,8 +621,11 @@ def test_the_demo_asks_for_a_digit(node_classes: dict[str, Any], fake_server: Fa
 
 def test_sampling_settings_and_stats_explain_themselves(node_classes: dict[str, Any]) -> None:
     inputs = inputs_of(node_classes["SCDSampler"])
-    for name in ("seed", "temperature", "batch_size", "cfg_scale"):
+    for name in ("seed", "temperature", "batch_size", "cfg_scale", "top_k", "top_p"):
         assert inputs[name][1].get("tooltip"), name
+    # what "the model's value" is, family by family
+    assert "Emu3 2048" in inputs["top_k"][1]["tooltip"] and "generate's 50" in inputs["top_k"][1]["tooltip"]
+    assert "5B-Video2World 0.7" in inputs["top_p"][1]["tooltip"]
     assert "row i uses seed + i" in inputs["batch_size"][1]["tooltip"]
     stats = node_classes["SCDStats"].GET_NODE_INFO_V1()
     assert "acceptance is the share of a call's drafts" in stats["description"]

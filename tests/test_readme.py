@@ -75,3 +75,14 @@ def test_relative_links_and_anchors_resolve():
             if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
                 broken.append(f"{page.relative_to(README.parent)}: {link[0] or link[1]}")
     assert not broken, broken
+
+
+def test_the_opening_and_what_has_been_run_name_every_family():
+    from scd_core.models.family import families
+
+    paragraphs = README.read_text().split("\n\n")
+    opening = next(text for text in paragraphs if text.startswith("Autoregressive (AR)"))
+    has_run = next(text for text in paragraphs if text.startswith("**What has been run:**"))
+    for text in (opening, has_run):
+        flat = " ".join(text.split())
+        assert [family.label for family in families() if family.label not in flat] == [], flat

@@ -29,7 +29,7 @@ latent frame after the first).  The context (1 or 9 frames -> 1 or 2 latent fram
 is the prompt; the model then fills every free latent frame, as NVIDIA's pipeline
 does: 4 after 1 context frame (10240 tokens, 32 more video frames, 33 in all), 3
 after 9 (7680 tokens, 24 more).  `encode_video(..., new_frames=24)` asks for fewer.
-No CFG, temperature 1, top-p 0.8 (4B/5B) or 0.9 (12B/13B), no top-k.
+No CFG, temperature 1, top-p 0.8 (4B), 0.9 (12B), 0.7 (5B-Video2World), 0.8 (13B-Video2World), no top-k.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ FAMILY = Family(
     label="Cosmos", holds="a Cosmos-1.0 autoregressive folder (model.pt)",
     downloads=(("cosmos", "NVIDIA's nvidia/Cosmos-1.0-Autoregressive-4B (or another size) with the tokenizer folder "
                           "nvidia/Cosmos-1.0-Tokenizer-DV8x16x16 next to it"),),
-    roots=("Cosmos",), top_p="0.8 / 0.9 for Cosmos", video="1 or 9 frames, resized to the model's frame size")
+    roots=("Cosmos",), top_p="Cosmos 4B 0.8, 12B 0.9, 5B-Video2World 0.7, 13B-Video2World 0.8",
+    video="1 or 9 frames, resized to the model's frame size")
 CACHE_TOKENS = 12800  # 9 context frames and 24 generated ones: 5 latent frames (memory estimates)
 ENCODER, DECODER = "encoder.jit", "decoder.jit"
 TOKENIZER_FOLDER = "Cosmos-1.0-Tokenizer-DV8x16x16"
@@ -103,9 +104,13 @@ class CosmosConfig:
 
 BASE_4B = CosmosConfig(dim=4096, n_layers=16)
 BASE_12B = CosmosConfig(dim=5120, n_layers=40, yarn_scale=2.0, top_p=0.9)
+# top-p: the values NVIDIA's Cosmos-1.0 autoregressive README gives each model's commands ("tuned ... to achieve
+# the best performance"), not its script's --top_p default (0.8 for every size)
 SIZES = {"4B": BASE_4B, "12B": BASE_12B,
-         "5B-Video2World": replace(BASE_4B, cross_attention=True, abs_pos_emb=True, begin_of_video=True),
-         "13B-Video2World": replace(BASE_12B, cross_attention=True, abs_pos_emb=True, begin_of_video=True)}
+         "5B-Video2World": replace(BASE_4B, cross_attention=True, abs_pos_emb=True, begin_of_video=True,
+                                   top_p=0.7),
+         "13B-Video2World": replace(BASE_12B, cross_attention=True, abs_pos_emb=True, begin_of_video=True,
+                                    top_p=0.8)}
 SIZE_IN_NAME = re.compile(r"(?<![0-9])(4B|12B|5B-Video2World|13B-Video2World)(?![0-9A-Za-z])", re.I)
 # config.json keys read as overrides (NVIDIA's names on the left); anything else in the file is ignored.
 OVERRIDES = {"dim": "dim", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",

@@ -25,6 +25,7 @@ import torch
 from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import ModelLoadError
 from .family import Family
+from .generate_defaults import generate_sampling
 from .generation_only import code_rows_head
 from .hf_folders import check_safetensors_weights
 from .image_encoder import LazyImageEncoder, hf_vq_encoder
@@ -40,7 +41,9 @@ MODEL_TYPE = "emu3"
 FAMILY = Family(
     label="Emu3", holds="an Emu3-Gen folder (BAAI/Emu3-Gen-hf: model_type 'emu3')",
     downloads=(("emu3", "the Hugging Face repository BAAI/Emu3-Gen-hf (the transformers format)"),),
-    roots=("Emu3",), cfg="Emu3 3", sizes=("Emu3 (any aspect, 8 px steps)",), compile=True)
+    roots=("Emu3",), cfg="Emu3 3", top_k="Emu3 2048",
+    top_p="Emu3 its generation_config.json's, if it sets one", temperature="Emu3 its generation_config.json's, if any",
+    sizes=("Emu3 (any aspect, 8 px steps)",), compile=True)
 HF_FORMAT_HINT = ("download the transformers-format repository BAAI/Emu3-Gen-hf instead (BAAI/Emu3-Gen holds "
                   "the original layout, which needs its own custom code)")
 BOS, EOS = "<|extra_203|>", "<|extra_204|>"
@@ -64,6 +67,10 @@ IMAGE_ENCODER_WEIGHTS = UNUSED_WEIGHTS + ("vqmodel.quantize.", "model.vqmodel.qu
 PUBLISHED_NAMES = (("text_model.model.", "model.text_model."), ("text_model.lm_head.", "lm_head."),
                    ("vqmodel.", "model.vqmodel."))
 CACHE_TOKENS = 120 + 8193  # a prompt and a 720 px image (memory estimates)
+# BAAI's image_generation.py: generate(GenerationConfig(do_sample=True, top_k=2048, ...)) with CFG 3 as a logits
+# processor; transformers fills the rest from the folder's generation_config.json, then its global defaults
+AUTHORS_GENERATION = {"do_sample": True, "top_k": 2048}
+AUTHORS_CFG = 3.0
 
 
 def grid_size(ratio: str, image_area: int) -> tuple[int, int]:
@@ -95,13 +102,14 @@ class Emu3Model(Compilable):
 
     layer_step = staticmethod(attention_layer)
     family = "emu3"
-    default_cfg_scale = 3.0  # the authors' classifier_free_guidance
-    default_top_k = 2048
-    default_temperature = 1.0
+    default_cfg_scale = AUTHORS_CFG  # the authors' classifier_free_guidance
 
     def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer, code_ids: torch.Tensor,
-                 image_encoder: Optional[LazyImageEncoder] = None) -> None:
-        """`image_encoder`: the VQ's encoder side, loaded on the first `encode_image` (None: no image input)."""
+                 image_encoder: Optional[LazyImageEncoder] = None,
+                 sampling: tuple[float, Optional[int], float] = (1.0, AUTHORS_GENERATION["top_k"], 1.0)) -> None:
+        """`image_encoder`: the VQ's encoder side, loaded on the first `encode_image` (None: no image input);
+        `sampling`: (temperature, top-k, top-p) by default (`sampling_defaults`)."""
+        self.default_temperature, self.default_top_k, self.default_top_p = sampling
         self.module = module
         self.image_encoder = image_encoder
         self._tokenizer = tokenizer
@@ -272,6 +280,12 @@ def code_ids_from(config: dict, tokenizer: TextTokenizer, folder: Path) -> torch
     return torch.tensor(ids, dtype=torch.long)
 
 
+def sampling_defaults(folder: Path) -> tuple[float, Optional[int], float]:
+    """(temperature, top-k, top-p) the authors' generate call samples the model in `folder` with: top-k 2048, the
+    rest from the folder's generation_config.json, else transformers' global defaults (1: none)."""
+    return generate_sampling(folder, AUTHORS_GENERATION)
+
+
 def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> Emu3Model:
     """Load a transformers-format Emu3-Gen folder onto `device`, computing in `dtype`, the backbone's linear
     layers at `quantize` precision (quantize.PRECISIONS)."""
@@ -288,6 +302,7 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     module = read_hf_network(folder, HFNetwork(Emu3Config, Emu3ForConditionalGeneration, UNUSED_MODULES,
                                                "model.text_model", "Emu3-Gen", HF_FORMAT_HINT, PUBLISHED_NAMES),
                              dtype, quantize)
-    model = Emu3Model(module, tokenizer, code_ids, image_encoder(folder, module.config, dtype))  # slices lm_head
+    model = Emu3Model(module, tokenizer, code_ids, image_encoder(folder, module.config, dtype),  # slices lm_head
+                      sampling_defaults(folder))
     quantize_then_move(model.module, module.model.text_model, "none", dtype, device)
     return model

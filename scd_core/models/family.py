@@ -31,6 +31,7 @@ class Family:
     also: str = ""  # another name its models go by in lists of what supports a feature: "demo"
     cfg: str = ""  # its recommended CFG scales, as the tooltip lists them: "Janus-Pro 5"; "" means no CFG
     cfg_note: str = ""  # a sentence on guidance peculiar to it
+    top_k: str = ""  # its recommended top-k where it has one, as the tooltip lists them: "Emu3 2048"
     top_p: str = ""  # its recommended top-p where it has one (the others' is 1: no top-p)
     temperature: str = ""  # its recommended temperature where it is not 1: "0.9 for GLM-Image"
     class_index: str = ""  # which of its models take a class index as the prompt

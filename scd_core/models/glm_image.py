@@ -28,6 +28,7 @@ import torch
 from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import ModelLoadError
 from .family import Family
+from .generate_defaults import generate_sampling
 from .generation_only import code_rows_head
 from .hf_folders import check_safetensors_weights
 from .hf_cache import cache_keyword, row_cache_view
@@ -43,7 +44,9 @@ FAMILY = Family(
     holds="a GLM-Image folder (zai-org/GLM-Image as published: model_index.json naming GlmImagePipeline, "
           "vision_language_encoder/ with model_type 'glm_image')",
     downloads=(("glm", "the Hugging Face repository zai-org/GLM-Image (all of its subfolders)"),),
-    roots=("GLM-Image",), top_p="0.75 for GLM-Image", temperature="0.9 for GLM-Image",
+    roots=("GLM-Image",), top_k="GLM-Image its generation_config.json's (as published: none, so generate's 50)",
+    top_p="GLM-Image its generation_config.json's (0.75 as published)",
+    temperature="GLM-Image its generation_config.json's (0.9 as published)",
     sizes=("GLM-Image (multiples of 32)",))
 MODEL_TYPE = "glm_image"
 PIPELINE_CLASS = "GlmImagePipeline"
@@ -59,8 +62,6 @@ UNUSED_WEIGHTS = tuple(f"{name}." for name in UNUSED_MODULES)
 CACHE_TOKENS = 256 + 256 + 1024  # a prompt, the preview and a 1024 px grid (memory estimates)
 PIXELS_PER_TOKEN = 32
 DEFAULT_SIZE = (1024, 1024)  # (height, width)
-# the published generation_config.json's sampling values, used when a folder's has none
-DEFAULT_TEMPERATURE, DEFAULT_TOP_P = 0.9, 0.75
 DECODE_STEPS, DECODE_GUIDANCE = 50, 1.5  # the pipeline's defaults for the DiT
 PREVIEW_PIXELS, PENDING_GRAY = 512, 0.5  # progress previews: a token map about this wide, pending cells gray
 
@@ -177,18 +178,17 @@ class GlmImageModel:
 
     family = "glm_image"
     default_cfg_scale = 1.0  # the published pipeline samples the AR stage without guidance
-    default_top_k = None
     image_tasks = ("edit",)  # image-to-image: the source image in the prompt (`add_image`)
 
-    def __init__(self, module: torch.nn.Module, processor: Any, folder: Path, sampling: dict) -> None:
+    def __init__(self, module: torch.nn.Module, processor: Any, folder: Path,
+                 sampling: tuple[float, Optional[int], float]) -> None:
+        """`sampling`: (temperature, top-k, top-p) by default (`sampling_defaults`)."""
         self.module, self.processor, self.folder = module, processor, folder
         codes = module.config.vq_config.num_embeddings
         self.code_ids = torch.arange(codes)
         self.vocab_size = codes
         module.lm_head = code_rows_head(module.lm_head, self.code_ids)  # image codes only
-        self.default_temperature = sampling.get("temperature", DEFAULT_TEMPERATURE)
-        self.default_top_p = sampling.get("top_p", DEFAULT_TOP_P)
-        self.default_top_k = sampling.get("top_k")
+        self.default_temperature, self.default_top_k, self.default_top_p = sampling
         self.pad = processor.tokenizer.pad_token_id or 0  # left padding is masked: any id will do
         self.decode_steps, self.decode_guidance, self.decode_seed = DECODE_STEPS, DECODE_GUIDANCE, 0
         self._pipeline: Optional[Any] = None
@@ -327,8 +327,8 @@ class GlmImageModel:
         if cond.source is not None:  # the DiT sees the source image (its VAE latents) and its codes
             rows, cols = cond.source.grid
             codes = upsampled(torch.tensor([cond.source.codes]), cond.source.grid)[0].to(device)
-            # at the size its codes describe (the processor may have resized it), so both cover the same cells
-            picture = cond.source.image.resize((cols * PIXELS_PER_TOKEN, rows * PIXELS_PER_TOKEN))
+            picture = decoder_source(cond.source.image, cond.source.grid,
+                                     pipeline.vae_scale_factor * pipeline.transformer.config.patch_size)
             source = dict(image=[picture], prior_token_image_ids=[codes],
                           source_image_grid_thw=[torch.tensor([[1, 2 * rows, 2 * cols]], device=device)])
         images = []
@@ -396,6 +396,19 @@ def upsampled(tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     rows, cols = grid
     cells = tokens.reshape(-1, rows, cols).repeat_interleave(2, dim=1).repeat_interleave(2, dim=2)
     return cells.reshape(tokens.shape[0], -1)
+
+
+def decoder_source(picture: Any, grid: tuple[int, int], multiple_of: int) -> Any:
+    """The source image as the pipeline's DiT is to see it: at the size its codes describe (grid rows x cols of
+    32 px tokens), so that latents and codes cover the same cells.  The pipeline resizes a source itself (lanczos,
+    to its size floored to `multiple_of` px): where that is the codes' size it is handed over as it is, so the
+    pipeline's own resize applies; where not (the pipeline would fail, e.g. on a 150 x 150 source whose codes
+    describe 160 x 160) it is resized here to the codes' size (Pillow's bicubic)."""
+    rows, cols = grid
+    size = (cols * PIXELS_PER_TOKEN, rows * PIXELS_PER_TOKEN)
+    if tuple(side // multiple_of * multiple_of for side in picture.size) == size:
+        return picture
+    return picture.resize(size)
 
 
 def pil_image(image: Any) -> Any:
@@ -478,11 +491,11 @@ def decoder_weights(folder: Path) -> int:
                for shape in checkpoint_shapes(weight_files(Path(folder) / name)).values())
 
 
-def sampling_defaults(folder: Path) -> dict:
-    """temperature / top_p / top_k of the AR model's generation_config.json (what the pipeline samples with)."""
-    path = folder / "generation_config.json"
-    config = read_json(path) if path.is_file() else {}
-    return {key: config[key] for key in ("temperature", "top_p", "top_k") if config.get(key) is not None}
+def sampling_defaults(folder: Path) -> tuple[float, Optional[int], float]:
+    """(temperature, top-k, top-p) the pipeline samples the AR model in `folder` with: its `generate(...,
+    do_sample=True)` over the folder's generation_config.json and transformers' global defaults (the published
+    file sets temperature 0.9 and top_p 0.75, and leaves top_k to the global 50)."""
+    return generate_sampling(folder, {"do_sample": True})
 
 
 def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> GlmImageModel:

@@ -68,7 +68,8 @@ FAMILY = Family(
     label="LlamaGen", also="demo", holds="a LlamaGen folder (GPT and VQ checkpoints)",
     downloads=(("llamagen", "a LlamaGen GPT checkpoint such as c2i_B_256.pt and the VQ checkpoint vq_ds16_c2i.pt "
                             "(Hugging Face FoundationVision/LlamaGen)"),),
-    roots=("LlamaGen",), cfg="demo 2, LlamaGen 4 / text 7.5", class_index="demo, LlamaGen c2i", compile=True)
+    roots=("LlamaGen",), cfg="demo 2, LlamaGen 4 / text 7.5",
+    top_k="demo 2, LlamaGen 2000 / text 1000", class_index="demo, LlamaGen c2i", compile=True)
 
 
 # ----------------------------------------------------------------------------- network

@@ -76,7 +76,7 @@ FAMILY = Family(
                                  "movqgan_270M.ckpt"),
                ("lumina", "the Hugging Face repository Alpha-VLLM/Lumina-mGPT-7B-768 (or -512, -1024) plus "
                           "Chameleon's vqgan.ckpt and vqgan.yaml")),
-    cfg="Lumina-mGPT 3 / 2.0: 4",
+    cfg="Lumina-mGPT 3 / 2.0: 4", top_k="Lumina-mGPT 2000 / 2.0: 4096",
     cfg_note="Lumina-mGPT 2.0 follows its authors: 1 turns CFG off; any other scale acts as at least 4 and decays "
              "to 4 within the first image row.",
     sizes=("Lumina-mGPT 2.0 (any aspect, multiples of 32)", "Lumina-mGPT 1 (square, multiples of 32)"),
