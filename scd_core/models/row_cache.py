@@ -96,6 +96,9 @@ class RowCache:
     capacity with the mask built on the device from `lengths`, so a call's shapes depend on its width only;
     the cache never grows (trees are refused) and rewinding never reads the device.  `lengths` (updated in
     place) is then the only truth: `shortest` / `longest` hold the prefill's length only.
+
+    `full_keys` (bfloat16 / float16 sessions, scd_core.models.invariant): every call attends to the whole
+    capacity, masked, as in static mode, so the key length never depends on the call; all else stays eager.
     """
 
     # what depends on the prompt's length and no static call reads (it reads `last_slot` and `lengths`): a kept
