@@ -164,3 +164,61 @@ def stand_in_table(seeds: int, widths: Sequence[int]) -> str:
             f"{reference.shape[0] + 1} positions; teacher-forced, {seeds} noise draws; window auto: {auto}): "
             "images that differ in any token between two layouts of calls, the share of positions whose token "
             "flips, and how far the cond logits moved\n\n" + markdown(rows, list(rows[0])))
+
+
+def _call_ms(model, cond, width: int, repeats: int) -> float:
+    """Mean ms of one `width`-wide window call (after one warm-up) over a prefilled session."""
+    import time
+
+    tokens = torch.zeros(1, width, dtype=torch.long)
+    with torch.no_grad():
+        session = model.start(cond, 1)
+        session.prefill()
+        session.forward(tokens)
+        session.rewind(width)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            session.forward(tokens)
+            session.rewind(width)
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
+def invariant_cost_table(widths: Sequence[int], repeats: int, seeds: Sequence[int], stand_in: bool) -> str:
+    """What the window-invariant calls (scd_core.models.invariant) cost in bfloat16 against today's calls, the
+    two interleaved in one process: one call of each width on the demo (and the Janus-Pro-1B stand-in), and the
+    demo's whole images (faithful) at windows 1, 32 and auto."""
+    import os
+    import time
+    from unittest import mock
+
+    from ..models import invariant
+    from ..models.loading import load_model
+    from .device_check import SHAPES, ShapeModel, build
+
+    def under(policy: str, measure):
+        with mock.patch.dict(os.environ, {invariant.POLICY_VARIABLE: policy}):
+            return measure()
+
+    demo = load_model("demo", "cpu", "bfloat16")
+    models = [("demo", demo, demo.encode("3"), repeats)]
+    if stand_in:
+        module, head = build(SHAPES[0], torch.device("cpu"), torch.bfloat16, tiny=False)
+        models.append(("Janus-Pro-1B stand-in", ShapeModel(SHAPES[0], module, head), None, 1))
+    rows = []
+    for name, model, cond, count in models:
+        for width in widths:
+            old, new = (under(policy, lambda: _call_ms(model, cond, width, count)) for policy in ("off", "auto"))
+            rows.append({"model": name, "what": f"one call of width {width}", "today_ms": old, "invariant_ms": new,
+                         "ratio": new / old})
+    cond = models[0][2]
+    for window in (1, 32, "auto"):
+        def images() -> tuple[float, float]:
+            start = time.perf_counter()
+            calls = [generate(demo, cond, SamplerConfig(window=window, seed=seed)).nfe for seed in seeds]
+            return (time.perf_counter() - start) / len(seeds), sum(calls) / len(calls)
+        (old, old_calls), (new, new_calls) = (under(policy, images) for policy in ("off", "auto"))
+        rows.append({"model": "demo", "what": f"image at window {window} ({old_calls:.1f} / {new_calls:.1f} calls)",
+                     "today_ms": 1000 * old, "invariant_ms": 1000 * new, "ratio": new / old})
+    return (f"**bfloat16 on this CPU ({torch.get_num_threads()} threads): today's calls against window-invariant "
+            f"calls** (demo images: seeds {seeds[0]}-{seeds[-1]}, mean calls today / invariant)\n\n"
+            + markdown(rows, list(rows[0])))

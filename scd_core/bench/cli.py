@@ -20,6 +20,7 @@
     python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
     python -m scd_core.bench bf16 --seeds 8           # bfloat16: images differing by width, batch, compile
     python -m scd_core.bench bf16-stand-in            # bfloat16 on the Janus-Pro-1B stand-in, teacher-forced
+    python -m scd_core.bench invariant --seeds 2      # bfloat16: what the window-invariant calls cost
     python -m scd_core.bench given --seeds 3          # images in the prompt: calls of continuations and regions
     python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
@@ -180,6 +181,12 @@ def _bf16_stand_in(args: argparse.Namespace) -> Result:
     return "bf16-stand-in", stand_in_table(args.seeds, args.windows)
 
 
+def _invariant(args: argparse.Namespace) -> Result:
+    from .bf16 import invariant_cost_table
+
+    return "invariant", invariant_cost_table(args.windows, args.repeats, list(range(args.seeds)), args.stand_in)
+
+
 def _faithful(args: argparse.Namespace) -> Result:
     from .faithful import faithful_tables
 
@@ -294,6 +301,11 @@ COMMANDS: dict[str, Bench] = {
                            "images that differ from window 1's, teacher-forced, one image per noise draw",
                            (option("--seeds", type=int, default=64, metavar="N",
                                    help="noise draws (images) per width (default: 64)"), WINDOWS), _bf16_stand_in),
+    "invariant": Bench("what the window-invariant calls of bfloat16 / float16 cost against today's calls: one call "
+                       "per width on the demo (and the Janus-Pro-1B stand-in) and the demo's images",
+                       (SEEDS, WINDOWS, option("--repeats", type=int, default=5, help="calls timed per width"),
+                        option("--stand-in", action="store_true", help="also the Janus-Pro-1B stand-in (slow)")),
+                       _invariant),
     "faithful": Bench("the faithful coupler (the default): the demo's images in bfloat16 that differ from window "
                       "1's at other widths, and its calls against maximal and gumbel coupling", (SEEDS,), _faithful),
     "given": Bench("images in the prompt: calls of a continuation (top half kept) and of regenerated regions "

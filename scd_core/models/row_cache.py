@@ -96,6 +96,9 @@ class RowCache:
     capacity with the mask built on the device from `lengths`, so a call's shapes depend on its width only;
     the cache never grows (trees are refused) and rewinding never reads the device.  `lengths` (updated in
     place) is then the only truth: `shortest` / `longest` hold the prefill's length only.
+
+    `full_keys` (bfloat16 / float16 sessions, scd_core.models.invariant): every call attends to the whole
+    capacity, masked, as in static mode, so the key length never depends on the call; all else stays eager.
     """
 
     # what depends on the prompt's length and no static call reads (it reads `last_slot` and `lengths`): a kept
@@ -121,6 +124,7 @@ class RowCache:
         self.last_slot = torch.tensor(self.end - 1, device=device)  # as static calls read `end - 1` (never grown)
         self._key_len = 0
         self.static = False
+        self.full_keys = False  # every call attends to the whole capacity (scd_core.models.invariant)
 
     def allocate(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
         """Allocate every layer's tensors now (else the first `write` of each layer does)."""
@@ -168,7 +172,7 @@ class RowCache:
         # A faster row may run past the end while a slower one finishes; those tokens only yield logits
         # of positions past the last, so they share the last slot.
         self._slots = torch.minimum(slots, self.last_slot) if self.static else slots.clamp(max=self.end - 1)
-        self._key_len = self.capacity if self.static else min(self.longest + width, self.capacity)
+        self._key_len = self.capacity if self.static or self.full_keys else min(self.longest + width, self.capacity)
         keys = torch.arange(self._key_len, device=device)
         new = keys - self.lengths.unsqueeze(1)  # (rows, keys): index among this call's tokens, < 0 if cached
         cached = (new < 0).unsqueeze(1) & self.real[:, None, :self._key_len]
@@ -248,6 +252,7 @@ class RowCache:
         joined._slots = torch.zeros(order.numel(), 0, dtype=torch.long, device=order.device)
         joined._key_len = 0
         joined.static = False  # a stream's caches grow and shrink; compiled models run no streams
+        joined.full_keys = any(cache.full_keys for cache in caches)
         joined.shortest, joined.longest = torch.stack([joined.lengths.min(), joined.lengths.max()]).tolist()
         return joined
 

@@ -17,6 +17,7 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 import torch
 
 from ..model import Logits
+from .invariant import fixed_shape_calls, wanted
 from .row_cache import RowCache, joined_call, left_padded, row_order
 
 
@@ -106,9 +107,11 @@ class RowSession:
         if self.cache.longest:
             raise RuntimeError("prefill() was already called for this session")
         inputs = self.network.embed_context(self.context)
-        if tokens is not None:
-            inputs = torch.cat([inputs, self._inputs(tokens).to(inputs.dtype)], dim=1)
-        logits = self.network(self.cache, inputs, self.extras, 1, True)
+        self.cache.full_keys = wanted(inputs.dtype)  # the compute dtype decides, from the first call on
+        with fixed_shape_calls(self.cache.full_keys):
+            if tokens is not None:
+                inputs = torch.cat([inputs, self._inputs(tokens).to(inputs.dtype)], dim=1)
+            logits = self.network(self.cache, inputs, self.extras, 1, True)
         return self._split(logits[:, -1:])
 
     @torch.no_grad()
@@ -119,7 +122,10 @@ class RowSession:
             raise RuntimeError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self.batch or tokens.shape[1] < 1:
             raise ValueError(f"tokens must be (batch={self.batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
-        return self._split(self.network(self.cache, self._inputs(tokens), self.extras, branches, False))
+        # where the cache attends to all its keys (`invariant.wanted`), every matrix product at one shape: no
+        # position's logits depend on the call's width or rows
+        with fixed_shape_calls(self.cache.full_keys):
+            return self._split(self.network(self.cache, self._inputs(tokens), self.extras, branches, False))
 
     def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
         """The network's inputs for (batch, T) ids: the same drafts in every row of a sample."""
@@ -191,9 +197,10 @@ class RowSession:
             logits = group.prefill()
             self.cache = RowCache.joined([self.cache, group.cache], order)
             return fed, logits
-        self.cache, logits = joined_call(self.cache, group.cache, self._inputs(tokens),
-                                         self.network.embed_context(group.context), order,
-                                         lambda cache, inputs: self.network(cache, inputs, self.extras, 1, False))
+        with fixed_shape_calls(self.cache.full_keys):
+            self.cache, logits = joined_call(self.cache, group.cache, self._inputs(tokens),
+                                             self.network.embed_context(group.context), order,
+                                             lambda cache, inputs: self.network(cache, inputs, self.extras, 1, False))
         last = group.context.shape[1] - 1
         return (_slice(self._split(logits), slice(None, batch), slice(None, tokens.shape[1])),
                 _slice(self._split(logits), slice(batch, None), slice(last, last + 1)))

@@ -1,0 +1,110 @@
+"""Window calls whose logits do not depend on the window: every matrix product of a call at one shape.
+
+A position's logits must be a function of its prefix only, or faithful's seed stops deciding the image.  In
+bfloat16 and float16 they are not, as the kernels run: which GEMM and attention kernel runs, and how it splits
+its reductions, depends on the shape of the call (measured on this CPU, torch 2.14, bfloat16: `F.linear` gives a
+row other bits in a call of more than 32 rows at K >= 512, of 31 at K = 11008; float16 at 2 rows already;
+`scaled_dot_product_attention` gives a query row other bits when the number of query rows or the key length
+changes).  Run at one fixed shape the same kernels give every row the same bits wherever it sits among the
+others, whatever they hold (measured for linear at 8, 32 and 64 rows up to K = 11008, and for attention at 1 to
+256 query rows up to 1100 keys, bfloat16, float16 and float32).  So while `fixed_shape_calls` is active:
+
+- every linear layer runs over its input rows in tiles of exactly `LINEAR_ROWS` rows (the last one padded with
+  zeros): batch x copies x width rows, the prompt's and the heads' included;
+- every attention call runs its query rows in tiles of exactly `QUERY_ROWS` (padded rows see every key) over
+  a key length that the cache keeps fixed (`RowCache.full_keys`: the whole pre-sized cache, masked).
+
+Row-wise work (norms, activations, rotary embeddings, the sampler's softmax) never mixes rows.  Which dtypes take
+it: `wanted`; the padding costs the narrow calls most (scd_core/bench/README.md, "Window-invariant calls").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+LINEAR_ROWS = 32  # rows of every linear tile
+QUERY_ROWS = 32   # query rows of every attention tile
+
+# "auto": bfloat16 and float16 (float32's kernels round alike at the shapes measured: tests/test_reproducible.py);
+# "on": every dtype; "off": today's calls, each at its own shape (the cheapest; a seed's image then depends on
+# the window in bfloat16 / float16)
+POLICIES = ("auto", "on", "off")
+POLICY_VARIABLE = "SCD_INVARIANT_CALLS"
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def policy() -> str:
+    """The process's policy: `SCD_INVARIANT_CALLS` (auto when unset)."""
+    name = os.environ.get(POLICY_VARIABLE, "auto").strip().lower() or "auto"
+    if name not in POLICIES:
+        raise ValueError(f"{POLICY_VARIABLE}={name!r}: use one of {', '.join(POLICIES)}")
+    return name
+
+
+def wanted(dtype: torch.dtype) -> bool:
+    """Whether calls computing in `dtype` run at fixed shapes under the process's policy."""
+    chosen = policy()
+    return chosen == "on" or (chosen == "auto" and dtype in HALF_DTYPES)
+
+
+def _padded_rows(x: torch.Tensor, dim: int, multiple: int, value: Any = 0) -> torch.Tensor:
+    """`x` with zeros (or `value`) appended along `dim` up to a multiple of `multiple`."""
+    extra = -x.shape[dim] % multiple
+    if not extra:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, torch.full(shape, value, dtype=x.dtype, device=x.device)], dim=dim)
+
+
+def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                 rows: int = LINEAR_ROWS) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` as GEMMs of exactly `rows` rows each."""
+    flat = _padded_rows(x.reshape(-1, x.shape[-1]), 0, rows)
+    out = torch.cat([F.linear(tile, weight, bias) for tile in flat.split(rows)])
+    return out[:x.shape[:-1].numel()].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def tiled_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, is_causal: bool = False,
+                    scale: Optional[float] = None, enable_gqa: bool = False, rows: int = QUERY_ROWS
+                    ) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` with its query rows in tiles of exactly `rows` (masked calls only: a
+    causal one's mask depends on where its tile starts)."""
+    options = dict(dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+    if attn_mask is None or is_causal or attn_mask.dim() < 2:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask, is_causal=is_causal, **options)
+    count = query.shape[-2]
+    # a mask row broadcast to every query is written out: each tile reads one mask layout
+    masks = attn_mask.expand(*attn_mask.shape[:-2], count, attn_mask.shape[-1])
+    masks = _padded_rows(masks, -2, rows, True if attn_mask.dtype == torch.bool else 0)  # padding sees every key
+    tiles = [F.scaled_dot_product_attention(tile, key, value, mask, **options)
+             for tile, mask in zip(_padded_rows(query, -2, rows).split(rows, dim=-2), masks.split(rows, dim=-2))]
+    return torch.cat(tiles, dim=-2)[..., :count, :]
+
+
+class FixedShapeCalls(TorchFunctionMode):
+    """Routes `F.linear` and `F.scaled_dot_product_attention` through their tiled versions."""
+
+    routes: dict[Callable[..., Any], Callable[..., torch.Tensor]] = {
+        F.linear: tiled_linear, F.scaled_dot_product_attention: tiled_attention}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        route = self.routes.get(func)
+        return (route or func)(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def fixed_shape_calls(active: bool) -> Iterator[None]:
+    """Run the calls inside at fixed shapes (`active`), or as they come."""
+    if not active:
+        yield
+        return
+    with FixedShapeCalls():
+        yield

@@ -1,0 +1,143 @@
+"""In bfloat16 a position's logits do not depend on the width of the call that computes it: every family's window
+calls over the same cached prefix give each position the same bits at widths 1, 8 and 32
+(scd_core.models.invariant), and so the seed decides the image at any window.  Each check compares whole logits
+bit for bit; the same check with the invariant calls off (`SCD_INVARIANT_CALLS=off`, today's calls) fails, so
+it has the power to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scd_core import SamplerConfig, generate, load_model
+from scd_core.cli import main
+from scd_core.models import invariant
+
+WIDTHS = (1, 8, 32)
+FED = 40  # teacher-forced positions (fewer where the image is smaller)
+
+
+def logits_by_width(model, cond, batch: int = 1) -> dict[int, torch.Tensor]:
+    """The cond rows' logits of image positions 1..n over one random teacher-forced prefix, computed by calls of
+    each width of WIDTHS back to back (the last call of a width may be narrower)."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        session = model.start(cond, batch)
+        session.prefill()
+        fed = min(FED, model.num_tokens - 1)
+        tokens = torch.randint(0, model.vocab_size, (batch, fed), generator=generator)
+        out = {}
+        for width in WIDTHS:
+            out[width] = torch.cat([session.forward(tokens[:, start:start + width])[0]
+                                    for start in range(0, fed, width)], dim=1)
+            session.rewind(fed)
+    return out
+
+
+def differing_widths(model, cond) -> list[int]:
+    logits = logits_by_width(model, cond)
+    return [width for width in WIDTHS[1:] if not torch.equal(logits[width], logits[1])]
+
+
+def demo_case():
+    model = load_model("demo", "cpu", "bfloat16")
+    return model, model.encode("3")
+
+
+def janus_case(folder: Path):
+    model = load_model(folder, device="cpu", dtype="bfloat16")
+    return model, model.encode("a cat")
+
+
+def emu3_case(folder: Path):
+    model = load_model(folder, device="cpu", dtype="bfloat16")
+    model.set_resolution("1:1", 64 * 64)  # an 8 x 8 code grid, 75 positions: the test size's 18 round alike
+    return model, model.encode("a cat")
+
+
+def glm_case(folder: Path):
+    from test_glm_image import loaded
+
+    model = loaded(folder, "bfloat16")
+    return model, model.encode("a red cube")
+
+
+@pytest.fixture(scope="module")
+def emu3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from emu3_fixture import write_tiny_emu3
+
+    return write_tiny_emu3(tmp_path_factory.mktemp("tiny_emu3"))
+
+
+@pytest.fixture(scope="module")
+def glm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from glm_image_fixture import write_tiny_glm_image
+
+    return write_tiny_glm_image(tmp_path_factory.mktemp("tiny_glm_image"))
+
+
+@pytest.fixture(params=["demo", "janus", "emu3", "glm_image"])
+def case(request: pytest.FixtureRequest):
+    name = request.param
+    if name == "demo":
+        return demo_case()
+    if name == "janus":
+        return janus_case(request.getfixturevalue("tiny_janus_dir"))
+    if name == "emu3":
+        return emu3_case(request.getfixturevalue("emu3_dir"))
+    return glm_case(request.getfixturevalue("glm_dir"))
+
+
+def test_bfloat16_logits_do_not_depend_on_the_call_width(case, monkeypatch):
+    model, cond = case
+    assert differing_widths(model, cond) == []
+    monkeypatch.setenv(invariant.POLICY_VARIABLE, "off")  # today's calls: the same check fails
+    assert differing_widths(model, cond) != []
+
+
+def test_the_cli_gives_a_seed_one_png_at_every_window_in_bfloat16(tmp_path, monkeypatch, capsys):
+    """The issue's check: `generate --model demo --dtype bfloat16 --prompt 3 --seed S --window W` writes the same
+    PNG for W in 1, 16, 32 and auto, seeds 0-3 (with the old calls 12 of 12 differed here, seed 0 among them)."""
+    def png(seed: int, window: str) -> bytes:
+        output = tmp_path / f"s{seed}-w{window}.png"
+        assert main(["generate", "--model", "demo", "--prompt", "3", "--device", "cpu", "--dtype", "bfloat16",
+                     "--seed", str(seed), "--window", window, "-o", str(output)]) == 0
+        return output.read_bytes()
+
+    for seed in range(4):
+        reference = png(seed, "1")
+        assert [window for window in ("16", "32", "auto") if png(seed, window) != reference] == [], seed
+    monkeypatch.setenv(invariant.POLICY_VARIABLE, "off")
+    assert png(0, "32") != png(0, "1")  # the check can fail: today's calls round apart
+
+
+def test_a_batch_row_is_its_seed_alone_in_bfloat16():
+    model, cond = demo_case()
+    batch = generate(model, cond, SamplerConfig(window=32, seed=5), batch_size=3).tokens
+    for row in range(3):
+        alone = generate(model, cond, SamplerConfig(window=1, seed=5 + row)).tokens
+        assert torch.equal(batch[row:row + 1], alone), row
+
+
+def test_tiles_give_each_row_its_own_bits_where_the_plain_kernels_do_not():
+    """At shapes larger than the fixtures' (which round alike at any row count in F.linear): bfloat16 F.linear at
+    K = 1024 (512 outputs) and attention at 128-wide heads over 1100 keys give a row other bits in a call of 40 / 8 rows than
+    alone (this CPU); their tiles do not."""
+    generator = torch.Generator().manual_seed(0)
+    bf16 = lambda *shape: torch.randn(*shape, generator=generator).bfloat16()
+    weight, x = bf16(512, 1024) / 32, bf16(40, 1024)
+    one_by_one = lambda linear: torch.cat([linear(row[None], weight) for row in x])
+    assert torch.equal(invariant.tiled_linear(x, weight), one_by_one(invariant.tiled_linear))
+    assert not torch.equal(F.linear(x, weight), one_by_one(F.linear))
+
+    keys, values, queries = bf16(1, 4, 1100, 128), bf16(1, 4, 1100, 128), bf16(1, 4, 8, 128)
+    mask = (torch.arange(1100) < torch.arange(700, 708)[:, None])[None, None]
+    each = lambda attend: torch.cat([attend(queries[:, :, i:i + 1], keys, values, attn_mask=mask[:, :, i:i + 1])
+                                     for i in range(8)], dim=2)
+    assert torch.equal(invariant.tiled_attention(queries, keys, values, attn_mask=mask),
+                       each(invariant.tiled_attention))
+    assert not torch.equal(F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask),
+                           each(F.scaled_dot_product_attention))
