@@ -33,10 +33,10 @@ RECOMMENDED_SCALE = -1.0  # a guidance-scale widget's value meaning "the model's
 
 def guidance_scale(name: str, value: float) -> Optional[float]:
     """A guidance-scale widget's value as scd_core takes it: None for RECOMMENDED_SCALE, else the number, which
-    must not be negative."""
+    must lie in 0..100."""
     if value == RECOMMENDED_SCALE:
         return None
-    if value < 0:
+    if not 0 <= value <= 100:  # NaN included
         raise ValueError(f"{name} must be -1 (the model's recommended value) or a number in 0..100, got {value}")
     return value
 

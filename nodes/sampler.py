@@ -30,21 +30,36 @@ MAX_BATCH = 16
 
 def sampler_config(coupler: str, window: int, cfg_scale: float, seed: int, temperature: float, top_k: int,
                    top_p: float, draft_init: str, candidates: int = 1) -> SamplerConfig:
-    """Widget values -> SamplerConfig; the widgets' "recommended" sentinels become None, window 0 "auto"."""
-    if temperature != RECOMMENDED_TEMPERATURE and temperature <= 0:
-        raise ValueError(f"temperature must be -1 (the model's recommended value) or a number in (0, 100], "
-                         f"got {temperature}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be 0 (the model's recommended value) or a positive integer, got {top_k}")
+    """Widget values -> SamplerConfig; the widgets' "recommended" sentinels become None, window 0 "auto"; a bad
+    value is named as its widget reads (SamplerConfig checks it: NaN, out of range)."""
     if candidates > 1 and coupler in couplers.names_where("candidates", False):
         raise ValueError(f"candidates must be 1 with the {coupler} coupler, which {couplers.coupler(coupler).help}; "
                          f"set candidates to 1 or choose another coupler (got {candidates})")
-    return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window,
-                         cfg_scale=guidance_scale("cfg_scale", cfg_scale),
-                         temperature=None if temperature == RECOMMENDED_TEMPERATURE else temperature,
-                         top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
-                         top_p=None if top_p == RECOMMENDED_TOP_P else top_p, seed=seed,
-                         draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init, candidates=candidates)
+    try:
+        return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window,
+                             cfg_scale=guidance_scale("cfg_scale", cfg_scale),
+                             temperature=None if temperature == RECOMMENDED_TEMPERATURE else temperature,
+                             top_k=None if top_k == RECOMMENDED_TOP_K else top_k,
+                             top_p=None if top_p == RECOMMENDED_TOP_P else top_p, seed=seed,
+                             draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init,
+                             candidates=candidates)
+    except ValueError as err:
+        raise ValueError(as_widgets(str(err))) from None
+
+
+# The widget value that stands for SamplerConfig's None ("the model's recommended value")
+RECOMMENDED_WIDGETS = {"cfg_scale": f"{RECOMMENDED_SCALE:g}", "temperature": f"{RECOMMENDED_TEMPERATURE:g}",
+                       "top_k": f"{RECOMMENDED_TOP_K}", "top_p": f"{RECOMMENDED_TOP_P:g}",
+                       "draft_init": MODEL_DRAFT_INIT}
+
+
+def as_widgets(message: str) -> str:
+    """SamplerConfig's "top_p must be None or a number in (0, 1], got nan" as "top_p must be 0 (the model's
+    recommended value) or a number in (0, 1], got nan": the widget's value, not the library's None."""
+    field, must, rest = message.partition(" must be None or ")
+    if not must or field not in RECOMMENDED_WIDGETS:
+        return message
+    return f"{field} must be {RECOMMENDED_WIDGETS[field]} (the model's recommended value) or {rest}"
 
 
 def cfg_tooltip() -> str:

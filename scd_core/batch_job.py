@@ -172,12 +172,24 @@ def parse_line(text: str, seeds: Sequence[int]) -> tuple[str, list[int], str, Op
     return job_id, [seed], prompt, negative
 
 
+def jobs_text(path: Path) -> str:
+    """The jobs file's text; one that is missing or unreadable is a one-line ValueError naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"jobs file {path} does not exist") from None
+    except OSError as err:  # a folder, no permission
+        raise ValueError(f"jobs file {path} cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"jobs file {path} is not UTF-8 text (byte {err.start})") from None
+
+
 def read_jobs(path: Path, seeds: Sequence[int]) -> tuple[list[Job], list[dict]]:
     """The images JOBS.jsonl asks for, and a failed manifest record per line that cannot be run."""
     jobs: list[Job] = []
     bad: list[dict] = []
     seen: dict[str, int] = {}
-    for line, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for line, text in enumerate(jobs_text(path).splitlines(), start=1):
         if not text.strip():
             continue
         try:

@@ -11,7 +11,7 @@ from PIL import Image
 
 from . import couplers
 from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
-from .models.family import compilable, families
+from .models.family import compilable, families, joined
 from .models.loading import DTYPES, load_model, pick_device
 from .models.quantize import PRECISIONS
 from .model import set_image_size
@@ -47,12 +47,21 @@ def _window(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be {AUTO_WINDOW!r} (or 0) or an integer, got {text!r}") from None
 
 
+def dtype_names() -> str:
+    """Every name --dtype takes, each type once with its short names after it: "float32 (fp32), ... or float64"."""
+    names: dict[torch.dtype, list[str]] = {}
+    for name, dtype in DTYPES.items():
+        names.setdefault(dtype, []).append(name)
+    return joined((f"{first} ({', '.join(short)})" if short else first for first, *short in names.values()),
+                  last="or")
+
+
 def add_model_arguments(group: argparse._ArgumentGroup) -> None:
     """The model and where it runs: what `generate` and `batch` share."""
     group.add_argument("--model", required=True, help='"demo" (the embedded digit model) or a model folder')
     group.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
     group.add_argument("--dtype", choices=DTYPES, metavar="DTYPE",
-                       help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, else float32)")
+                       help=f"{dtype_names()} (default: bfloat16 on CUDA, else float32)")
     group.add_argument("--quantize", choices=PRECISIONS, default="none",
                        help="store the backbone's weights in 8 or 4 bits (nf4 needs bitsandbytes); exact either way")
     group.add_argument("--compile", action="store_true",

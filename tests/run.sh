@@ -3,7 +3,8 @@
 #   1. .venv-test: torch + torchvision (ComfyUI needs both), the project's requirements, test extras,
 #      a real ComfyUI from the package registry, the newest ComfyUI frontend (its own folder), Debian's
 #      chromium; the whole suite runs there
-#      with the newest supported transformers.
+#      with NEWEST_TRANSFORMERS and NEWEST_TORCH, the newest releases tested (pinned, so that the versions the
+#      README states are the ones tested: tests/test_readme.py checks both; raise them together).
 #   2. .venv-test-oldest: the oldest supported transformers, for the tests that touch transformers, and the
 #      oldest torch compile=True runs on (static_step.OLDEST_TESTED_TORCH; older ones run eagerly), for the
 #      compiled tests.
@@ -12,13 +13,15 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
 OLDEST_TRANSFORMERS=4.52.1  # keep in step with requirements.txt
+NEWEST_TRANSFORMERS=5.25.0  # the newest release tested, within requirements.txt's range; the README states it
+NEWEST_TORCH=2.14.1  # the newest torch tested (torchvision: the release made for it); the README states it
 OLDEST_TORCH=2.11.0  # keep in step with OLDEST_TESTED_TORCH in scd_core/static_step.py (compile=True)
 
 pip_install() { "$1/bin/pip" install --quiet --disable-pip-version-check "${@:2}"; }
 
 if [[ ! -x .venv-test/bin/python ]]; then "$PYTHON" -m venv .venv-test; fi
-pip_install .venv-test torch==2.14.1 torchvision==0.29.1
-pip_install .venv-test -r requirements.txt -r tests/requirements.txt
+pip_install .venv-test "torch==$NEWEST_TORCH" torchvision==0.29.1
+pip_install .venv-test "transformers==$NEWEST_TRANSFORMERS" -r requirements.txt -r tests/requirements.txt
 .venv-test/bin/python -c "import torch, transformers; print('torch', torch.__version__, '- transformers', transformers.__version__)"
 bash tests/install_comfyui.sh .venv-test .cache/comfyui
 bash tests/install_frontend.sh .venv-test  # the newest frontend, served beside the pinned one (test_browser.py)

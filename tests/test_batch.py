@@ -181,6 +181,15 @@ def test_a_run_that_cannot_start_leaves_no_folder(tmp_path, capsys, monkeypatch)
     assert RAY_EXTRA in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
+def test_a_jobs_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, capsys):
+    (tmp_path / "binary.jsonl").write_bytes(b'{"id": "a", "prompt": "7"}\n\xff\xfe\n')
+    for jobs, problem in ((tmp_path / "missing.jsonl", "does not exist"), (tmp_path, "cannot be read (Is a directory)"),
+                          (tmp_path / "binary.jsonl", "is not UTF-8 text (byte 27)")):
+        code, printed, errors = batch(capsys, jobs, tmp_path / "out")
+        assert (code, printed, errors) == (2, "", f"error: jobs file {jobs} {problem}\n")
+        assert not (tmp_path / "out").exists()
+
+
 def test_a_cut_off_or_missing_png_is_made_again(tmp_path, capsys):
     jobs = write_jobs(tmp_path / "jobs.jsonl", JOBS[:1])
     out = tmp_path / "out"

@@ -17,6 +17,7 @@ from janus_fixture import IMAGE_SIZE
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.config import MAX_SEED
 from scd_core.engine import GenerationResult
+from scd_core.models.loading import DTYPES
 from scd_core import cli, couplers, static_step
 from scd_core.bench import cli as bench
 from scd_core.cli import (CAPTION_SIZE, LINE_HEIGHT, MIN_PANEL, PADDING, SHOWN_SEEDS, commit_histogram,
@@ -305,6 +306,15 @@ def test_help_states_each_default_once(command, capsys):
     for entry in options.values():  # "(default: 0) (default: (0,))" was one
         assert len(re.findall(r"\(default:? ", entry)) <= 1, entry
     assert "None" not in help_out and "generate_many" not in help_out
+
+
+@pytest.mark.parametrize("command", ["generate", "batch"])
+def test_dtype_help_lists_the_names_the_parser_takes(command, capsys):
+    listed = options_help(help_of(capsys, command))["--dtype"].split("(default:")[0]
+    assert set(re.split(r"[\s,()]+", listed)) - {"--dtype", "DTYPE", "or", ""} == set(DTYPES)
+    required = ["--prompt", "7", "-o", "x.png"] if command == "generate" else ["jobs.jsonl", "--out", "out"]
+    for name in DTYPES:
+        assert cli.build_parser().parse_args([command, "--model", "demo", *required, "--dtype", name]).dtype == name
 
 
 def test_compile_flag_loads_the_model_compiled(tmp_path, capsys):

@@ -14,6 +14,7 @@ from scd_core import SamplerConfig, generate, load_model
 from scd_core.image_input import prepare_images
 from scd_core.image_prompt import add_image
 from scd_core.models import janus
+from scd_core.models.hf_cache import cache_keyword, new_cache
 from scd_core.run_settings import start_session
 
 PROMPT = "Turn the image into a nighttime scene."
@@ -69,10 +70,10 @@ def authors_tokens(folder: Path, model: janus.JanusModel, image: torch.Tensor, c
         offset = int((tokens[0] == end).nonzero()[0]) + 2
         codes = model.encode_image(image)[0]
         embeds[0, offset:offset + model.num_tokens] = reference.prepare_embeddings_for_image_generation(codes)
-        generated, past = [], None
+        # one cache, filled in place, under the keyword this release takes (transformers 5.24 renamed it `cache`)
+        generated, past = [], new_cache()
         for _ in range(model.num_tokens):
-            out = reference.model.language_model(inputs_embeds=embeds, use_cache=True, past_key_values=past)
-            past = out.past_key_values
+            out = reference.model.language_model(inputs_embeds=embeds, use_cache=True, **{cache_keyword(): past})
             logits = reference.model.generation_head(out.last_hidden_state[:, -1])
             full, part, uncond = logits
             cond = (full + cfg_weight2 * part) / (1 + cfg_weight2)

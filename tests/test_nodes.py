@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import math
 import re
 import sys
 import weakref
@@ -364,6 +365,23 @@ def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> N
     assert sampler_config("maximal", 8, -1.0, 1, 1.0, 0, 1.0, "left").candidates == 1  # the optional widget's default
     with pytest.raises(ValueError, match="candidates"):
         sampler_config("faithful", 8, -1.0, 1, 1.0, 0, 1.0, "left", candidates=2)
+    # a NaN or out-of-range widget value (the API format passes NaN through ComfyUI's min/max check) is named as
+    # the widget reads, its "recommended" value included: not the library's None
+    widgets = {"cfg_scale": -1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    for widget, bad, expected in (("cfg_scale", math.nan, "-1 (the model's recommended value) or a number in 0..100"),
+                                  ("cfg_scale", 101.0, "-1 (the model's recommended value) or a number in 0..100"),
+                                  ("temperature", math.nan, "-1 (the model's recommended value) or a number in (0, 100]"),
+                                  ("top_p", math.nan, "0 (the model's recommended value) or a number in (0, 1]"),
+                                  ("top_k", -3, "0 (the model's recommended value) or an integer >= 1")):
+        values = {**widgets, widget: bad}
+        with pytest.raises(ValueError) as caught:
+            sampler_config("maximal", 8, values["cfg_scale"], 1, values["temperature"], values["top_k"],
+                           values["top_p"], "left")
+        assert str(caught.value) == f"{widget} must be {expected}, got {bad}"
+    guidance_scale = sys.modules[f"{pack.__name__}.nodes.checks"].guidance_scale
+    with pytest.raises(ValueError, match=r"^image_cfg must be -1 \(the model's recommended value\) or a number in "
+                                         r"0\.\.100, got nan$"):
+        guidance_scale("image_cfg", math.nan)
 
 
 # -- executing the nodes on the tiny Janus --------------------------------------------------------

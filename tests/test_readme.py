@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import re
+import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -26,6 +31,34 @@ def test_readme_commands_point_at_existing_entry_points():
     assert (README.parent / "tests" / "run.sh").is_file()
     ci = (README.parent / ".ci" / "run").read_text()
     assert "bash tests/run.sh" in ci
+
+
+def pinned(name: str) -> str:
+    """A version the test command pins: tests/run.sh's `NAME=VERSION` line."""
+    return re.search(rf"^{name}=(\S+)", (README.parent / "tests" / "run.sh").read_text(), re.M).group(1)
+
+
+def declared(package: str) -> str:
+    """The range requirements.txt allows `package`, checked equal to pyproject.toml's."""
+    lines = (README.parent / "requirements.txt").read_text().splitlines()
+    (ranged,) = [Requirement(line.split("#")[0]) for line in lines if re.match(rf"{package}\b", line)]
+    project = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert [Requirement(line) for line in project if Requirement(line).name == package] == [ranged]
+    return ranged.specifier
+
+
+def test_the_versions_stated_as_tested_are_the_ones_the_test_command_installs():
+    """The README's ranges are the project's, and its "tested on" versions the oldest and newest that tests/run.sh
+    pins; this suite runs in the newest tier (run.sh's first venv), so the installed versions are the newest."""
+    text = " ".join(README.read_text().split())
+    for package in ("torch", "transformers"):
+        stated = re.search(rf"{package} (>= [\d.]+(?:, < [\d.]+)?) \(tested on ([\d.]+) and ([\d.]+)[,;)]", text)
+        assert stated, f"the README's {package} requirement"
+        oldest, newest = pinned(f"OLDEST_{package.upper()}"), pinned(f"NEWEST_{package.upper()}")
+        assert stated.group(2, 3) == (oldest, newest)
+        assert Requirement(package + stated.group(1).replace(" ", "")).specifier == declared(package)
+        assert Version(oldest) in declared(package) and Version(newest) in declared(package)
+        assert Version(importlib.metadata.version(package)).base_version == newest
 
 
 def test_the_first_comparison_is_the_one_the_readme_picture_shows():

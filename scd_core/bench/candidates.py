@@ -16,12 +16,12 @@ from ..config import SamplerConfig
 from ..engine import generate
 from .synthetic import GridModel
 
-MODES = (("SCD-MC", {}), ("cand2", dict(candidates=2)), ("cand3", dict(candidates=3)),
+MODES = (("SCD-maximal", {}), ("cand2", dict(candidates=2)), ("cand3", dict(candidates=3)),
          ("cand4", dict(candidates=4)))
 
 
 def paired_rows(name: str, model: Any, cond: Any, window: int, seeds: Sequence[int], **sampling: Any) -> list[dict]:
-    """One row per mode: mean calls, and the per-seed reduction against the first mode (SCD-MC)."""
+    """One row per mode: mean calls, and the per-seed reduction against the first mode (SCD-maximal)."""
     runs = {label: [generate(model, cond, SamplerConfig(coupler="maximal", window=window, seed=seed,
                                                         **options, **sampling)) for seed in seeds]
             for label, options in MODES}
@@ -45,5 +45,5 @@ def candidate_table(seeds: Sequence[int], window: int = 32) -> str:
         rows += paired_rows(f"grid, {name} entropy", GridModel(sharpness=sharpness), None, window, seeds,
                             draft_init="above")
     return (f"window {window}, maximal coupling, {len(seeds)} seeds; `fewer_calls`: mean per-seed reduction "
-            "against SCD-MC with its 95% interval\n\n"
+            "against SCD-maximal with its 95% interval\n\n"
             + markdown(rows, ("model", "mode", "calls", "fewer_calls", "fed_per_call")))

@@ -28,7 +28,8 @@ from .tables import markdown
 
 WINDOW = 32
 METHODS = (("AR", dict(coupler="independent", window=1)), ("SJD", dict(coupler="independent", window=WINDOW)),
-           ("SCD-MC", dict(coupler="maximal", window=WINDOW)), ("faithful", dict(coupler="faithful", window=WINDOW)))
+           ("SCD-maximal", dict(coupler="maximal", window=WINDOW)),
+           ("faithful", dict(coupler="faithful", window=WINDOW)))
 JOBS = ("full image", "top half kept", "centre quarter sampled", "bottom-right quarter sampled")
 
 
@@ -67,7 +68,7 @@ def model_rows(name: str, model: Any, cond: Any, sources: Sequence[torch.Tensor]
         given = job_cond(job, cond, sources[0], grid)
         sampled = 1.0 if job == "full image" else float((~given.keep).float().mean())
         rows.append({"model": name, "job": job, "sampled cells": f"{sampled:.0%}", **calls,
-                     "SCD-MC / full": calls["SCD-MC"] / full["SCD-MC"],
+                     "SCD-maximal / full": calls["SCD-maximal"] / full["SCD-maximal"],
                      "faithful / full": calls["faithful"] / full["faithful"]})
     return rows
 
@@ -83,7 +84,7 @@ def given_tables(seeds: Sequence[int]) -> str:
     grid = GridModel(sharpness=dict(SHARPNESS)["medium"])
     grid_sources = [generate(grid, None, SamplerConfig(seed=1000 + seed)).tokens for seed in seeds]
     rows += model_rows("synthetic grid (16 x 16, 1024 codes, medium entropy)", grid, None, grid_sources, seeds)
-    columns = ["model", "job", "sampled cells"] + [label for label, _ in METHODS] + ["SCD-MC / full",
+    columns = ["model", "job", "sampled cells"] + [label for label, _ in METHODS] + ["SCD-maximal / full",
                                                                                      "faithful / full"]
     return (f"Mean calls per image over {len(seeds)} seeds (window {WINDOW}; the prefill counts as a call). "
             "A job's calls over the full image's, next to its share of sampled cells:\n\n" + markdown(rows, columns))

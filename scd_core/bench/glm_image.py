@@ -26,7 +26,7 @@ from .tables import markdown
 
 CODES = 16384  # GLM-Image's image codes
 MEDIUM_SHARPNESS = 1.5  # the Janus-Pro stand-in's (bench auto)
-METHODS = (("AR", "independent"), ("SJD", "independent"), ("SCD-MC", "maximal"), ("faithful", "faithful"))
+METHODS = (("AR", "independent"), ("SJD", "independent"), ("SCD-maximal", "maximal"), ("faithful", "faithful"))
 SIDE = 1024  # text-to-image at 1024 x 1024: the 16 x 16 preview, then the 32 x 32 grid
 # the DiT's network calls per image after the AR stage: a cond and an uncond pass per step under its guidance
 DIT_CALLS = DECODE_STEPS * (2 if DECODE_GUIDANCE != 1 else 1)

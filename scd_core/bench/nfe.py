@@ -15,13 +15,13 @@ from ..sampling import to_probs
 from .synthetic import GridModel
 from .tables import markdown
 
-METHODS = (("AR", "independent"), ("SJD", "independent"), ("SCD-MC", "maximal"), ("SCD-GS", "gumbel"),
+METHODS = (("AR", "independent"), ("SJD", "independent"), ("SCD-maximal", "maximal"), ("SCD-gumbel", "gumbel"),
            ("faithful", "faithful"))
 # The NFE tables also show SJD with block verification (exact with independent drafts only) and SCD with a
 # second candidate for the first draft of every call (a tree of two chains).
-NFE_METHODS = (METHODS[:2] + (("SJD-block", "independent"),) + METHODS[2:3] + (("SCD-MC-cand2", "maximal"),)
+NFE_METHODS = (METHODS[:2] + (("SJD-block", "independent"),) + METHODS[2:3] + (("SCD-maximal-cand2", "maximal"),)
                + METHODS[3:])
-OPTIONS = {"SJD-block": dict(verification="block"), "SCD-MC-cand2": dict(candidates=2)}
+OPTIONS = {"SJD-block": dict(verification="block"), "SCD-maximal-cand2": dict(candidates=2)}
 SHARPNESS = (("high", 0.5), ("medium", 1.5), ("low", 2.5))  # per-token entropy about 6.5 / 4 / 2.2 nats
 
 

@@ -13,7 +13,7 @@ from .row_cache import RowCache
 
 
 def cache_keyword() -> str:
-    # transformers 5.24 renamed `past_key_values` to `cache`; the old name still works there with a warning.
+    # transformers 5.24 renamed `past_key_values` to `cache`; the old name warns until 5.40 removes it.
     from transformers import LlamaModel
 
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
