@@ -249,13 +249,14 @@ def _has_qk_norm(folder: Path) -> bool:
     if index.is_file():
         names = (read_json(index).get("weight_map") or {}).keys()
     else:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         shards = sorted(folder.glob("*.safetensors"))
-        if not shards:
+        try:
+            with safe_open(str(shards[0]), framework="pt") as handle:
+                names = list(handle.keys())
+        except (IndexError, SafetensorError):  # no shard, or an unreadable one: the family that claims it explains
             return False
-        with safe_open(str(shards[0]), framework="pt") as handle:
-            names = list(handle.keys())
     return any(name.endswith("self_attn.q_norm.weight") for name in names)
 
 
