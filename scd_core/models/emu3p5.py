@@ -80,6 +80,7 @@ DEFAULT_SIZE = (64, 64)  # the authors' "1:1" (example_config_t2i.py aspect_rati
 # (cfg, image top-k) of each checkpoint (configs/example_config_t2i.py, configs/config.py)
 IMAGE_MODEL, BASE_MODEL = (5.0, 5120), (2.0, 10240)
 VISION_FOLDERS = ("vision_tokenizer", "VisionTokenizer", "Emu3.5-VisionTokenizer")
+CACHE_TOKENS = 128 + 64 * 65  # a prompt and a 1024 px image (memory estimates)
 
 
 @dataclass(frozen=True)
