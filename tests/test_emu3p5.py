@@ -22,6 +22,7 @@ from scd_core.sampling import to_probs
 PROMPT = "a red cube on the table, 3 times"
 WIDTH, HEIGHT, ROWS, COLS = 48, 32, 2, 3  # 2 rows of 3 codes: 2 * (3 + 1) = 8 positions
 N = ROWS * (COLS + 1)
+REF_W, REF_H = 48, 32  # a reference image's size in the X2I tests: 2 x 3 codes, 13 prompt tokens
 
 
 def at_test_size(model: emu3p5.Emu3p5Model, width: int = WIDTH, height: int = HEIGHT) -> emu3p5.Emu3p5Model:
@@ -62,9 +63,9 @@ def authors_scores(net: torch.nn.Module, cond: list[int], uncond: list[int], cfg
     return scores.masked_fill(scores < kth, float("-inf"))
 
 
-def authors_greedy(net: torch.nn.Module, model: emu3p5.Emu3p5Model, cfg: float) -> list[int]:
+def authors_greedy(net: torch.nn.Module, model: emu3p5.Emu3p5Model, cfg: float, prompt: emu3p5.Emu3p5Prompt
+                   ) -> list[int]:
     """A plain AR loop: cond and uncond grow by the same tokens; EOL / EOI where the authors force them."""
-    prompt = model.encode(PROMPT)
     cond, uncond, out = list(prompt.cond), list(prompt.uncond), []
     first_visual = int(model.code_ids[0])
     for offset in range(1, N + 1):  # offsets after <|image token|>, as in_image_logits_processor counts them
@@ -142,15 +143,93 @@ def test_logits_are_the_networks_over_the_visual_ids(model64: emu3p5.Emu3p5Model
         assert float((ours[branch] - full[:, len(prefix) - 1:, model64.code_ids]).abs().max()) <= 1e-10
 
 
+def reference_images(count: int = 1) -> list[torch.Tensor]:
+    """ComfyUI IMAGEs at the test's reference size (REF_W x REF_H px, 2 x 3 codes), so that no resize happens."""
+    gen = torch.Generator().manual_seed(4)
+    return [torch.rand(1, REF_H, REF_W, 3, generator=gen) for _ in range(count)]
+
+
+@pytest.fixture
+def x2i_model(model64: emu3p5.Emu3p5Model):
+    model64.reference_area = REF_W * REF_H
+    yield model64
+    model64.reference_area = emu3p5.REFERENCE_AREA
+
+
+def x2i_prompt(model: emu3p5.Emu3p5Model, count: int = 1) -> emu3p5.Emu3p5Prompt:
+    prompt = model.encode(PROMPT)
+    for image in reference_images(count):
+        prompt = model.add_image(prompt, image, emu3p5.X2I)
+    return prompt
+
+
 @pytest.mark.parametrize("cfg", [1.0, 5.0])
 @pytest.mark.parametrize("window", [1, 8])
-def test_greedy_equals_the_authors_loop(model64: emu3p5.Emu3p5Model, reference: torch.nn.Module, window: int,
-                                        cfg: float) -> None:
-    expected = torch.tensor([authors_greedy(reference, model64, cfg)])
+@pytest.mark.parametrize("task", ["t2i", "x2i"])
+def test_greedy_equals_the_authors_loop(x2i_model: emu3p5.Emu3p5Model, reference: torch.nn.Module, window: int,
+                                        cfg: float, task: str) -> None:
+    prompt = x2i_prompt(x2i_model) if task == "x2i" else x2i_model.encode(PROMPT)
+    expected = torch.tensor([authors_greedy(reference, x2i_model, cfg, prompt)])
     for coupler in ("faithful", "maximal"):
-        ours = generate(model64, model64.encode(PROMPT), SamplerConfig(coupler=coupler, window=window, top_k=1,
-                                                                       cfg_scale=cfg, seed=5))
+        ours = generate(x2i_model, prompt, SamplerConfig(coupler=coupler, window=window, top_k=1, cfg_scale=cfg,
+                                                         seed=5))
         assert torch.equal(ours.tokens, expected), (coupler, window, cfg)
+
+
+def authors_image_string(model: emu3p5.Emu3p5Model, image: torch.Tensor) -> str:
+    """input_utils.format_image_string's layout for an image already at its reference size: visual token
+    surface forms, EOL between rows, the header of its own size."""
+    rows, cols = REF_H // 16, REF_W // 16
+    codes = model.vq.encoder().encode(image.permute(0, 3, 1, 2) * 2 - 1).view(rows, cols)
+    lines = ["".join(emu3p5.VISUAL_TOKEN.format(int(code)) for code in row) for row in codes]
+    return f"<|image start|>{rows}*{cols}<|image token|>" + emu3p5.EOL.join(lines) + "<|image end|>"
+
+
+def test_x2i_prompts_are_the_authors_template_with_the_images(x2i_model: emu3p5.Emu3p5Model) -> None:
+    """configs/example_config_x2i.py's prompts, <|IMAGE|> replaced by each image's string (inference.py),
+    tokenised whole; the output size's header after them, as for t2i."""
+    prompt = x2i_prompt(x2i_model, 2)
+    images = "".join(authors_image_string(x2i_model, image) for image in reference_images(2))
+    template = ("<|extra_203|>You are a helpful assistant for x2i task. USER: <|IMAGE|>{question} ASSISTANT: "
+                "<|extra_100|>")
+    uncond = "<|extra_203|>You are a helpful assistant. USER: <|IMAGE|> ASSISTANT: <|extra_100|>"
+    header = list(x2i_model.encode(PROMPT).cond[-5:])  # <|image start|> 2 * 3 <|image token|>
+    encode = x2i_model._tokenizer.encode
+    assert list(prompt.cond) == encode(template.format(question=PROMPT).replace("<|IMAGE|>", images)) + header
+    assert list(prompt.uncond) == encode(uncond.replace("<|IMAGE|>", images)) + header
+    assert prompt.size == (ROWS, COLS) and len(prompt.references) == 2
+
+
+def test_reference_size_is_the_authors_smart_resize() -> None:
+    """About 1024 x 1024 px at the image's aspect, each side rounded to 16 px (input_utils.smart_resize)."""
+    assert emu3p5.reference_size(1920, 1080) == (768, 1360)
+    assert emu3p5.reference_size(500, 333) == (832, 1248)
+    assert emu3p5.reference_size(1024, 1024) == (1024, 1024)
+
+
+def test_x2i_through_the_image_prompt_and_its_bad_input(x2i_model: emu3p5.Emu3p5Model,
+                                                        tiny_emu3p5_dir: Path, tmp_path: Path) -> None:
+    """The SCD Image Prompt's path (task "x2i"): a resized image is noted; a batch, a fourth image, another task,
+    a mask and image_cfg are refused in one line each, the conditioning given left as it was."""
+    from scd_core.image_prompt import add_image, image_tasks
+
+    assert image_tasks(x2i_model) == ("x2i",)
+    cond = x2i_model.encode(PROMPT)
+    added = add_image(x2i_model, cond, torch.rand(1, 40, 60, 3), "x2i")
+    assert "resized to the model's 48 x 32 px" in added.note and len(added.cond.references) == 1
+    full = x2i_prompt(x2i_model, 3)
+    bad = [(cond, torch.rand(2, REF_H, REF_W, 3), "x2i", {}, "one reference image per SCD Image Prompt"),
+           (full, reference_images()[0], "x2i", {}, "already holds 3 reference images"),
+           (cond, reference_images()[0], "edit", {}, "it takes x2i"),
+           (cond, reference_images()[0], "x2i", dict(mask=torch.ones(1, REF_H, REF_W)), "disconnect the mask"),
+           (cond, reference_images()[0], "x2i", dict(image_cfg=2.0), "leave image_cfg")]
+    for given, image, task, extra, message in bad:
+        before = given
+        with pytest.raises(ValueError, match=message) as err:
+            add_image(x2i_model, given, image, task, **extra)
+        assert "\n" not in str(err.value) and given == before
+    base = load_model(Path(shutil.copytree(tiny_emu3p5_dir, tmp_path / "Emu3.5")), device="cpu")
+    assert base.image_tasks == ("x2i",)  # the authors' README: Emu3.5 does T2I / X2I too (Emu3.5-Image best)
 
 
 def test_log_prob_guidance_is_the_engines_distribution(model64: emu3p5.Emu3p5Model,

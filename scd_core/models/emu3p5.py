@@ -24,6 +24,12 @@ Each rule, with the authors' file it comes from (github.com/baaivision/Emu3.5):
 - sampling (configs/example_config_t2i.py sampling_params; logits_processor.py apply_differential_topk): image
   temperature 1, top-k 5120 (10240 in configs/config.py for the base Emu3.5), top-p 1, after the guidance; CFG 5
   for Emu3.5-Image, 2 for Emu3.5 (the configs' comments).
+- X2I (configs/example_config_x2i.py build_unc_and_template with use_image; inference.py; src/utils/input_utils.py):
+  the "x2i task" template with <|IMAGE|> before the question, the uncond prompt with <|IMAGE|> and no question; each
+  reference image (at most 3) is resized to about image_area pixels (1024 x 1024 there) at its aspect, each side a
+  multiple of 16 (smart_resize), encoded, and written as <|image start|> "h*w" <|image token|>, its rows of codes
+  with EOL between, <|image end|> in place of <|IMAGE|> in both prompts.  Their loop lets the model write the output
+  size; here the conditioning's size is forced, as their target_height / target_width option does.
 - the network (src/emu3p5/modeling_emu3.py): a Llama-style decoder with a per-head RMSNorm on queries and keys
   before the rotary embedding (its flash-attention and eager paths; its SDPA class leaves the norms out), SwiGLU,
   untied head: transformers' Qwen3 layer, whose parameter names are the checkpoint's.
@@ -49,6 +55,7 @@ from .row_attention import RowAttentionBackbone, attention_layer
 from .streaming import HFNetwork, read_hf_network
 from .tiktoken_bpe import TiktokenBPE, read_ranks
 from .tokenizer_files import read_json, without_nulls
+from ..image_input import check_images, log_note, prepare_images
 from ..model import check_start, compute_device
 from ..static_step import Compilable
 
@@ -59,7 +66,8 @@ FAMILY = Family(
           "weights, emu3.tiktoken, and the BAAI/Emu3.5-VisionTokenizer folder inside it)",
     downloads=(("emu3.5", "BAAI/Emu3.5-Image (or BAAI/Emu3.5), with BAAI/Emu3.5-VisionTokenizer in its "
                           "vision_tokenizer/ folder and the authors' src/tokenizer_emu3_ibq/ files beside config.json"),),
-    roots=("Emu3.5",), cfg="Emu3.5-Image 5, Emu3.5 2", sizes=("Emu3.5 (any aspect, 16 px steps)",))
+    roots=("Emu3.5",), cfg="Emu3.5-Image 5, Emu3.5 2", sizes=("Emu3.5 (any aspect, 16 px steps)",),
+    image_tasks=("x2i",))
 HINT = ("an Emu3.5 folder holds BAAI/Emu3.5-Image (or BAAI/Emu3.5), the authors' tokenizer files "
         "(emu3.tiktoken, emu3_vision_tokens.txt) and BAAI/Emu3.5-VisionTokenizer in vision_tokenizer/")
 TOKENIZER_FILES = ("emu3.tiktoken", "emu3_vision_tokens.txt")
@@ -75,6 +83,12 @@ CONFIG_IDS = {"bos_token_id": BOS, "img_token_id": IMAGE_TOKEN, "boi_token_id": 
               "eoi_token_id": IMAGE_END, "eol_token_id": EOL}
 TEMPLATE = "<|extra_203|>You are a helpful assistant for t2i task. USER: {question} ASSISTANT: <|extra_100|>"
 UNCOND_PROMPT = "<|extra_203|>You are a helpful assistant. USER:  ASSISTANT: <|extra_100|>"
+X2I = "x2i"
+# the X2I prompts split where the reference images go (<|IMAGE|> in the authors' template)
+X2I_TEMPLATE = ("<|extra_203|>You are a helpful assistant for x2i task. USER: ", "{question} ASSISTANT: <|extra_100|>")
+X2I_UNCOND = ("<|extra_203|>You are a helpful assistant. USER: ", " ASSISTANT: <|extra_100|>")
+REFERENCE_AREA = 1024 * 1024  # pixels of a reference image (example_config_x2i.py image_area)
+MAX_REFERENCES = 3
 DOWNSAMPLE = 16
 DEFAULT_SIZE = (64, 64)  # the authors' "1:1" (example_config_t2i.py aspect_ratios): 1024 x 1024 px
 # (cfg, image top-k) of each checkpoint (configs/example_config_t2i.py, configs/config.py)
@@ -90,6 +104,8 @@ class Emu3p5Prompt:
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
     size: tuple[int, int]
+    question: str = ""
+    references: tuple[tuple[int, ...], ...] = ()  # each reference image's ids, <|image start|> to <|image end|>
 
 
 class Emu3p5Tokenizer:
@@ -122,6 +138,16 @@ def checkpoint_kind(folder: Path) -> tuple[float, int]:
     return IMAGE_MODEL if "image" in folder.name.lower() else BASE_MODEL
 
 
+def reference_size(width: int, height: int, area: int = REFERENCE_AREA) -> tuple[int, int]:
+    """(height, width) in pixels a reference image of width x height is resized to: about `area` pixels at its
+    aspect, each side rounded to the nearest multiple of 16 (the authors' smart_resize)."""
+    aspect = width / height
+    new_height = int((area / aspect) ** 0.5)
+    new_width = int(new_height * aspect)
+    return tuple(max(DOWNSAMPLE, (side + DOWNSAMPLE // 2) // DOWNSAMPLE * DOWNSAMPLE)
+                 for side in (new_height, new_width))
+
+
 def grid_for(width: int, height: int) -> tuple[int, int]:
     """(rows, cols) of 16 px codes nearest width x height pixels."""
     if not all(isinstance(side, int) and side >= DOWNSAMPLE // 2 for side in (width, height)):
@@ -136,6 +162,8 @@ class Emu3p5Model(Compilable):
     layer_step = staticmethod(attention_layer)
     family = "emu3p5"
     default_temperature = 1.0
+    image_tasks = (X2I,)
+    reference_area = REFERENCE_AREA
 
     def __init__(self, module: torch.nn.Module, tokenizer: Emu3p5Tokenizer, vq: IBQTokenizer,
                  recommended: tuple[float, int] = IMAGE_MODEL) -> None:
@@ -178,15 +206,52 @@ class Emu3p5Model(Compilable):
         if negative_prompt:
             raise ValueError("Emu3.5 takes no negative prompt (its uncond branch is the template without a "
                              "question); leave it empty")
-        cond = self._tokenizer.encode(TEMPLATE.format(question=prompt))
+        return self._prompt(prompt, ())
+
+    def _prompt(self, question: str, references: tuple[tuple[int, ...], ...]) -> Emu3p5Prompt:
+        encode = self._tokenizer.encode
+        if references:
+            images = [token for reference in references for token in reference]
+            cond = [*encode(X2I_TEMPLATE[0]), *images, *encode(X2I_TEMPLATE[1].format(question=question))]
+            uncond = [*encode(X2I_UNCOND[0]), *images, *encode(X2I_UNCOND[1])]
+        else:
+            cond, uncond = encode(TEMPLATE.format(question=question)), encode(UNCOND_PROMPT)
         if cond[0] != self._bos:  # inference.py puts a BOS first when the template did not
             cond.insert(0, self._bos)
-        return Emu3p5Prompt(cond=self._with_header(cond), uncond=self._with_header(self._tokenizer.encode(
-            UNCOND_PROMPT)), size=self.size)
+        return Emu3p5Prompt(cond=self._with_header(cond), uncond=self._with_header(uncond), size=self.size,
+                            question=question, references=references)
 
-    def _with_header(self, ids: list[int]) -> tuple[int, ...]:
-        rows, cols = self.size
+    def _with_header(self, ids: list[int], size: Optional[tuple[int, int]] = None) -> tuple[int, ...]:
+        rows, cols = size or self.size
         return (*ids, self._image_start, *self._tokenizer.encode(f"{rows}*{cols}"), self._image_token)
+
+    def add_image(self, cond: Emu3p5Prompt, images: Any, task: str) -> Emu3p5Prompt:
+        """X2I: `cond`'s question with one more reference image (a ComfyUI IMAGE of one picture, (1, H, W, 3) in
+        0..1) in the authors' x2i prompts, at most MAX_REFERENCES; the output keeps `cond`'s size."""
+        if task != X2I:
+            raise ValueError(f"task {task!r} is not one Emu3.5 takes: it takes {X2I} (reference images)")
+        check_start(cond, Emu3p5Prompt, "Emu3p5Model.encode()", 1)
+        if len(cond.references) >= MAX_REFERENCES:
+            raise ValueError(f"this conditioning already holds {MAX_REFERENCES} reference images, the most the "
+                             "authors give Emu3.5")
+        images = check_images(images)
+        if images.shape[0] != 1:
+            raise ValueError(f"give one reference image per SCD Image Prompt (chain up to {MAX_REFERENCES}), got a "
+                             f"batch of {images.shape[0]}")
+        self._set_grid(*cond.size)
+        return self._prompt(cond.question, (*cond.references, self._reference_ids(images)))
+
+    def _reference_ids(self, images: torch.Tensor) -> tuple[int, ...]:
+        """One image's tokens as the prompt holds them: the header at its own size, its rows, EOL between."""
+        height, width = reference_size(images.shape[2], images.shape[1], self.reference_area)
+        prepared = prepare_images(images, (height, width), "crop")  # same aspect within a 16 px rounding
+        log_note(prepared)
+        encoder = self.vq.encoder().to(self.vq.decoder.post_quant_conv.weight.device)
+        rows, cols = height // DOWNSAMPLE, width // DOWNSAMPLE
+        codes = self.code_ids[encoder.encode(prepared.pixels).cpu()].view(rows, cols)
+        row_end = torch.full((rows, 1), self._row_end)
+        body = torch.cat([codes, row_end], dim=1).flatten()[:-1]  # no EOL after the last row
+        return (*self._with_header([], (rows, cols)), *body.tolist(), self._image_end)
 
     def start(self, cond: Emu3p5Prompt, batch_size: int) -> CFGSession:
         check_start(cond, Emu3p5Prompt, "Emu3p5Model.encode()", batch_size)
