@@ -67,7 +67,7 @@ FAMILY = Family(
     downloads=(("emu3.5", "BAAI/Emu3.5-Image (or BAAI/Emu3.5), with BAAI/Emu3.5-VisionTokenizer in its "
                           "vision_tokenizer/ folder and the authors' src/tokenizer_emu3_ibq/ files beside config.json"),),
     roots=("Emu3.5",), cfg="Emu3.5-Image 5, Emu3.5 2", sizes=("Emu3.5 (any aspect, 16 px steps)",),
-    image_tasks=("x2i",))
+    compile=True, image_tasks=("x2i",))
 HINT = ("an Emu3.5 folder holds BAAI/Emu3.5-Image (or BAAI/Emu3.5), the authors' tokenizer files "
         "(emu3.tiktoken, emu3_vision_tokens.txt) and BAAI/Emu3.5-VisionTokenizer in vision_tokenizer/")
 TOKENIZER_FILES = ("emu3.tiktoken", "emu3_vision_tokens.txt")
