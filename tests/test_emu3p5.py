@@ -386,3 +386,16 @@ def test_bad_sizes_and_prompts_get_one_line(model64: emu3p5.Emu3p5Model) -> None
         model64.start(PROMPT, 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=rf"\(batch, {N}\)"):
         model64.decode(torch.zeros(1, N - 1, dtype=torch.long))
+
+
+def test_the_bench_stand_in_has_the_adapters_layout(model64: emu3p5.Emu3p5Model) -> None:
+    """`bench emu3p5`'s synthetic model forces the cells the adapter forces, on the same grid, at every size."""
+    from scd_core.bench.emu3p5 import Emu3p5ShapedModel
+
+    for width, height in ((WIDTH, HEIGHT), (1024, 1024), (1360, 768)):
+        model64.set_image_size(width, height)
+        stand_in = Emu3p5ShapedModel(*model64.size, codes=64)
+        assert (stand_in.grid, stand_in.num_tokens) == (model64.grid, model64.num_tokens)
+        assert sorted(stand_in.forced_tokens) == sorted(model64.forced_tokens)
+    assert stand_in.default_top_k == 2  # 5120 of 131072 codes, scaled to 64
+    at_test_size(model64)
