@@ -5,8 +5,8 @@ image by EOI: 4160 positions, of which the 64 ends are forced (no call of their 
 and top-k 5120 after its guidance.  The stand-in (`Emu3p5ShapedModel`) is the synthetic grid of `bench nfe` over
 that layout: each cell's law comes from its left and upper neighbours (a row end reads as "no neighbour"), at the
 medium sharpness of the Janus-Pro stand-in, sampled with top-k.  By default its codebook is 16x smaller (8192
-codes, top-k 320: the same share of the codes) so that the table runs in minutes on a CPU, where sampling over
-131072 codes at every slot would take most of an hour; `--codes 131072` runs the published count.  Its calls cost
+codes, top-k 320: the same share of the codes), 16 times less sampling work at every slot than the published
+131072 (`--codes 131072`).  Its calls cost
 almost nothing: the table counts calls, which a GPU turns into time at the cost of one window call.  Guidance is
 left out: it changes each position's law, not the layout the calls depend on.
 """
