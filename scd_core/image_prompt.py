@@ -97,7 +97,7 @@ def _task(model: Any, cond: Any, images: Any, task: str, mask: Optional[torch.Te
         name = getattr(model, "family", None) or type(model).__name__
         raise ValueError(f"this model ({name}) takes no image task such as {task!r}: use task {CONTINUE!r} to keep "
                          "part of an image and sample the rest (Lumina-mGPT 2.0-Omni takes depth, canny, subject; "
-                         "Janus-4o and GLM-Image take edit)")
+                         "Janus-4o and GLM-Image take edit, Emu3.5 x2i)")
     if mask is not None:
         raise ValueError(f"a mask is for task {CONTINUE!r} (regenerating the masked cells); task {task!r} takes "
                          "the whole image: disconnect the mask")

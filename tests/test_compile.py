@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
+from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
 from scd_core import (GenerationCancelled, ModelLoadError, SamplerConfig, auto_window, generate, generate_many,
@@ -79,7 +80,7 @@ def test_tokens_match_eager_every_coupler(folders, traced, settings: dict, windo
     assert_same_run(eager, compiled, cond, SamplerConfig(window=window, seed=5, **settings), batch_size=2)
 
 
-@pytest.mark.parametrize("family", ["janus", "emu3"])
+@pytest.mark.parametrize("family", ["janus", "emu3", "emu3p5"])
 def test_transformers_families_match_eager(request: pytest.FixtureRequest, traced, family: str) -> None:
     """Janus-Pro and Emu3 run their layers through the row attention (one compiled graph for all layers);
     left-padded CFG prefixes of two lengths, forced row-end tokens (Emu3).  In float64: the compiled calls
@@ -90,7 +91,9 @@ def test_transformers_families_match_eager(request: pytest.FixtureRequest, trace
     eager, compiled = (load_model(folder, device="cpu", dtype="float64", compile=flag) for flag in (False, True))
     if family == "emu3":
         eager.set_image_size(32, 24)  # 4 x 3 codes of 8 px, a row-end token after each row
-    cond = eager.encode("a red cat", "blue")
+    if family == "emu3p5":
+        eager.set_image_size(48, 32)  # 2 x 3 codes of 16 px, a row end after the first row, the image end
+    cond = eager.encode("a red cat", *([] if family == "emu3p5" else ["blue"]))  # Emu3.5: no negative prompt
     for window in (1, 8):
         for settings in (dict(coupler="maximal"), dict(coupler="gumbel"),
                          dict(coupler="independent", verification="block")):
@@ -259,23 +262,25 @@ def emulated_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)
 
 
+EMULATED_SIZES = {"emu3": (32, 24), "emu3p5": (48, 32)}  # 4 x 3 codes of 8 px; 2 x 3 codes of 16 px
+
+
 def emulated_pair(request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, family: str) -> tuple:
     """The eager and the compiled model of `family` ("demo" and "t2i": LlamaGen's own blocks, class- and
-    text-conditioned), the compiled one's layer run eagerly; Emu3 at 4 x 3 codes of 8 px (a row-end token after
-    each row).  Float64 for the row-attention families: their static cache's float32 sums may round apart from
+    text-conditioned), the compiled one's layer run eagerly; Emu3 and Emu3.5 at EMULATED_SIZES (row-end tokens).  Float64 for the row-attention families: their static cache's float32 sums may round apart from
     eager's (see test_transformers_families_match_eager); what a graph reads does not depend on it."""
     own_blocks = {"demo": "c2i", "t2i": "t2i"}
     folder = folders[own_blocks[family]] if family in own_blocks else request.getfixturevalue(f"tiny_{family}_dir")
     dtype = "float32" if family in own_blocks else "float64"
     eager, compiled = (load_model(folder, device="cpu", dtype=dtype, compile=flag) for flag in (False, True))
     monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
-    if family == "emu3":
+    if family in EMULATED_SIZES:
         for model in (eager, compiled):
-            model.set_image_size(32, 24)
+            model.set_image_size(*EMULATED_SIZES[family])
     return eager, compiled
 
 
-@pytest.mark.parametrize("family", ["demo", "t2i", "janus", "emu3"])
+@pytest.mark.parametrize("family", ["demo", "t2i", "janus", "emu3", "emu3p5"])
 @pytest.mark.parametrize("settings", [dict(coupler="faithful", window=AUTO_WINDOW),
                                       dict(coupler="maximal", window=8, top_k=5, cfg_scale=3.0),
                                       dict(coupler="independent", window=4, verification="block")],
@@ -302,7 +307,7 @@ def test_what_a_graph_would_replay_is_what_every_call_runs(
     graphs.assert_replays_its_captures()
 
 
-@pytest.mark.parametrize("family", ["demo", "t2i", "janus", "emu3"])
+@pytest.mark.parametrize("family", ["demo", "t2i", "janus", "emu3", "emu3p5"])
 def test_kept_graphs_replay_in_later_generations_what_they_captured(
         request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, unlearned_auto_window,
         emulated_graphs, family: str) -> None:
@@ -316,6 +321,8 @@ def test_kept_graphs_replay_in_later_generations_what_they_captured(
         for batch in (1, 2):
             auto_window.remember_costs(model, batch, {w: w ** 0.7 for w in candidate_widths(eager.num_tokens)})
     prompt, same_length, longer = ("4", "5", None) if family == "demo" else ("a red cat", "a red dog", "a red cat, oil")
+    if family == "emu3p5":  # its tiny tokenizer is nearly byte-level: 61 prompt tokens, 5 more leave the bucket of 64
+        longer = "a red cat,"
     another_bucket = None if family == "demo" else longer + ", " + "in the style of a painting " * 10
     base = dict(coupler="faithful", window=8, top_k=5, top_p=0.95, cfg_scale=3.0)
 

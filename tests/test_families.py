@@ -70,7 +70,7 @@ def test_a_registered_family_is_recognised_and_named(toy: types.ModuleType, tmp_
     assert load_model(folder, device="cpu") == ("toy model", folder, "none")
     parser = argparse.ArgumentParser()
     add_model_arguments(parser.add_argument_group("model"))
-    assert "(Emu3, Lumina-mGPT, GLM-Image, Toy-GPT)" in " ".join(parser.format_help().split())
+    assert "(Emu3.5, Emu3, Lumina-mGPT, GLM-Image, Toy-GPT)" in " ".join(parser.format_help().split())
 
 
 def test_what_a_family_does_not_support_is_refused(toy: types.ModuleType, tmp_path: Path) -> None:

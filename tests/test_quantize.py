@@ -1,6 +1,6 @@
 """Quantised weights keep the sampler exact: every position's logits depend on its own prefix only.
 
-Checked for every precision offered (int8, nf4) on single layers and on the tiny Janus checkpoint:
+Checked for every precision offered (int8, nf4) on single layers and on the tiny Janus and Emu3.5 checkpoints:
 a position's logits do not change when the drafts after it change, when another sample's drafts change,
 or when the CFG partner row changes.  bitsandbytes' LLM.int8 at its default outlier threshold (6.0) is the
 negative control the same checks must catch.  Then the sampler on quantised models: faithful at window 8
@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from torch import nn
 
 from cosmos_fixture import context_frames, write_cosmos
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
+from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_original_c2i, write_t2i, write_tiny_t5
 from lumina_fixture import tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
 from scd_core import SamplerConfig, generate, load_model
@@ -161,28 +163,35 @@ def janus_at(folder: Path, precision: str, dtype: str = "float32") -> object:
     return model
 
 
-def window_logits(model, drafts: torch.Tensor, negative=None) -> tuple[torch.Tensor, torch.Tensor]:
-    session = model.start(model.encode(PROMPT, negative), batch_size=drafts.shape[0])
+def window_logits(model, drafts: torch.Tensor, cond) -> tuple[torch.Tensor, torch.Tensor]:
+    session = model.start(cond, batch_size=drafts.shape[0])
     session.prefill()
     return session.forward(drafts)
 
 
-def largest_leaks(model) -> dict[str, float]:
-    """How much the logits of the first 3 positions of sample 0 move when something they must not see changes."""
+def largest_leaks(model, cond, partnered) -> dict[str, float]:
+    """How much the logits of the first 3 positions of sample 0 move when something they must not see changes;
+    `partnered` is `cond` with another CFG partner row of the cond row's length (no padding moves)."""
     gen = torch.Generator().manual_seed(0)
     drafts = torch.randint(0, model.vocab_size, (2, 8), generator=gen)
-    cond, uncond = window_logits(model, drafts)
+    first_cond, first_uncond = window_logits(model, drafts, cond)
     later = drafts.clone()
     later[:, 3:] = torch.randint(0, model.vocab_size, (2, 5), generator=gen)
     other_sample = drafts.clone()
     other_sample[1] = torch.randint(0, model.vocab_size, (8,), generator=gen)
     leaks = {}
-    for name, (c, u) in (("later drafts", window_logits(model, later)),
-                         ("other sample", window_logits(model, other_sample))):
-        leaks[name] = max(float((c[0, :3] - cond[0, :3]).abs().max()), float((u[0, :3] - uncond[0, :3]).abs().max()))
-    c, _ = window_logits(model, drafts, negative=SAME_LENGTH_NEGATIVE)
-    leaks["CFG partner"] = float((c - cond).abs().max())
+    for name, (c, u) in (("later drafts", window_logits(model, later, cond)),
+                         ("other sample", window_logits(model, other_sample, cond))):
+        leaks[name] = max(float((c[0, :3] - first_cond[0, :3]).abs().max()),
+                          float((u[0, :3] - first_uncond[0, :3]).abs().max()))
+    c, _ = window_logits(model, drafts, partnered)
+    leaks["CFG partner"] = float((c - first_cond).abs().max())
     return leaks
+
+
+def janus_leaks(model) -> dict[str, float]:
+    assert len(model.encode(PROMPT, SAME_LENGTH_NEGATIVE).uncond) == len(model.encode(PROMPT).cond)
+    return largest_leaks(model, model.encode(PROMPT), model.encode(PROMPT, SAME_LENGTH_NEGATIVE))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16 on the CPU: int8 through the fused kernel
@@ -192,20 +201,36 @@ def test_janus_logits_depend_on_their_own_prefix_only(tiny_janus_dir: Path, prec
     fused = [layer for layer in model.module.modules() if isinstance(layer, quantize.Int8Linear)
              and quantize.fused_int8_runs(torch.device("cpu"), getattr(torch, dtype), layer.in_features)]
     assert bool(fused) == (precision == "int8" and dtype == "bfloat16")
-    assert len(model.encode(PROMPT, SAME_LENGTH_NEGATIVE).uncond) == len(model.encode(PROMPT).cond)
-    assert largest_leaks(model) == {"later drafts": 0.0, "other sample": 0.0, "CFG partner": 0.0}
+    assert janus_leaks(model) == {"later drafts": 0.0, "other sample": 0.0, "CFG partner": 0.0}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("precision", ["none"] + PRECISIONS)
+def test_emu3p5_logits_depend_on_their_own_prefix_only(tiny_emu3p5_dir: Path, precision: str, dtype: str) -> None:
+    """Emu3.5 has no negative prompt: the partner row is swapped for another prompt's cond row of equal length."""
+    model = load_model(tiny_emu3p5_dir, device="cpu", dtype=dtype, quantize=precision)
+    model.set_image_size(64, 64)  # 4 x 4 codes: the 8 drafts lie inside the image
+    cond = model.encode(PROMPT)
+    partner = model.encode(SAME_LENGTH_NEGATIVE).cond
+    assert len(partner) == len(cond.cond) and partner != cond.cond
+    assert largest_leaks(model, cond, replace(cond, uncond=partner)) == {
+        "later drafts": 0.0, "other sample": 0.0, "CFG partner": 0.0}
 
 
 @needs_bnb
 def test_llm_int8_leaks_into_the_janus_logits(tiny_janus_dir: Path) -> None:
     """The negative control on the same model: at least the batch-wide outlier columns show."""
-    leaks = largest_leaks(janus_at(tiny_janus_dir, "llm.int8"))
+    leaks = janus_leaks(janus_at(tiny_janus_dir, "llm.int8"))
     assert max(leaks.values()) > 1e-4, leaks
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_faithful_window_8_gives_the_window_1_tokens(tiny_janus_dir: Path, precision: str) -> None:
-    model = janus_at(tiny_janus_dir, precision)
+@pytest.mark.parametrize("folder", ["tiny_janus_dir", "tiny_emu3p5_dir"])
+def test_faithful_window_8_gives_the_window_1_tokens(request: pytest.FixtureRequest, folder: str,
+                                                     precision: str) -> None:
+    model = load_model(request.getfixturevalue(folder), device="cpu", dtype="float32", quantize=precision)
+    if model.family == "emu3p5":
+        model.set_image_size(64, 48)  # 3 x 4 codes, two row ends and the image end forced
     cond = model.encode(PROMPT)
     tokens = [generate(model, cond, SamplerConfig(coupler="faithful", window=w, seed=3), batch_size=2).tokens
               for w in (1, 8)]
@@ -320,16 +345,17 @@ BACKBONES = {  # where each family's quantised linear layers live
     "janus": lambda m: m.module.model.language_model, "emu3": lambda m: m.module.model.text_model,
     "lumina-mgpt": lambda m: m.module["lm"].model, "lumina-mgpt-2": lambda m: m.module["lm"].model,
     "llamagen": lambda m: m.module["gpt"].layers, "cosmos": lambda m: m.module["transformer"].layers,
+    "emu3p5": lambda m: m.module.model.layers,
 }
 
 
 @pytest.fixture(scope="module")
 def family_folders(tmp_path_factory: pytest.TempPathFactory, tiny_janus_dir: Path, tiny_emu3_dir: Path,
-                   tiny_lumina_dir: Path, tiny_lumina2_dir: Path) -> dict[str, Path]:
+                   tiny_lumina_dir: Path, tiny_lumina2_dir: Path, tiny_emu3p5_dir: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("quantized_families")
     return {"janus": tiny_janus_dir, "emu3": tiny_emu3_dir, "lumina-mgpt": tiny_lumina_dir,
             "lumina-mgpt-2": tiny_lumina2_dir, "llamagen": write_original_c2i(root / "llamagen"),
-            "cosmos": write_cosmos(root, "4B")}
+            "cosmos": write_cosmos(root, "4B"), "emu3p5": tiny_emu3p5_dir}
 
 
 def family_cond(model):
@@ -337,6 +363,8 @@ def family_cond(model):
         return model.encode_video(context_frames(9))
     if model.family == "emu3":
         model.set_resolution("4:3", 768)  # 3 x 4 codes: keeps the run short
+    if model.family == "emu3p5":
+        model.set_image_size(64, 48)  # 3 x 4 codes
     return model.encode("3" if model.family == "llamagen" else PROMPT)
 
 

@@ -23,6 +23,7 @@
     python -m scd_core.bench invariant --seeds 2      # bfloat16: what the window-invariant calls cost
     python -m scd_core.bench given --seeds 3          # images in the prompt: calls of continuations and regions
     python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
+    python -m scd_core.bench emu3p5                   # Emu3.5-Image at 1024 px: calls at its layout and top-k
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
 
 A benchmark is one COMMANDS entry: its summary, its options (the shared ones below, or its own) and what runs
@@ -205,6 +206,12 @@ def _glm_image(args: argparse.Namespace) -> Result:
     return "glm-image", glm_image_tables(list(range(args.seeds)), args.windows)
 
 
+def _emu3p5(args: argparse.Namespace) -> Result:
+    from .emu3p5 import emu3p5_tables
+
+    return "emu3p5", emu3p5_tables(list(range(args.seeds)), args.windows, args.codes)
+
+
 COMMANDS: dict[str, Bench] = {
     "nfe": Bench("model calls, tokens per call and acceptance of AR, SJD and SCD side by side (a synthetic grid "
                  "model at three entropies, or --model)",
@@ -316,6 +323,14 @@ COMMANDS: dict[str, Bench] = {
                        (option("--seeds", type=int, default=1, metavar="N", help="seeds 0 .. N-1 (default: 1)"),
                         option("--windows", type=int, nargs="+", default=[32],
                                help="window widths to compare (default: 32)")), _glm_image),
+    "emu3p5": Bench("Emu3.5-Image at 1024 px: calls of AR, SJD, SCD and faithful on a synthetic model of its layout "
+                    "(64 rows of 64 codes, row ends and image end forced) and top-k",
+                    (option("--seeds", type=int, default=1, metavar="N", help="seeds 0 .. N-1 (default: 1)"),
+                     option("--windows", type=int, nargs="+", default=[32],
+                            help="window widths to compare (default: 32)"),
+                     option("--codes", type=int, default=8192,
+                            help="codebook size of the stand-in, its top-k scaled alike (default: 8192, 16 times "
+                                 "fewer than the published 131072, and 16 times less sampling work)")), _emu3p5),
 }
 
 

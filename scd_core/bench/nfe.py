@@ -25,13 +25,19 @@ OPTIONS = {"SJD-block": dict(verification="block"), "SCD-maximal-cand2": dict(ca
 SHARPNESS = (("high", 0.5), ("medium", 1.5), ("low", 2.5))  # per-token entropy about 6.5 / 4 / 2.2 nats
 
 
-def mean_entropy(model: GridModel, tokens: torch.Tensor) -> float:
-    """Mean entropy (nats) of the sampling distribution along sampled sequences."""
+def mean_entropy(model: GridModel, tokens: torch.Tensor, top_k: Optional[int] = None) -> float:
+    """Mean entropy (nats) of the sampling distribution (temperature 1, `top_k`) along sampled sequences, over
+    the positions the model samples (its forced ones left out)."""
     session = model.start(None, tokens.shape[0])
-    session.prefill()
-    logits, _ = session.forward(tokens[:, :-1])
-    p = to_probs(logits, None, 1.0, 1.0, None, 1.0)
-    return float(-(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean())
+    first, _ = session.prefill()
+    rest, _ = session.forward(tokens[:, :-1])
+    logits = torch.cat([first, rest], dim=1)
+    p = to_probs(logits, None, 1.0, 1.0, top_k, 1.0)
+    entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+    forced = list(getattr(model, "forced_tokens", None) or {})
+    sampled = torch.ones(tokens.shape[1], dtype=torch.bool)
+    sampled[forced] = False
+    return float(entropy[:, sampled].mean())
 
 
 def measure(model: Any, cond: Any, config: SamplerConfig, seeds: Iterable[int], batch_size: int = 1) -> dict:

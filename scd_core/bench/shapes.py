@@ -223,7 +223,7 @@ def shape_benchmark(size: str = "1B", windows: Iterable[int] = (1, 2, 4, 8, 16, 
 
 # ----------------------------------------------------------------------------- memory at the published shapes
 
-CARDS_GIB = (8, 12, 16, 24)
+CARDS_GIB = (8, 12, 16, 24, 48, 80)
 MEMORY_MARGIN = 0.2  # activations and allocator slack, as the loader node's "auto" assumes
 
 
@@ -246,6 +246,19 @@ def _emu3_shapes() -> dict[str, tuple[int, ...]]:
 
     with torch.device("meta"):  # transformers' defaults are Emu3-Gen's sizes
         return _meta_shapes(Emu3ForConditionalGeneration(Emu3Config(vocabulary_map={})))
+
+
+# Emu3.5 / Emu3.5-Image: the paper's 34.1B = 31.2B in the layers + 2.9B of embeddings (input and untied head over
+# 151854 text + 131072 visual ids) is Qwen3-32B's layer geometry; the published config.json is not read here.
+EMU3P5_SHAPE = dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8,
+                    head_dim=128, intermediate_size=25600, vocab_size=151854 + 131072)
+
+
+def _emu3p5_shapes() -> dict[str, tuple[int, ...]]:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):  # the network as emu3p5.load builds it (the IBQ decoder is not counted)
+        return _meta_shapes(Qwen3ForCausalLM(Qwen3Config(**EMU3P5_SHAPE, tie_word_embeddings=False)))
 
 
 def _lumina_shapes() -> dict[str, tuple[int, ...]]:
@@ -288,8 +301,8 @@ def _sliced(shapes: dict[str, tuple[int, ...]], head: str, rows: int) -> dict[st
 def published_memory_rows() -> list[dict[str, Any]]:
     """Weights (bf16 / int8 / nf4) and KV cache with CFG at each family's published shape and default image,
     after generation-only loading, and the most precise weights that fit each card (weights + cache, 20% more)."""
-    from ..models import cosmos, emu3, janus, lumina
-    from ..models.memory import estimate_from_shapes, t5_encoder_estimate
+    from ..models import cosmos, emu3, emu3p5, janus, lumina
+    from ..models.memory import estimate_from_shapes, fitting_precision, t5_encoder_estimate
 
     families = [  # name, shapes as published, shapes loaded, dropped prefixes, cached tokens, CFG rows, T5
         ("Janus-Pro-1B", _janus_shapes("1B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2, None),
@@ -297,6 +310,8 @@ def published_memory_rows() -> list[dict[str, Any]]:
         ("Lumina-mGPT-7B (768 px)", _lumina_shapes(), "lm_head.weight:8192", lumina.UNUSED_WEIGHTS,
          lumina.CACHE_TOKENS, 2, None),
         ("Emu3-Gen (720 px)", _emu3_shapes(), "lm_head.weight:32768", emu3.UNUSED_WEIGHTS, emu3.CACHE_TOKENS, 2,
+         None),
+        ("Emu3.5-Image 34B (1024 px)", _emu3p5_shapes(), "lm_head.weight:131072", (), emu3p5.CACHE_TOKENS, 2,
          None),
         ("Cosmos-1.0-4B", _cosmos_shapes("4B"), None, (), cosmos.CACHE_TOKENS, 1, None),
         ("Cosmos-1.0-12B", _cosmos_shapes("12B"), None, (), cosmos.CACHE_TOKENS, 1, None),
@@ -321,9 +336,8 @@ def published_memory_rows() -> list[dict[str, Any]]:
                    bf16_gib=loaded.weight_bytes("none", bf16) / gib, int8_gib=loaded.weight_bytes("int8", bf16) / gib,
                    nf4_gib=loaded.weight_bytes("nf4", bf16) / gib, tokens=tokens, kv_cache_gib=cache / gib)
         for card in CARDS_GIB:
-            fitting = [p for p in ("none", "int8", "nf4")
-                       if (loaded.weight_bytes(p, bf16) + cache) * (1 + MEMORY_MARGIN) <= card * gib]
-            row[f"{card}_gib"] = ("bf16" if fitting[0] == "none" else fitting[0]) if fitting else "-"
+            fitting = fitting_precision(loaded, bf16, card * gib, cfg_rows, ("none", "int8", "nf4"), MEMORY_MARGIN)
+            row[f"{card}_gib"] = {None: "-", "none": "bf16"}.get(fitting, fitting)
         rows.append(row)
     return rows
 
@@ -338,8 +352,9 @@ def memory_table() -> str:
             "and image) and both CFG rows (Cosmos: one row), batch 1. A card column names the most precise "
             "weights whose weights + cache, 20% more, fit in that many GiB (\"-\": none does). A T5 text encoder "
             "is loaded at the model's precision and counted (Video2World: T5-11B's encoder, `published` too); "
-            "LlamaGen (FLAN-T5-XL for t2i) is not in the table, and the Cosmos video tokenizer (TorchScript) "
-            "is not counted.\n\n"
+            "LlamaGen (FLAN-T5-XL for t2i) is not in the table; the Cosmos video tokenizer (TorchScript) "
+            "and Emu3.5's IBQ decoder (float32; the whole IBQ tokenizer has 455M parameters) are not counted, "
+            "and Emu3.5's layer sizes are Qwen3-32B's, which its published 31.2B + 2.9B parameters match.\n\n"
             + markdown(published_memory_rows(), ("model", "published_bf16_gib", "bf16_gib", "int8_gib", "nf4_gib",
                                                  "tokens", "kv_cache_gib", *(f"{c}_gib" for c in CARDS_GIB))))
 

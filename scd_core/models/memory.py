@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 
@@ -147,12 +147,18 @@ def t5_folder_estimate(folder: Path) -> MemoryEstimate:
     return t5_encoder_estimate(checkpoint_shapes(weight_files(folder)))
 
 
-def auto_precision(estimate: MemoryEstimate, dtype: torch.dtype, free_bytes: int, rows: int,
-                   offered: tuple[str, ...], margin: float = 0.2) -> str:
+def fitting_precision(estimate: MemoryEstimate, dtype: torch.dtype, free_bytes: int, rows: int,
+                      offered: tuple[str, ...], margin: float = 0.2) -> Optional[str]:
     """The most precise of `offered` (best first) whose weights plus KV cache for `rows` rows, `margin` more for
-    activations, fit in `free_bytes`; the least precise one when none fits."""
+    activations, fit in `free_bytes`; None when none fits (ComfyUI then streams what does not)."""
     cache = estimate.cache_bytes(estimate.tokens, rows, dtype)
     for precision in offered:
         if (estimate.weight_bytes(precision, dtype) + cache) * (1 + margin) <= free_bytes:
             return precision
-    return offered[-1]
+    return None
+
+
+def auto_precision(estimate: MemoryEstimate, dtype: torch.dtype, free_bytes: int, rows: int,
+                   offered: tuple[str, ...], margin: float = 0.2) -> str:
+    """`fitting_precision`, or the least precise one when none fits."""
+    return fitting_precision(estimate, dtype, free_bytes, rows, offered, margin) or offered[-1]

@@ -33,8 +33,10 @@ def attention_layer(layer: torch.nn.Module, hidden: torch.Tensor, cos: torch.Ten
     head_dim = attention.head_dim
     split = (batch, width, -1, head_dim)
     x = layer.input_layernorm(hidden)
-    q = attention.q_proj(x).view(split).transpose(1, 2)
-    k = attention.k_proj(x).view(split).transpose(1, 2)
+    q, k = attention.q_proj(x).view(split), attention.k_proj(x).view(split)
+    if hasattr(attention, "q_norm"):  # Qwen3-style layers (Emu3.5): each head's query and key RMS-normed first
+        q, k = attention.q_norm(q), attention.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
     keys, values = cache.write(k * cos + rotate_half(k) * sin, attention.v_proj(x).view(split).transpose(1, 2))
     # query head h uses KV head h // groups: fold each group's heads into the query rows of its KV head
     q = (q * cos + rotate_half(q) * sin).reshape(batch, keys.shape[1], groups * width, head_dim)

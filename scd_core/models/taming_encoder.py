@@ -92,14 +92,18 @@ class VQEncoder(nn.Module):
     @torch.no_grad()
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """Images (B, 3, H, W) in [-1, 1], H and W multiples of the downsampling -> codes (B, rows*cols),
-        row-major: the codebook entry nearest each latent vector (|z|^2 + |e|^2 - 2 z.e, smallest first)."""
+        row-major, as `pick` chooses them."""
         d = self.spec.downsample
         if images.dim() != 4 or images.shape[1] != 3 or images.shape[2] % d or images.shape[3] % d:
             raise ValueError(f"expected images (batch, 3, H, W) with H and W multiples of {d}, got "
                              f"{tuple(images.shape)}")
         z = self.quant_conv(self.encoder(images.to(self.quant_conv.weight)))  # its device and dtype
         z = z.permute(0, 2, 3, 1).flatten(1, 2)  # (B, rows*cols, dim)
-        book = self.quantize.embedding.weight.to(z.dtype)
+        return self.pick(z, self.quantize.embedding.weight.to(z.dtype))
+
+    @staticmethod
+    def pick(z: torch.Tensor, book: torch.Tensor) -> torch.Tensor:
+        """Latent vectors (B, N, dim) -> the code of each: the nearest codebook entry in squared distance."""
         distance = z.pow(2).sum(-1, keepdim=True) + book.pow(2).sum(-1) - 2 * z @ book.t()
         return distance.argmin(dim=-1)
 
@@ -116,11 +120,12 @@ def infer_encoder_spec(state: dict[str, torch.Tensor], source: str) -> EncoderSp
                        base_width=base_width, widths=widths, num_res_blocks=blocks, attn_levels=attn_levels)
 
 
-def load_encoder(state: dict[str, torch.Tensor], source: str) -> VQEncoder:
-    """A VQEncoder holding the encoder part of `state` (every encoder weight present with its shape); the
-    decoder's and training entries are not its business and are left alone."""
+def load_encoder(state: dict[str, torch.Tensor], source: str, kind: type[VQEncoder] = VQEncoder) -> VQEncoder:
+    """A `kind` (VQEncoder or a subclass choosing codes its own way) holding the encoder part of `state` (every
+    encoder weight present with its shape); the decoder's and training entries are not its business and are
+    left alone."""
     spec = infer_encoder_spec(state, source)
-    model = VQEncoder(spec)
+    model = kind(spec)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     misshaped = [f"{key} {list(state[key].shape)} (expected {list(value.shape)})" for key, value in expected.items()

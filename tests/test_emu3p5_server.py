@@ -1,0 +1,90 @@
+"""The shipped Emu3.5-Image workflow in a real ComfyUI server, on the tiny folder in the published layout: as
+shipped (text to image), and with an SCD Image Prompt (task x2i) holding a reference image."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from comfy_server import REPO_ROOT, ComfyServer
+from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture)
+from test_server import output_images
+
+from scd_core import SamplerConfig, generate, load_model
+from scd_core.image_prompt import add_image
+
+WIDTH, HEIGHT = 48, 32  # 2 rows of 3 codes and their row ends: 8 positions
+PROMPT = "A red fox sitting in fresh snow under a pine tree at sunrise, soft golden light, detailed photograph"
+
+
+@pytest.fixture(scope="module")
+def server_model(comfy_server: ComfyServer, tiny_emu3p5_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny folder with room for a reference image at the authors' 1024 x 1024 px (4160 positions); its
+    rotary positions have no weights, so only config.json changes."""
+    folder = Path(shutil.copytree(tiny_emu3p5_dir, tmp_path_factory.mktemp("server") / "Emu3.5-Image"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 8192}))
+    comfy_server.add_model(folder.name, folder)
+    return folder
+
+
+def shipped_graph(model: str) -> dict:
+    graph = json.loads((REPO_ROOT / "workflows" / "api" / "scd_emu3p5_image_api.json").read_text())
+    graph["1"]["inputs"]["model"] = model
+    graph["2"]["inputs"] |= {"width": WIDTH, "height": HEIGHT}
+    assert graph["2"]["inputs"]["prompt"] == PROMPT
+    graph["3"]["inputs"]["window"] = 8
+    return graph
+
+
+def assert_ran(comfy_server: ComfyServer, graph: dict) -> tuple[np.ndarray, list[str]]:
+    """Runs `graph`; its image at the requested size (as the server saved it), every token counted."""
+    run = comfy_server.run(graph, timeout=600)
+    assert run.status == "success", run.events[-3:]
+    images = output_images(comfy_server, run, ["5"])
+    assert [image.size for image in images] == [(WIDTH, HEIGHT)]
+    events = [data for data in run.of_type("scd.progress") if data["node"] == "3"]
+    assert sum(e["committed"] for e in events) == events[-1]["num_tokens"] == 2 * (3 + 1)
+    return np.asarray(images[0].convert("RGB")), run.texts
+
+
+def core_image(folder: Path, reference: Optional[torch.Tensor]) -> np.ndarray:
+    """The same generation in the core (the node's defaults: float32 on the CPU, seed 42, faithful, window 8),
+    as SaveImage writes it."""
+    model = load_model(folder, device="cpu", dtype="float32")
+    model.set_image_size(WIDTH, HEIGHT)
+    with torch.inference_mode():
+        cond = model.encode(PROMPT)
+        if reference is not None:
+            cond = add_image(model, cond, reference, "x2i").cond
+        tokens = generate(model, cond, SamplerConfig(coupler="faithful", window=8, seed=42)).tokens
+        return np.clip(255.0 * model.decode(tokens)[0].numpy(), 0, 255).astype(np.uint8)
+
+
+def test_shipped_emu3p5_workflow_and_x2i_on_the_tiny_folder(comfy_server: ComfyServer, server_model: Path) -> None:
+    """The API twin with the model and size swapped, then with a Load Image and an SCD Image Prompt (task x2i)
+    between the prompt and the sampler: the reference image is resized to about 1024 x 1024 px as the authors do
+    and encoded into the prompt.  Each image is the core's with the same settings, and the two differ."""
+    t2i, _ = assert_ran(comfy_server, shipped_graph(server_model.name))
+    gen = torch.Generator().manual_seed(0)
+    pixels = (torch.rand(300, 200, 3, generator=gen) * 255).to(torch.uint8)
+    (comfy_server.base_dir / "input").mkdir(exist_ok=True)
+    Image.fromarray(pixels.numpy()).save(comfy_server.base_dir / "input" / "emu3p5_reference.png")
+    graph = shipped_graph(server_model.name)
+    graph["10"] = {"class_type": "LoadImage", "inputs": {"image": "emu3p5_reference.png"}}
+    graph["11"] = {"class_type": "SCDImagePrompt",
+                   "inputs": {"model": ["1", 0], "cond": ["2", 0], "image": ["10", 0], "task": "x2i",
+                              "keep_top": 0.5, "image_cfg": -1.0}}
+    graph["3"]["inputs"]["conditioning"] = ["11", 0]
+    x2i, texts = assert_ran(comfy_server, graph)
+    assert any("image added for x2i" in text and "resized to the model's 832 x 1248 px" in text for text in texts)
+    for served, reference in ((t2i, None), (x2i, pixels[None].float() / 255)):
+        assert np.abs(served.astype(int) - core_image(server_model, reference).astype(int)).max() <= 1
+    assert np.abs(t2i.astype(int) - x2i.astype(int)).max() > 1
