@@ -166,15 +166,15 @@ class _Decoder:
         self.sampling = sampling_settings(model, config)
         # what the sampling step reads: device tensors where one compiled step serves every value; eager calls
         # keep the host numbers (top-k by torch.topk, ~3.5x cheaper than the sort a tensor k needs)
-        self.sampler = sampler_tensors(*self.sampling, self.vocab, device) if static else self.sampling
+        self.sampler = sampler_tensors(self.sampling, self.vocab, device) if static else self.sampling
         schedule = getattr(model, "cfg_schedule", None)  # a guidance scale per position, where the model has one
-        self.cfg_scales = schedule(self.sampling[0]) if callable(schedule) else None
+        self.cfg_scales = schedule(self.sampling.cfg_scale) if callable(schedule) else None
         if self.cfg_scales is not None:
             self.cfg_scales = torch.as_tensor(self.cfg_scales, dtype=torch.float32, device=device)
             if self.cfg_scales.shape != (self.n,):
                 raise ValueError(f"model.cfg_schedule must give {self.n} scales, got {tuple(self.cfg_scales.shape)}")
         # the weight of each branch's logits (float32, on the device: a compiled step serves every value)
-        self.branch_weights = None if guidance is None else branch_weights(guidance, self.sampling[0], device)
+        self.branch_weights = None if guidance is None else branch_weights(guidance, self.sampling.cfg_scale, device)
         if self.branch_weights is not None and self.cfg_scales is not None:
             raise ValueError("a session that weighs its own branches (guidance) takes no model.cfg_schedule")
         self.copy_back = copy_back
@@ -211,12 +211,11 @@ class _Decoder:
                 raise ModelOutputError(f"model returned {name} logits of shape {tuple(value.shape)}, "
                                        f"expected {expected}")
         if self.branch_weights is not None:
-            return to_probs(weighted_logits(logits, self.branch_weights), None, 1.0, *self.sampler[1:])
+            return to_probs(weighted_logits(logits, self.branch_weights), None, self.sampler.with_scale(1.0))
         cond, uncond = logits
-        scale = self.sampler[0] if self.cfg_scales is None else self.cfg_scales[
-            slot_positions(self.committed, width, branches).clamp(max=self.n - 1)].unsqueeze(-1)
-        return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), scale,
-                        *self.sampler[1:])
+        sampler = self.sampler if self.cfg_scales is None else self.sampler.with_scale(self.cfg_scales[
+            slot_positions(self.committed, width, branches).clamp(max=self.n - 1)].unsqueeze(-1))
+        return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), sampler)
 
     def window_inputs(self, width: int, pad: int = 0) -> torch.Tensor:
         """The last committed token and the drafts after it, (B, pad + width), after the `pad` committed
@@ -552,7 +551,7 @@ class Run:
                              "candidates would grow the static KV cache; use candidates=1, or load the model "
                              "with compile=False")
         # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
-        top_k = sampling_settings(model, config)[2]
+        top_k = sampling_settings(model, config).top_k
         self.branches = min(self.branches, top_k) if top_k else self.branches
         self.policy = auto_window.window_policy(config.window, model, batch_size, self.branches, self._timed_call)
         self.n = model.num_tokens

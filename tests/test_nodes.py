@@ -26,6 +26,7 @@ import pytest
 import torch
 from scd_core.graph_state import State
 from scd_core.models.checkpoints import ModelLoadError
+from scd_core.sampler_options import OPTIONS
 
 from comfy_server import REPO_ROOT, comfyui_main
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
@@ -350,20 +351,24 @@ def test_comfyui_names_the_model_it_loads(janus: Any) -> None:
 
 def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> None:
     sampler_config = sys.modules[f"{pack.__name__}.nodes.sampler"].sampler_config
-    config = sampler_config("maximal", 8, -1.0, 1, 1.0, 0, 1.0, "left")
-    assert config.cfg_scale is None and config.top_k is None  # the widgets' "recommended" sentinels
-    assert sampler_config("maximal", 8, 2.5, 1, 1.0, 50, 1.0, "left").top_k == 50
+    widgets = {option.name: option.recommended for option in OPTIONS} | {"temperature": 1.0, "top_p": 1.0}
+
+    def config(coupler: str = "maximal", window: int = 8, candidates: int = 1, **options: float) -> Any:
+        return sampler_config(coupler, window, 1, "left", candidates, **(widgets | options))
+
+    assert config().cfg_scale is None and config().top_k is None  # the widgets' "recommended" sentinels
+    assert config(cfg_scale=2.5, top_k=50).top_k == 50
     with pytest.raises(ValueError, match="cfg_scale must be -1"):
-        sampler_config("maximal", 8, -0.5, 1, 1.0, 0, 1.0, "left")
-    assert config.temperature == 1.0 and sampler_config("maximal", 8, -1.0, 1, -1.0, 0, 0.0, "left").temperature is None
+        config(cfg_scale=-0.5)
+    assert config().temperature == 1.0 and config(temperature=-1.0, top_p=0.0).temperature is None
     with pytest.raises(ValueError, match=r"temperature must be -1 \(the model's recommended value\) or a number"):
-        sampler_config("maximal", 8, -1.0, 1, 0.0, 0, 1.0, "left")
-    assert sampler_config("maximal", 0, -1.0, 1, 1.0, 0, 1.0, "left").window == "auto"
+        config(temperature=0.0)
+    assert config(window=0).window == "auto"
     with pytest.raises(ValueError, match="window"):
-        sampler_config("maximal", -1, -1.0, 1, 1.0, 0, 1.0, "left")
-    assert sampler_config("maximal", 8, -1.0, 1, 1.0, 0, 1.0, "left").candidates == 1  # the optional widget's default
+        config(window=-1)
+    assert config().candidates == 1  # the optional widget's default
     with pytest.raises(ValueError, match="candidates"):
-        sampler_config("faithful", 8, -1.0, 1, 1.0, 0, 1.0, "left", candidates=2)
+        config("faithful", candidates=2)
 
 
 # -- executing the nodes on the tiny Janus --------------------------------------------------------

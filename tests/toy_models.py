@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from scd_core.models.janus import edit_guidance
-from scd_core.sampling import to_probs
+from scd_core.sampling import Sampling, to_probs
 from scd_core.bench.synthetic import admitted, feed_tokens, kept_branch
 
 
@@ -81,7 +81,7 @@ class TablePrefixModel:
             cond = (cond + self.image_cfg * rest[0]) / (1 + self.image_cfg)
         schedule = self.cfg_schedule(cfg_scale)
         scale = cfg_scale if schedule is None else schedule.float().unsqueeze(-1)  # (T, 1): one per position
-        p = to_probs(cond, uncond, scale, temperature, top_k, top_p).double()
+        p = to_probs(cond, uncond, Sampling(scale, temperature, top_k, top_p)).double()
         per_position = p.gather(-1, codes.unsqueeze(-1)).squeeze(-1)
         for position in forced:
             per_position[:, position] = 1.0

@@ -11,7 +11,7 @@ import torch
 
 from ..config import SamplerConfig
 from ..engine import generate
-from ..sampling import to_probs
+from ..sampling import Sampling, to_probs
 from .synthetic import GridModel
 from .tables import markdown
 
@@ -30,7 +30,7 @@ def mean_entropy(model: GridModel, tokens: torch.Tensor) -> float:
     session = model.start(None, tokens.shape[0])
     session.prefill()
     logits, _ = session.forward(tokens[:, :-1])
-    p = to_probs(logits, None, 1.0, 1.0, None, 1.0)
+    p = to_probs(logits, None, Sampling())
     return float(-(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean())
 
 
