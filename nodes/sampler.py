@@ -7,8 +7,9 @@ import logging
 import comfy.model_management as mm
 from comfy_api.latest import io
 from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate
-from scd_core import couplers
-from scd_core.config import AUTO_WINDOW, DEFAULT_COUPLER, MAX_CANDIDATES, MAX_SEED, MAX_WINDOW
+from scd_core import couplers, window_policies
+from scd_core.config import DEFAULT_COUPLER, MAX_CANDIDATES, MAX_SEED
+from scd_core.window_policies import AUTO_WINDOW, MAX_WINDOW
 from scd_core.model import unusual_settings
 from scd_core.sampler_options import OPTIONS, Option
 
@@ -17,8 +18,8 @@ from .progress import ProgressReporter
 from .lowvram import streamed_bytes
 from .sockets import EncodedPrompt, LoadedModel, SamplingStats, SCDCond, SCDModel, SCDStats, SCDTokens
 
-AUTOMATIC_WINDOW = 0  # widget value meaning window "auto": the width with the most tokens per second, per call
-DEFAULT_WINDOW = AUTOMATIC_WINDOW  # measured within 3% of the best pinned window (README, "Automatic window")
+# the automatic window: measured within 3% of the best pinned window (README, "Automatic window")
+DEFAULT_WINDOW = window_policies.named(AUTO_WINDOW).node_value
 MODEL_DRAFT_INIT = "auto"  # widget value meaning "the model's default" (previous_frame for video, else above)
 DRAFT_INIT_CHOICES = (MODEL_DRAFT_INIT, *DRAFT_INITS)
 MAX_BATCH = 16
@@ -30,12 +31,12 @@ SAVED_OPTIONS = 4
 def sampler_config(coupler: str, window: int, seed: int, draft_init: str, candidates: int = 1,
                    **options: float) -> SamplerConfig:
     """Widget values -> SamplerConfig; `options` are the sampler options' widgets by name, whose "recommended"
-    values become None; window 0 becomes "auto"."""
+    values become None; a window policy's value its name."""
     if candidates > 1 and coupler in couplers.names_where("candidates", False):
         raise ValueError(f"candidates must be 1 with the {coupler} coupler, which {couplers.coupler(coupler).help}; "
                          f"set candidates to 1 or choose another coupler (got {candidates})")
     try:
-        return SamplerConfig(coupler=coupler, window=AUTO_WINDOW if window == AUTOMATIC_WINDOW else window, seed=seed,
+        return SamplerConfig(coupler=coupler, window=window_policies.from_widget(window), seed=seed,
                              draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init, candidates=candidates,
                              **{option.name: option.from_widget(options.get(option.name, option.recommended)) for option in OPTIONS})
     except ValueError as err:
@@ -90,12 +91,11 @@ class SCDSampler(io.ComfyNode):
                                      "the window widths: worth it where a seed need not reproduce. In bfloat16 a "
                                      "logit that rounds differently at another width can flip a draw, so even "
                                      "faithful images then differ somewhere."),
-                io.Int.Input("window", default=DEFAULT_WINDOW, min=0, max=MAX_WINDOW,
-                             tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling. 0 (auto) "
-                                     "picks it per call: the width with the most tokens per second, from what a "
-                                     "call costs on this device and how many tokens the calls so far committed. "
-                                     "With faithful the window changes the calls, never the image; with the "
-                                     "other couplers pin a number for seeds that reproduce."),
+                io.Int.Input("window", default=DEFAULT_WINDOW, min=window_policies.NODE_MIN, max=MAX_WINDOW,
+                             tooltip="Tokens decoded per model call; 1 is plain autoregressive sampling. "
+                                     f"{window_policies.help_text('node')}. With faithful the window changes the "
+                                     "calls, never the image; with the other couplers pin a number for seeds that "
+                                     "reproduce."),
                 option_widget(OPTIONS[0]),
                 io.Int.Input("seed", default=0, min=0, max=MAX_SEED, control_after_generate=True,
                              tooltip="Random seed. With the faithful coupler a seed gives the plain autoregressive "

@@ -9,8 +9,8 @@ from typing import Any, Optional
 import torch
 from PIL import Image
 
-from . import couplers, sampler_options
-from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
+from . import couplers, sampler_options, window_policies
+from .config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .models.family import compilable, families
 from .models.loading import DTYPES, load_model, pick_device
 from .models.quantize import PRECISIONS
@@ -39,12 +39,10 @@ def _pixels(text: str) -> int:
 
 
 def _window(text: str) -> int | str:
-    if text in (AUTO_WINDOW, "0"):  # 0 is auto, as in the sampler node
-        return AUTO_WINDOW
     try:
-        return int(text)  # the range is SamplerConfig's to check
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {AUTO_WINDOW!r} (or 0) or an integer, got {text!r}") from None
+        return window_policies.from_text(text)  # the range is SamplerConfig's to check
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_model_arguments(group: argparse._ArgumentGroup) -> None:
@@ -72,8 +70,8 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
                          help=f"how the next drafts are made: {couplers.help_text()}")
     sampler.add_argument("--window", type=_window, default=DEFAULTS.window,
                          help="positions decoded per model call; 1 is plain autoregressive sampling; "
-                              "auto (or 0): chosen per call from the measured cost of a call and the acceptance "
-                              "(with faithful the window changes the calls, never the image)")
+                              f"{window_policies.help_text()} (with faithful the window changes the calls, never "
+                              "the image)")
     for option in sampler_options.OPTIONS:
         sampler.add_argument(option.flag, dest=option.name, type=option.kind, help=f"{option.help} (default: the "
                              "model's)")

@@ -5,15 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from . import couplers, sampler_options
+from . import couplers, sampler_options, window_policies
 from .sampler_options import is_int as _is_int, is_real as _is_real
 
 COUPLERS = couplers.NAMES
 DEFAULT_COUPLER = "faithful"  # the seed decides the image, whatever the widths
 DRAFT_INITS = ("random", "left", "above", "previous_frame")
 VERIFICATIONS = ("token", "block")
-MAX_WINDOW = 1024
-AUTO_WINDOW = "auto"
+MAX_WINDOW, AUTO_WINDOW = window_policies.MAX_WINDOW, window_policies.AUTO_WINDOW
 MAX_SEED = 2**64 - 1
 MAX_CANDIDATES = 8
 
@@ -31,9 +30,9 @@ class SamplerConfig:
       faithful (the default) gives for a seed the plain-AR image of that seed whatever the window, the automatic
       widths, the batch, the slot of generate_many, the worker or a resume (bit for bit in float32); the others
       may save the last few percent of calls where a seed need not reproduce: their tokens follow the widths.
-    window: positions decoded per model call; 1 is plain autoregressive sampling.  "auto" picks it per call
-      from the model's measured cost of each window size and the commit counts observed so far
-      (scd_core.auto_window).
+    window: positions decoded per model call; 1 is plain autoregressive sampling.  A policy's name
+      (scd_core.window_policies) chooses it per call: "auto" from the model's measured cost of each window size
+      and the commit counts observed so far (scd_core.auto_window).
     fixed_shapes: feed every call after the first at the full window width, re-feeding committed tokens
       where the window would shrink at the end, so that a captured CUDA graph or a compiled model sees one
       input shape per window size.  Same tokens; one rewind more per call at the end.  A model loaded with
@@ -72,8 +71,7 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         _check(self.coupler in COUPLERS, "coupler", f"one of {', '.join(COUPLERS)}", self.coupler)
-        _check(self.window == AUTO_WINDOW or (_is_int(self.window) and 1 <= self.window <= MAX_WINDOW), "window",
-               f"{AUTO_WINDOW!r} or an integer in 1..{MAX_WINDOW}", self.window)
+        _check(window_policies.valid(self.window), "window", window_policies.allowed(), self.window)
         for option in sampler_options.OPTIONS:
             value = getattr(self, option.name)
             _check(value is None or option.valid(value), option.name, f"None or {option.allowed}", value)

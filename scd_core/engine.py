@@ -13,7 +13,7 @@ positions from one model call, and then, all on the device:
 
 Steps 1-3 for one window are `verify.propose_next`, with the couplers declared
 in `couplers.py`; each call's width comes from a window policy
-(`auto_window.window_policy`: pinned, or the automatic window).  One host
+(`window_policies`: pinned, or a policy such as the automatic window).  One host
 synchronisation per iteration reads back the counts for the callback, the
 window policy and rewinding the cache.  See `docs/algorithm.md` for why each step
 is exact.
@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import auto_window, couplers, rng, static_step, verify
+from . import auto_window, couplers, rng, static_step, verify, window_policies
 from .config import MAX_CANDIDATES, SamplerConfig
 from .given import forced_cells, unwrap
 from .model import Logits, Session, TokenModel, check_batch_size
@@ -553,7 +553,8 @@ class Run:
         # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
         top_k = sampling_settings(model, config).top_k
         self.branches = min(self.branches, top_k) if top_k else self.branches
-        self.policy = auto_window.window_policy(config.window, model, batch_size, self.branches, self._timed_call)
+        self.policy = window_policies.policy_for(config.window, model, batch_size, self.branches,
+                                                  self._timed_call)
         self.n = model.num_tokens
         self.result = GenerationResult(tokens=torch.empty(0), nfe=0)
         self.decoder: Optional[_Decoder] = None
