@@ -237,7 +237,7 @@ class _Stream:
         if torch.isnan(probs).any():
             raise ModelOutputError("model returned NaN logits in a prefill; float16 overflow is a common cause: "
                                    "try bfloat16 or float32")
-        _, forced = decoder.read_commits(decoder.committed)
+        _, forced = decoder.cells.read_commits(decoder.committed)
         started = time.perf_counter() - seconds
         for job, job_forced in zip(group, forced.tolist()):
             job.session, job.started = None, started
