@@ -26,6 +26,8 @@ import pytest
 import torch
 from scd_core.graph_state import State
 from scd_core.models.checkpoints import ModelLoadError
+from scd_core import window_policies
+from scd_core.config import COUPLERS
 from scd_core.sampler_options import OPTIONS
 
 from comfy_server import REPO_ROOT, comfyui_main
@@ -238,12 +240,14 @@ def test_encode_schema(node_classes: dict[str, Any]) -> None:
 def test_sampler_schema(node_classes: dict[str, Any]) -> None:
     node = node_classes["SCDSampler"]
     inputs = inputs_of(node)
+    # the order saved workflows hold their widget values in; sampler options declared later come last
+    added = [option.name for option in OPTIONS if option.name not in ("cfg_scale", "temperature", "top_k", "top_p")]
     assert list(inputs) == ["model", "conditioning", "coupler", "window", "cfg_scale", "seed", "temperature",
-                            "top_k", "top_p", "draft_init", "batch_size", "candidates"]
+                            "top_k", "top_p", "draft_init", "batch_size", "candidates", *added]
     expect = {"conditioning": ("SCD_COND", {}),
-              "coupler": (["maximal", "gumbel", "independent", "faithful"],
-                          {"options": ["maximal", "gumbel", "independent", "faithful"], "default": "faithful"}),
-              "window": ("INT", {"min": 0, "max": 1024, "default": 0}),  # 0: automatic
+              "coupler": (list(COUPLERS), {"options": list(COUPLERS), "default": "faithful"}),
+              # 0: automatic (a policy's value below 1)
+              "window": ("INT", {"min": window_policies.NODE_MIN, "max": 1024, "default": 0}),
               "cfg_scale": ("FLOAT", {"min": -1.0, "max": 100.0, "default": -1.0}),
               "seed": ("INT", {"min": 0, "control_after_generate": True}),
               "temperature": ("FLOAT", {"min": -1.0, "default": -1.0}),  # -1: the model's (GLM-Image 0.9)
@@ -257,7 +261,7 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
         assert inputs[name][0] == io_type, name
         assert {k: inputs[name][1].get(k) for k in options} == options, name
     # optional, so API workflows saved before it existed still validate
-    assert list(node.GET_NODE_INFO_V1()["input"]["optional"]) == ["candidates"]
+    assert list(node.GET_NODE_INFO_V1()["input"]["optional"]) == ["candidates", *added]
     assert node.GET_NODE_INFO_V1()["output_name"] == ["tokens", "stats"]
     # ComfyUI checks every input itself; a validate_inputs would switch that off for the inputs it names
     # and flag all of them with one message
