@@ -7,9 +7,7 @@ from typing import Any
 
 import comfy.model_management as mm
 from comfy_api.latest import io
-from scd_core import GenerationResult, SamplerConfig, static_step
-from scd_core.auto_window import CANDIDATES
-from scd_core.config import AUTO_WINDOW
+from scd_core import GenerationResult, SamplerConfig, static_step, window_policies
 
 SCDModel = io.Custom("SCD_MODEL")
 SCDCond = io.Custom("SCD_COND")
@@ -34,7 +32,7 @@ class LoadedModel:
         its widest call (the automatic window's widest, 64, or the pinned one; a tree of candidates feeds k
         chains), and a compiled model's CUDA graph pool, less what the model holds from its last image for the
         next (a compiled model's kept CUDA graphs and their KV cache, which the run reuses or frees first)."""
-        width = min(CANDIDATES[-1] if window == AUTO_WINDOW else int(window), self.model.num_tokens)
+        width = window_policies.widest(window, self.model.num_tokens)
         allocated = batch_size * (self.image_cache_bytes + candidates * width * self.slot_bytes)
         return max(0, allocated + self.graph_pool_bytes(batch_size, width) - static_step.kept_bytes(self.model))
 
@@ -52,7 +50,7 @@ class LoadedModel:
     @property
     def memory_required(self) -> int:
         """Beyond the weights, for one image at the automatic window: what ComfyUI frees unless told more."""
-        return self.run_memory(1, AUTO_WINDOW)
+        return self.run_memory(1, window_policies.AUTO_WINDOW)
 
     def to_compute_device(self, memory_required: int | None = None) -> None:
         """Load the weights for a node's use, asking ComfyUI to free `memory_required` bytes beside them

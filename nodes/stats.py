@@ -6,7 +6,7 @@ import comfy.model_management as mm
 import numpy as np
 import torch
 from comfy_api.latest import io
-from scd_core.auto_window import window_report
+from scd_core import window_policies
 
 from .chart import committed_chart
 from .sockets import SamplingStats, SCDStats
@@ -26,7 +26,7 @@ def summary_text(stats: SamplingStats) -> str:
         f"{stats.model_name}: {tokens} tokens x {stats.batch_size}" + (f" ({forced} forced)" if forced else "")
         + f" in {result.nfe} model calls "
         f"(autoregressive: {sampled}) - {sampled / result.nfe:.2f}x fewer calls",
-        f"coupler {config.coupler}, window {window_report(config.window, result.windows)}, "
+        f"coupler {config.coupler}, window {window_policies.report(config.window, result.windows)}, "
         f"draft init {config.draft_init or 'auto'}, "
         + (f"{config.candidates} candidates, " if config.candidates > 1 else "") + f"seed {config.seed}",
         f"wall {result.total_s:.2f} s: prefill {result.prefill_s:.2f} s, forward {result.forward_s:.2f} s, "

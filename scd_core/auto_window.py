@@ -76,7 +76,6 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import torch
 
 from . import window_memory
-from .config import AUTO_WINDOW
 
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # few distinct widths: few kernels to warm up or graphs to capture
 TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each width's fastest call counts
@@ -108,15 +107,6 @@ def widths_used(windows: Sequence[int]) -> str:
     (`GenerationResult.windows`), the most used first."""
     used = sorted(collections.Counter(windows[1:]).items(), key=lambda item: -item[1])
     return ", ".join(f"{calls}{' calls' if i == 0 else ''} at width {width}" for i, (width, calls) in enumerate(used))
-
-
-def window_report(window: int | str, windows: Sequence[int]) -> str:
-    """The window a run used: "auto (40 calls at width 16, ...)", the pinned width, or the width actually used
-    where the pinned one is wider than the image."""
-    if window == AUTO_WINDOW:
-        return f"{AUTO_WINDOW} ({widths_used(windows)})"
-    widest = max(windows[1:], default=window)
-    return f"{widest} (set to {window}: wider than the image)" if widest < window else str(window)
 
 
 def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
@@ -488,10 +478,3 @@ class AutoWindow:
         if "chooser" in self.__dict__:  # a width was chosen: the run learned costs, for the next process too
             window_memory.save()
 
-
-def window_policy(window: int | str, model: Any, batch_size: int, branches: int,
-                  timed_call: Callable[[int], torch.Tensor]) -> WindowPolicy:
-    """The policy of a `SamplerConfig.window` setting for one run (see `AutoWindow` for the other arguments)."""
-    if window == AUTO_WINDOW:
-        return AutoWindow(model, batch_size, branches, timed_call)
-    return PinnedWindow(min(int(window), model.num_tokens))

@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from . import couplers
-from .config import AUTO_WINDOW, SamplerConfig
+from . import couplers, window_policies
+from .config import SamplerConfig
 from .engine import GenerationResult, ModelOutputError, Run, generate
 from .given import unwrap
 from .run_settings import start_session
@@ -112,10 +112,10 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
     refill_at = 1 if refill_at is None else refill_at
     if not isinstance(refill_at, int) or not 1 <= refill_at <= slots:
         raise ValueError(f"refill_at must be an integer in 1..slots={slots}, got {refill_at!r}")
-    if config.window == AUTO_WINDOW and not couplers.coupler(config.coupler).width_free:
+    if window_policies.per_call(config.window) and not couplers.coupler(config.coupler).width_free:
         free = " or ".join(couplers.names_where("width_free"))
-        raise ValueError(f"a stream of jobs needs a pinned window with the {config.coupler} coupler: the automatic "
-                         f"window's widths depend on the batch and on measured costs, so a job's tokens would "
+        raise ValueError(f"a stream of jobs needs a pinned window with the {config.coupler} coupler: the "
+                         f"{config.window} window's widths change from call to call, so a job's tokens would "
                          f"depend on its neighbours; pin the window, or use the {free} coupler, whose tokens "
                          f"do not depend on the widths")
     queue = _Queue(jobs, config)
@@ -237,7 +237,7 @@ class _Stream:
         if torch.isnan(probs).any():
             raise ModelOutputError("model returned NaN logits in a prefill; float16 overflow is a common cause: "
                                    "try bfloat16 or float32")
-        _, forced = decoder.read_commits(decoder.committed)
+        _, forced = decoder.cells.read_commits(decoder.committed)
         started = time.perf_counter() - seconds
         for job, job_forced in zip(group, forced.tolist()):
             job.session, job.started = None, started

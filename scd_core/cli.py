@@ -26,13 +26,12 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from tqdm import tqdm
 
-from . import couplers
-from .auto_window import window_report
+from . import couplers, window_policies
 from .batch_job import add_batch_arguments, run_batch, seed_list
 from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
                          open_model, positive_int, sampler_config, to_pil)
 from .models.checkpoints import ModelLoadError
-from .config import AUTO_WINDOW, SamplerConfig
+from .config import SamplerConfig
 from .engine import GenerationResult, IterationStats, ModelOutputError, generate
 from .model import unusual_settings
 
@@ -220,7 +219,7 @@ def run_summary(run: Run) -> str:
     promise = (f" - the plain-AR {seeds} at any window, batch, worker or resume"
                if couplers.coupler(config.coupler).width_free else "")
     return "\n".join([
-        f"{run.label}: coupler {config.coupler}, window {window_report(config.window, result.windows)}, "
+        f"{run.label}: coupler {config.coupler}, window {window_policies.report(config.window, result.windows)}, "
         f"seed {config.seed}, batch {rows}{promise}",
         f"{result.nfe} model calls for {tokens} tokens (AR: {tokens}): {run.speedup:.2f}x fewer calls, "
         f"mean acceptance {_percent(run.acceptance)}",
@@ -265,8 +264,7 @@ def compare_table(methods: Sequence[Sequence[Run]]) -> str:
         several = len(calls) > 1
         mean = statistics.fmean(calls)
         accepted = [run.acceptance for run in runs if run.acceptance is not None]
-        width = first.config.window if first.config.window == AUTO_WINDOW else max(first.result.windows)
-        rows.append((first.label, str(width), f"{mean:.1f}" if several else str(calls[0]),
+        rows.append((first.label, window_policies.column(first.config.window, first.result.windows), f"{mean:.1f}" if several else str(calls[0]),
                      f"{statistics.stdev(calls):.1f}" if several else "-",
                      f"{min(calls)}-{max(calls)}" if several else "-",
                      f"{first.result.tokens.shape[1] / mean:.2f}x",

@@ -9,8 +9,8 @@ from typing import Any, Optional
 import torch
 from PIL import Image
 
-from . import couplers
-from .config import AUTO_WINDOW, COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
+from . import couplers, sampler_options, window_policies
+from .config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .models.family import compilable, families, joined
 from .models.loading import DTYPES, load_model, pick_device
 from .models.quantize import PRECISIONS
@@ -19,9 +19,9 @@ from .model import set_image_size
 DEFAULTS = SamplerConfig()
 # SamplerConfig's fields as the command line names them, for its messages ("cfg_scale must be None or ...":
 # on a command line None is leaving the option out)
-SAMPLER_OPTIONS = {"coupler": "--coupler", "window": "--window", "cfg_scale": "--cfg", "temperature": "--temperature",
-                   "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed", "draft_init": "--draft-init",
-                   "verification": "--verification", "candidates": "--candidates"}
+SAMPLER_OPTIONS = {"coupler": "--coupler", "window": "--window", "seed": "--seed", "draft_init": "--draft-init",
+                   "verification": "--verification", "candidates": "--candidates",
+                   **{option.name: option.flag for option in sampler_options.OPTIONS}}
 
 
 def positive_int(text: str) -> int:
@@ -39,12 +39,10 @@ def _pixels(text: str) -> int:
 
 
 def _window(text: str) -> int | str:
-    if text in (AUTO_WINDOW, "0"):  # 0 is auto, as in the sampler node
-        return AUTO_WINDOW
     try:
-        return int(text)  # the range is SamplerConfig's to check
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {AUTO_WINDOW!r} (or 0) or an integer, got {text!r}") from None
+        return window_policies.from_text(text)  # the range is SamplerConfig's to check
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def dtype_names() -> str:
@@ -81,15 +79,11 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
                          help=f"how the next drafts are made: {couplers.help_text()}")
     sampler.add_argument("--window", type=_window, default=DEFAULTS.window,
                          help="positions decoded per model call; 1 is plain autoregressive sampling; "
-                              "auto (or 0): chosen per call from the measured cost of a call and the acceptance "
-                              "(with faithful the window changes the calls, never the image)")
-    sampler.add_argument("--cfg", type=float, help="classifier-free guidance scale (default: the model's)")
-    sampler.add_argument("--temperature", type=float, default=DEFAULTS.temperature,
-                         help="divides the logits before sampling (default: the model's)")
-    sampler.add_argument("--top-k", type=int, help="sample among the k likeliest tokens (default: the model's)")
-    sampler.add_argument("--top-p", type=float, default=DEFAULTS.top_p,
-                         help="sample among the likeliest tokens holding this much probability (default: the "
-                              "model's)")
+                              f"{window_policies.help_text()} (with faithful the window changes the calls, never "
+                              "the image)")
+    for option in sampler_options.OPTIONS:
+        sampler.add_argument(option.flag, dest=option.name, type=option.kind, help=f"{option.help} (default: the "
+                             "model's)")
     sampler.add_argument("--draft-init", choices=DRAFT_INITS, default=DEFAULTS.draft_init,
                          help="initial draft of a position entering the window (default: the model's, "
                               "previous_frame for video, else above)")
@@ -104,10 +98,9 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
 def sampler_config(args: argparse.Namespace, seed: int) -> SamplerConfig:
     """The settings from the sampler arguments, with `seed`; a bad one is named by its option."""
     try:
-        return SamplerConfig(coupler=args.coupler, window=args.window, cfg_scale=args.cfg,
-                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seed,
-                             draft_init=args.draft_init, verification=args.verification,
-                             candidates=args.candidates)
+        return SamplerConfig(coupler=args.coupler, window=args.window, seed=seed, draft_init=args.draft_init,
+                             verification=args.verification, candidates=args.candidates,
+                             **{option.name: getattr(args, option.name) for option in sampler_options.OPTIONS})
     except ValueError as err:
         raise ValueError(as_options(str(err))) from None
 

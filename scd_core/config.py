@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from . import couplers
+from . import couplers, sampler_options, window_policies
+from .sampler_options import is_int as _is_int, is_real as _is_real
 
 COUPLERS = couplers.NAMES
 DEFAULT_COUPLER = "faithful"  # the seed decides the image, whatever the widths
 DRAFT_INITS = ("random", "left", "above", "previous_frame")
 VERIFICATIONS = ("token", "block")
-MAX_WINDOW = 1024
-AUTO_WINDOW = "auto"
+MAX_WINDOW, AUTO_WINDOW = window_policies.MAX_WINDOW, window_policies.AUTO_WINDOW
 MAX_SEED = 2**64 - 1
 MAX_CANDIDATES = 8
 
@@ -21,14 +20,6 @@ MAX_CANDIDATES = 8
 def _check(ok: bool, field: str, allowed: str, value: object) -> None:
     if not ok:
         raise ValueError(f"{field} must be {allowed}, got {value!r}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -39,9 +30,9 @@ class SamplerConfig:
       faithful (the default) gives for a seed the plain-AR image of that seed whatever the window, the automatic
       widths, the batch, the slot of generate_many, the worker or a resume (bit for bit in float32); the others
       may save the last few percent of calls where a seed need not reproduce: their tokens follow the widths.
-    window: positions decoded per model call; 1 is plain autoregressive sampling.  "auto" picks it per call
-      from the model's measured cost of each window size and the commit counts observed so far
-      (scd_core.auto_window).
+    window: positions decoded per model call; 1 is plain autoregressive sampling.  A policy's name
+      (scd_core.window_policies) chooses it per call: "auto" from the model's measured cost of each window size
+      and the commit counts observed so far (scd_core.auto_window).
     fixed_shapes: feed every call after the first at the full window width, re-feeding committed tokens
       where the window would shrink at the end, so that a captured CUDA graph or a compiled model sees one
       input shape per window size.  Same tokens; one rewind more per call at the end.  A model loaded with
@@ -63,7 +54,7 @@ class SamplerConfig:
 
     # what a captured CUDA graph does not read (its device copies, or the seed keys, it does): a kept graph serves
     # a later generation whatever these are (scd_core.graph_state)
-    per_generation: ClassVar[frozenset[str]] = frozenset({"seed", "cfg_scale", "temperature", "top_k", "top_p"})
+    per_generation: ClassVar[frozenset[str]] = frozenset({"seed", *sampler_options.NAMES})
 
     coupler: str = DEFAULT_COUPLER
     window: int | str = 32
@@ -80,16 +71,10 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         _check(self.coupler in COUPLERS, "coupler", f"one of {', '.join(COUPLERS)}", self.coupler)
-        _check(self.window == AUTO_WINDOW or (_is_int(self.window) and 1 <= self.window <= MAX_WINDOW), "window",
-               f"{AUTO_WINDOW!r} or an integer in 1..{MAX_WINDOW}", self.window)
-        _check(self.cfg_scale is None or (_is_real(self.cfg_scale) and 0 <= self.cfg_scale <= 100),
-               "cfg_scale", "None or a number in 0..100", self.cfg_scale)
-        _check(self.temperature is None or (_is_real(self.temperature) and 0 < self.temperature <= 100),
-               "temperature", "None or a number in (0, 100]", self.temperature)
-        _check(self.top_k is None or (_is_int(self.top_k) and self.top_k >= 1), "top_k",
-               "None or an integer >= 1", self.top_k)
-        _check(self.top_p is None or (_is_real(self.top_p) and 0 < self.top_p <= 1), "top_p",
-               "None or a number in (0, 1]", self.top_p)
+        _check(window_policies.valid(self.window), "window", window_policies.allowed(), self.window)
+        for option in sampler_options.OPTIONS:
+            value = getattr(self, option.name)
+            _check(value is None or option.valid(value), option.name, f"None or {option.allowed}", value)
         _check(_is_int(self.seed) and 0 <= self.seed <= MAX_SEED, "seed", f"an integer in 0..{MAX_SEED}", self.seed)
         _check(self.draft_init is None or self.draft_init in DRAFT_INITS, "draft_init",
                f"None or one of {', '.join(DRAFT_INITS)}", self.draft_init)

@@ -1,5 +1,16 @@
 """Jacobi decoding with speculative verification: AR, SJD and SCD in one loop.
 
+Words used throughout:
+  committed  a row's tokens that are final, positions 0 .. its commit count - 1;
+  forced     a position no row samples: the model's row-ends, a prompt's given cells (`fixed_cells`);
+  free       a position that is sampled (not forced); a width chosen by the window policy counts free ones;
+  fed        the tokens a call feeds: the last committed one, then the drafts (a tree with candidates);
+  width      the slots a call verifies, each yielding one distribution p;
+  carried    a draft kept from the last call for the next (coupled to its old value, or redrawn);
+  ready      the window slots, from a row's committed count on, that hold a draft (`_Decoder.grow`);
+  pad        committed tokens fed again in front of a call to keep its shape (fixed shapes), or, at static
+             shapes, the slots past the last position that fill a call to its bucket's width.
+
 Each iteration feeds a window of L tokens (the last committed token, then the
 drafts of the next L - 1 positions), gets the sampling distribution p of L
 positions from one model call, and then, all on the device:
@@ -13,7 +24,7 @@ positions from one model call, and then, all on the device:
 
 Steps 1-3 for one window are `verify.propose_next`, with the couplers declared
 in `couplers.py`; each call's width comes from a window policy
-(`auto_window.window_policy`: pinned, or the automatic window).  One host
+(`window_policies`: pinned, or a policy such as the automatic window).  One host
 synchronisation per iteration reads back the counts for the callback, the
 window policy and rewinding the cache.  See `docs/algorithm.md` for why each step
 is exact.
@@ -23,18 +34,23 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import auto_window, couplers, rng, static_step, verify
+from . import auto_window, couplers, rng, verify, window_policies
+from .call_summary import CallSummary
+from .candidate_tree import chain_probs, tree_inputs
 from .config import MAX_CANDIDATES, SamplerConfig
-from .given import forced_cells, unwrap
+from .fixed_cells import FixedCells, code_and_fixed, kept_prefix
+from .given import unwrap
+from .guidance import guidance_for
 from .model import Logits, Session, TokenModel, check_batch_size
-from .run_settings import code_tables, draft_source, sampling_settings, start_session
-from .sampling import (branch_weights, recursive_rejection, sampler_tensors, to_probs, weighted_logits,
-                       without_replacement)
+from .run_calls import Call, calls_for
+from .results import GenerationResult, IterationStats
+from .run_settings import draft_source, sampling_settings, start_session
+from .sampling import recursive_rejection, sampler_tensors, without_replacement
 
 
 class GenerationCancelled(RuntimeError):
@@ -45,77 +61,12 @@ class ModelOutputError(RuntimeError):
     """The model returned logits the engine cannot use (wrong shape, NaN)."""
 
 
-@dataclass
-class IterationStats:
-    iteration: int
-    committed: int
-    total: int
-    num_tokens: int
-    nfe: int
-    acceptance: list[float]
-    tokens: torch.Tensor
-    forward_s: float
-    sample_s: float
-    forced: int = 0  # of `committed`, the tokens that were forced (given cells, row-ends), not sampled
-    forced_total: int = 0  # of `total`, the forced tokens: plain AR needs one call per other token
-
-
-@dataclass
-class GenerationResult:
-    tokens: torch.Tensor
-    nfe: int
-    committed: list[int] = field(default_factory=list)
-    forced: list[int] = field(default_factory=list)  # of each call's `committed`, the forced tokens
-    acceptance: list[float] = field(default_factory=list)
-    draft_changes: list[float] = field(default_factory=list)
-    windows: list[int] = field(default_factory=list)  # width of each call (1 for the prefill)
-    fed: list[int] = field(default_factory=list)  # tokens each call fed: its width, more with candidates
-    forward_s: float = 0.0
-    sample_s: float = 0.0
-    prefill_s: float = 0.0
-    total_s: float = 0.0
-    # a compiled model's parts that ran eagerly, each with why (a failed compile or CUDA graph capture)
-    eager_fallbacks: list[str] = field(default_factory=list)
-
-    @property
-    def tokens_per_call(self) -> float:
-        return self.tokens.shape[1] / self.nfe
-
-
-def tree_inputs(window: torch.Tensor, alternatives: torch.Tensor) -> torch.Tensor:
-    """A window's inputs (B, L): the last committed token, the first draft, the later drafts; with k - 1
-    alternatives (B, k - 1) for the first draft, the tree `row_cache.tree_layout` describes: the window, then
-    for each alternative a chain of it and the later drafts."""
-    later = window[:, 2:]
-    return torch.cat([window] + [torch.cat([alternatives[:, c:c + 1], later], dim=1)
-                                 for c in range(alternatives.shape[1])], dim=1)
-
-
-def chain_probs(probs: torch.Tensor, width: int, branches: int) -> torch.Tensor:
-    """p of a tree call's slots (B, T, V) -> p of every chain (B, branches, width, V); the first slot, computed
-    before the chains part, is every chain's."""
-    extra = probs[:, width:].unflatten(1, (branches - 1, width - 1))
-    first = probs[:, :1].unsqueeze(1).expand(-1, branches - 1, -1, -1)
-    return torch.cat([probs[:, :width].unsqueeze(1), torch.cat([first, extra], dim=2)], dim=1)
-
-
 def slot_positions(committed: torch.Tensor, count: int, branches: int) -> torch.Tensor:
     """Absolute positions (B, count) of a call's output slots: the window's from each row's committed count,
-    then, in a tree call (`branches` > 1, see `tree_inputs`), each chain's, which starts one position later."""
+    then, in a tree call (`branches` > 1, see `candidate_tree.tree_inputs`), each chain's, which starts one position later."""
     width = count if branches == 1 else (count - 1) // branches + 1
     slots = torch.arange(count, device=committed.device)
     return committed.unsqueeze(1) + torch.where(slots < width, slots, (slots - width) % max(width - 1, 1) + 1)
-
-
-def fixed_cells(model: TokenModel, given: Optional[tuple[torch.Tensor, torch.Tensor]], batch: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(code index -> model id, model id -> code index) on `device` (`code_tables`), then the cells no row
-    samples and their ids, (batch, N) each on the CPU: the model's own forced tokens (row-ends) and the kept
-    cells of `given` (`forced_cells`)."""
-    forced_tokens = getattr(model, "forced_tokens", None) or {}
-    code_ids, code_index = code_tables(getattr(model, "code_ids", None), model.vocab_size, forced_tokens.values(),
-                                       device)
-    return (code_ids, code_index, *forced_cells(forced_tokens, given, batch, model.num_tokens, code_ids))
 
 
 class _Decoder:
@@ -126,10 +77,10 @@ class _Decoder:
     tensor spans the codes only.  Forced framing ids need not be codes.
     """
 
-    # the state of each row, first dimension the batch: what `select` and `join` carry (the rest is shared);
-    # `free_before` and `host_committed` live on the host
+    # the state of each row, first dimension the batch: what `select` and `join` carry (the rest is shared, but
+    # the fixed cells', which carry their own)
     ROW_STATE = ("rows", "committed", "prefix", "keys", "calls", "seq", "proposals", "noise_window", "noise_start",
-                 "first_new", "drafted_at", "forced", "forced_ids", "free_before", "host_committed")
+                 "first_new", "drafted_at")
     # the sampler's numbers as given: a static step reads their device copies (`sampler`), so a kept CUDA graph
     # serves any of them (scd_core.graph_state)
     per_generation = frozenset({"sampling"})
@@ -147,17 +98,8 @@ class _Decoder:
         batch = len(seeds)
         self.batch, self.n, self.vocab = batch, model.num_tokens, model.vocab_size
         self.device = device
-        self.code_ids, self.code_index, forced, forced_ids = fixed_cells(model, given, batch, device)
-        # with given cells a call is widened over the forced positions in its way (`call_width`): it then spans
-        # up to `window` free positions plus a row's forced ones (a static run sizes for the whole image, so
-        # that its compiled shapes do not depend on the cells)
-        self.widening = given is not None
-        widest = self.n if static else window + int(forced.sum(1).max()) + 1
-        self.window = min(widest if self.widening else window, self.n)  # the widest call; buffers are sized for it
-        # free positions before each position (batch, N + 1), and each row's commit count, read back with
-        # every call: what `call_width` sizes a call from, on the host
-        self.free_before = torch.nn.functional.pad((~forced).long().cumsum(1), (1, 0))
-        self.host_committed = torch.zeros(batch, dtype=torch.long)
+        self.code_ids, self.code_index, forced, forced_ids = code_and_fixed(model, given, batch, device)
+        self.cells = FixedCells(forced, forced_ids, window, given is not None, static, device)
         self.noise = rng.KeyedRandom(device)
         # each row's randomness: its own seed, and the calls it took part in (so not the batch's iteration)
         self.keys = rng.seed_keys(seeds, device)
@@ -166,40 +108,34 @@ class _Decoder:
         self.sampling = sampling_settings(model, config)
         # what the sampling step reads: device tensors where one compiled step serves every value; eager calls
         # keep the host numbers (top-k by torch.topk, ~3.5x cheaper than the sort a tensor k needs)
-        self.sampler = sampler_tensors(*self.sampling, self.vocab, device) if static else self.sampling
-        schedule = getattr(model, "cfg_schedule", None)  # a guidance scale per position, where the model has one
-        self.cfg_scales = schedule(self.sampling[0]) if callable(schedule) else None
-        if self.cfg_scales is not None:
-            self.cfg_scales = torch.as_tensor(self.cfg_scales, dtype=torch.float32, device=device)
-            if self.cfg_scales.shape != (self.n,):
-                raise ValueError(f"model.cfg_schedule must give {self.n} scales, got {tuple(self.cfg_scales.shape)}")
-        # the weight of each branch's logits (float32, on the device: a compiled step serves every value)
-        self.branch_weights = None if guidance is None else branch_weights(guidance, self.sampling[0], device)
-        if self.branch_weights is not None and self.cfg_scales is not None:
-            raise ValueError("a session that weighs its own branches (guidance) takes no model.cfg_schedule")
+        sampler = sampler_tensors(self.sampling, self.vocab, device) if static else self.sampling
+        self.guidance = guidance_for(model, guidance, self.sampling.cfg_scale, sampler, device)
         self.copy_back = copy_back
         # tokens known before position 0 (a video's context frames): drafts may be copied from them
         self.prefix = (torch.zeros(batch, 0, dtype=torch.long, device=device) if prefix is None
                        else prefix.to(device=device, dtype=torch.long).expand(batch, -1))
+        self._buffers(batch, self.cells.window)
+
+    def _buffers(self, batch: int, window: int) -> None:
+        """The token buffer, commit counts, proposals and noise of calls up to `window` slots wide."""
+        device = self.device
+        self.window = window  # the widest call
         # room for drafts running past the last position keeps every index in range
-        span = self.n + self.window
-        self.seq = torch.zeros(batch, span, dtype=torch.long, device=device)
+        self.seq = torch.zeros(batch, self.n + window, dtype=torch.long, device=device)
         self.committed = torch.zeros(batch, dtype=torch.long, device=device)
-        self.proposals = torch.zeros(batch, self.window, self.vocab, device=device)
-        self.forced = torch.nn.functional.pad(forced, (0, span - self.n)).to(device)  # (batch, span), per row
-        self.forced_ids = torch.nn.functional.pad(forced_ids, (0, span - self.n)).to(device)
+        self.proposals = torch.zeros(batch, window, self.vocab, device=device)
         # rows still decoding, by their index in the caller's batch; finished rows' tokens move to `finished`
         # when the batch is regrouped (keep_rows)
         self.rows = torch.arange(batch, device=device).unsqueeze(1)
         self.finished: Optional[torch.Tensor] = None
-        self.slots = torch.arange(self.window, device=device)
+        self.slots = torch.arange(window, device=device)
         # position-fixed Gumbel noise of each row's last window (from noise_start), reused while a position
         # stays in the window
         self.noise_start = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.noise_window = torch.zeros(batch, 0, self.vocab, device=device)
         # a call drafts only the slots of its own width; `grow` drafts the rest when a wider call comes, as the
         # narrower call would have (static calls draft the whole window: their shapes do not follow widths)
-        self.ready = self.window if static else 0  # slots (from each row's committed count) with a draft
+        self.ready = window if self.static else 0  # slots (from each row's committed count) with a draft
         self.first_new, self.drafted_at = self.committed.clone(), self.calls.clone()
 
     def probs(self, logits: Logits, width: int, branches: int = 1) -> torch.Tensor:
@@ -210,13 +146,7 @@ class _Decoder:
             if value is not None and tuple(value.shape) != expected:
                 raise ModelOutputError(f"model returned {name} logits of shape {tuple(value.shape)}, "
                                        f"expected {expected}")
-        if self.branch_weights is not None:
-            return to_probs(weighted_logits(logits, self.branch_weights), None, 1.0, *self.sampler[1:])
-        cond, uncond = logits
-        scale = self.sampler[0] if self.cfg_scales is None else self.cfg_scales[
-            slot_positions(self.committed, width, branches).clamp(max=self.n - 1)].unsqueeze(-1)
-        return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device), scale,
-                        *self.sampler[1:])
+        return self.guidance.probs(logits, lambda: slot_positions(self.committed, width, branches))
 
     def window_inputs(self, width: int, pad: int = 0) -> torch.Tensor:
         """The last committed token and the drafts after it, (B, pad + width), after the `pad` committed
@@ -282,7 +212,7 @@ class _Decoder:
         width = p.shape[1]
         positions = self.committed.unsqueeze(1) + self.slots[:width]
         drafts = self.seq.gather(1, positions[:, :width - 1])
-        forced = self.forced.gather(1, positions)
+        forced = self.cells.forced.gather(1, positions)
         codes, chain = self.to_index(drafts), None
         if tree is not None:
             chains, alternatives, valid = tree
@@ -301,16 +231,11 @@ class _Decoder:
             verified[:, 0] = torch.where(forced[:, 0], verified[:, 0], first)
         if self.config.verification == "token":  # block verification accounts for forced slots itself
             accepted = accepted | forced[:, :width - 1]
-        forced_ids = self.forced_ids.gather(1, positions)
+        forced_ids = self.cells.forced_ids.gather(1, positions)
         verified = torch.where(forced, forced_ids, self.code_ids[verified])
         coupled = torch.where(forced, forced_ids, self.code_ids[coupled])
 
-        # commits per row: up to and including the first rejection, at most what is left
-        rejected = torch.cat([~accepted, torch.ones(self.batch, 1, dtype=torch.bool, device=self.device)], dim=1)
-        per_row = torch.minimum(rejected.int().argmax(1) + 1, self.n - self.committed)
-        # rows that share a cache advance together, by the smallest count among them
-        shared = per_row.view(-1, self.rows_per_cache).amin(1).repeat_interleave(self.rows_per_cache)
-
+        per_row, shared = self._commits(accepted)
         slot = self.slots[:width].unsqueeze(0)
         nxt = torch.where(slot < per_row.unsqueeze(1), verified, coupled)
         redrafted = slot[:, :width - 1] >= shared.unsqueeze(1)  # drafted before and still a draft
@@ -325,24 +250,27 @@ class _Decoder:
         self.calls += 1
         return shared, accepted, changes, chain
 
+    def _commits(self, accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the tokens each row commits, those its cache advances by), each (B,)."""
+        # commits per row: up to and including the first rejection, at most what is left
+        rejected = torch.cat([~accepted, torch.ones(self.batch, 1, dtype=torch.bool, device=self.device)], dim=1)
+        per_row = torch.minimum(rejected.int().argmax(1) + 1, self.n - self.committed)
+        # rows that share a cache advance together, by the smallest count among them
+        return per_row, per_row.view(-1, self.rows_per_cache).amin(1).repeat_interleave(self.rows_per_cache)
+
     def decide(self, logits: Logits, width: int, max_shift: int, tree: Optional[tuple[torch.Tensor, torch.Tensor]]
                ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """A call's logits to its decisions, all on the device (the part of a step a compiled or captured call
-        holds): returns (summary, commit counts (B,), tree chain kept or None).  The summary (float32, exact for
-        these integers) holds the slowest row's commits, the largest count, a NaN flag, the live rows, the
-        draft changes and their number, each row's commits so far (B entries), the commit counts (one per cache
-        group, width + 1 entries: the window policy's observation), then the share of drafts accepted per
-        slot."""
+        holds): returns (the packed `CallSummary`, commit counts (B,), tree chain kept or None)."""
         branches = 1 if tree is None else tree[0].shape[1] + 1
         probs = self.probs(logits, logits[0].shape[1], branches)
         chains = None if tree is None else (chain_probs(probs, width, branches),) + tree
         shared, accepted, changes, chain = self.step(probs[:, :width], max_shift, chains)
         values = torch.arange(width + 1, device=shared.device)  # counted as every backend can (no bincount)
-        counts = (shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0)
-        summary = torch.cat([torch.stack([self.committed.min(), shared.max(), torch.isnan(probs).any().long(),
-                                          (self.committed < self.n).sum()]), changes, self.committed,
-                             counts]).float()
-        return torch.cat([summary, accepted.float().mean(0)]), shared, chain
+        counts = (shared[::self.rows_per_cache].unsqueeze(1) == values).sum(0)  # one per cache group
+        summary = CallSummary.pack(self.committed, shared, (self.committed < self.n).sum(), torch.isnan(probs).any(),
+                                   changes, counts, accepted.float().mean(0))
+        return summary, shared, chain
 
     def tokens(self, count: int) -> torch.Tensor:
         """The first `count` tokens of every row of the caller's batch, (batch, count)."""
@@ -355,7 +283,7 @@ class _Decoder:
     def start_after(self, count: int) -> None:
         """Begin at position `count`: the prefill fed the fixed cells before it (`Run.kept_prefix`), and they
         commit with its decision (the host's count stays behind, so that the call counts them as forced)."""
-        self.seq[:, :count] = self.forced_ids[:, :count]
+        self.seq[:, :count] = self.cells.forced_ids[:, :count]
         self.committed += count
         self.first_new = self.committed.clone()
 
@@ -372,6 +300,7 @@ class _Decoder:
         for name in self.ROW_STATE:
             value = getattr(self, name)
             setattr(self, name, value[index.to(value.device)])
+        self.cells.select(index)
         self.batch = index.numel()
 
     def join(self, other: "_Decoder") -> None:
@@ -388,46 +317,17 @@ class _Decoder:
             decoder.grow(max(self.ready, other.ready))
         for name in self.ROW_STATE:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self.cells.join(other.cells)
         self.batch += other.batch
-        self.widening = self.widening or other.widening
 
     def _make_room(self, window: int) -> None:
         """Buffers for calls of `window` slots (a wider decoder joins: rows with more given cells)."""
         extra = window - self.window
         if extra > 0:
             pad = torch.nn.functional.pad
-            self.seq, self.forced, self.forced_ids = (pad(t, (0, extra)) for t in (self.seq, self.forced,
-                                                                                   self.forced_ids))
-            self.proposals = pad(self.proposals, (0, 0, 0, extra))
+            self.seq, self.proposals = pad(self.seq, (0, extra)), pad(self.proposals, (0, 0, 0, extra))
+            self.cells.make_room(extra)
             self.window, self.slots = window, torch.arange(window, device=self.device)
-
-    def call_width(self, free: int) -> int:
-        """The slots of a call that verifies `free` free positions in each row still decoding (the widest row
-        decides): a row's forced positions before its `free`-th free one ride along, and so do the forced
-        positions after it when no free one follows (the image's end).  A row with fewer than `free` free
-        positions left feeds its last position as a draft too, as every call at the end does (`Run.feed`)."""
-        live = self.host_committed < self.n
-        committed, table = self.host_committed[live].unsqueeze(1), self.free_before[live]
-        before = table.gather(1, committed)
-        left, remaining = table[:, -1:] - before, self.n - committed  # free positions, and positions, left
-        reach = torch.searchsorted(table, before + free) - committed  # slots to the free-th free position
-        to_end = (left < free) | ((left == free) & (reach < remaining))
-        return int(torch.where(to_end, remaining + 1, reach).max())
-
-    def free_left(self) -> int:
-        """The most free positions any row still has to commit."""
-        return int((self.free_before[:, -1] - self.free_before.gather(1, self.host_committed.unsqueeze(1))[:, 0])
-                   .max())
-
-    def read_commits(self, committed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's commit count (B,), read back after a call; returns (tokens, forced ones) each row
-        committed in that call."""
-        # a copy: on the CPU `committed` may be the decoder's own counts, which the next call moves on
-        before, self.host_committed = self.host_committed, committed.to("cpu", torch.long, copy=True)
-        count = self.host_committed - before
-        free = (self.free_before.gather(1, self.host_committed.unsqueeze(1))
-                - self.free_before.gather(1, before.unsqueeze(1)))[:, 0]
-        return count, count - free
 
     def _next_proposals(self, p: torch.Tensor, shift: torch.Tensor, limit: int) -> None:
         """Carried drafts keep p as their proposal; new slots get a one-hot (set in _init_new_drafts)."""
@@ -473,28 +373,12 @@ class _Decoder:
             codes = self.to_index(torch.where(source + offset >= 0, copied, left))
         # one-hot by comparison: F.one_hot may check its input's range on the host, which a graph cannot
         proposal = (codes.unsqueeze(-1) == torch.arange(self.vocab, device=self.device)).to(self.proposals.dtype)
-        tokens = torch.where(self.forced.gather(1, positions), self.forced_ids.gather(1, positions),
+        tokens = torch.where(self.cells.forced.gather(1, positions), self.cells.forced_ids.gather(1, positions),
                              self.code_ids[codes])
         self.seq.scatter_(1, positions, torch.where(is_new, tokens, self.seq.gather(1, positions)))
         if self.coupler.reads_proposals:
             drafted = self.proposals[:, start:stop]
             drafted.copy_(torch.where(is_new.unsqueeze(-1), proposal, drafted))
-
-
-@dataclass
-class Call:
-    """One model call: what was fed and what came back."""
-
-    width: int                 # window slots verified (1 for the prefill)
-    fed: int                   # tokens fed after the committed ones: the width, more for a tree
-    pad: int                   # committed tokens fed again in front (fixed shapes)
-    logits: Logits
-    tree: Optional[tuple[torch.Tensor, torch.Tensor]]  # (alternatives, valid) when the call fed a tree
-    forward_s: float
-    decided: Optional[tuple] = None  # a captured static step's decisions, made with its forward
-    prefill: bool = False      # the prompt's call: nothing of it to rewind, and no window chose its width
-    free: int = 1              # the width the window policy chose: free positions to verify per row
-    eager: bool = False        # a static run's call wider than its bucket, run eagerly (`Run.feed`)
 
 
 @dataclass
@@ -538,55 +422,55 @@ class Run:
         # a compiled model whose sessions offer static-shape calls (compile=True) runs every call at static shapes
         # (scd_core.static_step); one that compiled its forward by other means runs as any other
         self.compiled = bool(getattr(model, "compiled", False)) and bool(getattr(session, "static_shapes", False))
+        self.calls = calls_for(self, self.compiled)
         # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as
         # a smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
         self.regroup = (self.rows_per_cache == 1 and callable(getattr(self.session, "keep_rows", None))
                         and not config.fixed_shapes and not self.compiled and not rows_leave)
         self.per_row = rows_leave or self.rows_per_cache < batch_size  # rewinds per row (or cache group)
-        self.branches = config.candidates
-        if self.branches > 1 and not callable(getattr(self.session, "keep_branch", None)):
-            raise ValueError(f"candidates={self.branches} needs a model whose session scores a tree of drafts "
-                             f"(keep_branch); this one takes candidates=1")
-        if self.compiled and self.branches > 1:
-            raise ValueError(f"candidates={self.branches} is not available with a compiled model: a tree of "
-                             "candidates would grow the static KV cache; use candidates=1, or load the model "
-                             "with compile=False")
-        # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
-        top_k = sampling_settings(model, config)[2]
-        self.branches = min(self.branches, top_k) if top_k else self.branches
-        self.policy = auto_window.window_policy(config.window, model, batch_size, self.branches, self._timed_call)
+        self.branches = self._branches()
+        self.policy = window_policies.policy_for(config.window, model, batch_size, self.branches,
+                                                  self._timed_call)
         self.n = model.num_tokens
         self.result = GenerationResult(tokens=torch.empty(0), nfe=0)
         self.decoder: Optional[_Decoder] = None
-        self.static: Optional[static_step.StaticCalls] = None
         self.done, self.iteration, self.max_shift = 0, 0, 0
+
+    def _branches(self) -> int:
+        """The chains each call feeds: the candidates for the first draft, where the session scores trees."""
+        branches = self.config.candidates
+        if branches > 1 and not callable(getattr(self.session, "keep_branch", None)):
+            raise ValueError(f"candidates={branches} needs a model whose session scores a tree of drafts "
+                             f"(keep_branch); this one takes candidates=1")
+        if self.compiled and branches > 1:
+            raise ValueError(f"candidates={branches} is not available with a compiled model: a tree of "
+                             "candidates would grow the static KV cache; use candidates=1, or load the model "
+                             "with compile=False")
+        # a proposal holds at most top-k tokens: more candidates than that could only repeat the draft
+        top_k = sampling_settings(self.model, self.config).top_k
+        return min(branches, top_k) if top_k else branches
 
     def prefill(self) -> Call:
         """The prefix call, which yields the first free position's distribution (position 0's, or the one after
         a kept prefix the call fed too); the decoder is sized after it."""
         t0 = time.perf_counter()
         kept = self.kept_prefix()
-        # a compiled model's last generation's calls: their graphs, and their KV cache's memory for this prefill
-        # (held by the run from here on, so that `close` frees them whatever the prefill raises)
-        self.static = static_step.take_kept(self.model, self.session) if self.compiled else None
+        self.calls.before_prefill()
         logits = self.session.prefill() if kept is None else self.session.prefill(kept)
         seeds = [self.config.seed + row for row in range(self.batch_size)]  # row i: seed s + i (mod 2**64)
         self.decoder = self.new_decoder(seeds, logits[0].device, getattr(self.session, "prefix_tokens", None),
                                         self.given)
         if kept is not None:
             self.decoder.start_after(kept.shape[1])
-        if self.compiled:
-            self.static = static_step.calls_for(self.static, self.session, self.decoder, _network(self.model))
-        return Call(1, 1, 0, logits, None, self._elapsed(t0), prefill=True)
+        self.calls.after_prefill()
+        return Call(1, 1, 0, logits, None, self.elapsed(t0), prefill=True)
 
     def close(self) -> None:
-        """Let go of the run's state now, finished or not: its session (the KV cache), its decoder and its static
-        calls, except those the model keeps for its next generation (`static_step.keep`).  Static calls and
-        their CUDA graphs refer to each other: without this a cancel or an error would leave them, and the
-        memory they hold, to Python's cycle collector."""
-        if self.static is not None and getattr(self.model, "kept_calls", None) is not self.static:
-            self.static.release()
-        self.static, self.decoder, self.session = None, None, None
+        """Let go of the run's state now, finished or not: its session (the KV cache), its decoder and its calls'
+        state (`run_calls`: what the model keeps for its next generation aside), so that a cancel or an error
+        leaves nothing to Python's cycle collector."""
+        self.calls.close()
+        self.decoder, self.session = None, None
 
     def kept_prefix(self) -> Optional[torch.Tensor]:
         """The ids (batch, K) of the fixed cells every row has from position 0 on (an image's kept top rows, its
@@ -594,9 +478,7 @@ class Run:
         cost no call; None where there are none or it cannot."""
         if self.given is None or "tokens" not in inspect.signature(self.session.prefill).parameters:
             return None
-        _, _, fixed, ids = fixed_cells(self.model, self.given, self.batch_size, torch.device("cpu"))
-        count = min(int(fixed.long().cumprod(1).sum(1).min()), self.n - 1)  # a free position must follow
-        return ids[:, :count] if count else None
+        return kept_prefix(self.model, self.given, self.batch_size)
 
     def new_decoder(self, seeds: Sequence[int], device: torch.device, prefix: Optional[torch.Tensor],
                     given: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> _Decoder:
@@ -608,7 +490,7 @@ class Run:
     def choose_window(self) -> int:
         """The call's window, from the window policy (pinned, or chosen from earlier calls): free positions to
         verify, the forced ones in their way riding along (`_Decoder.call_width`)."""
-        return self.policy.choose(self.decoder.free_left() if self.decoder.widening else self.n - self.done)
+        return self.policy.choose(self.decoder.cells.left(self.done))
 
     def feed(self, window: int) -> Call:
         """One forward of the window's inputs: the last committed token and the drafts, or, with candidates, the
@@ -617,63 +499,27 @@ class Run:
         # the last position is fed as a draft too (its slot then yields an unused distribution), so it is
         # verified like every other draft whether or not other rows of the batch are behind: a row's tokens do
         # not depend on its batch
-        width = self.decoder.call_width(window) if self.decoder.widening else min(window, self.n - self.done + 1)
-        if self.static is not None and width <= window:  # the bucket's width: drafts past the end fill it, each
-            # row's verification ends at its last position (`_Window.drafts_left`)
-            logits, decided = self.static.forward(self.decoder.window_inputs(window))
-            return Call(width, window, 0, logits, None, self._elapsed(t0), decided, free=window)
-        if self.static is not None:  # widened over forced cells past the bucket: one eager call of its own
-            # width (a graph for a width that may not come again would cost more than it saves)
-            with static_step.eager_regions():
-                logits = self.session.forward(self.decoder.window_inputs(width))
-            return Call(width, width, 0, logits, None, self._elapsed(t0), free=window, eager=True)
-        # fixed shapes: rather than narrow the call at the end, feed committed tokens again in front
-        pad = max(0, min(window - width, self.done - 1)) if self.config.fixed_shapes else 0
-        if pad:
-            self._rewind_all(pad)
-        inputs = self.decoder.window_inputs(width, pad)
-        tree = None
-        if self.branches > 1 and 1 < width <= window:  # (a call widened over forced cells feeds no tree: its
-            # chains would repeat them)
-            tree = self.decoder.alternatives(self.branches - 1)
-        fed, logits = self._forward(inputs, None if tree is None else tree[0])
-        if pad:
-            logits = (logits[0][:, pad:], None if logits[1] is None else logits[1][:, pad:])
-        return Call(width, fed - pad, pad, logits, tree, self._elapsed(t0), free=window)
+        return self.calls.feed(window, self.decoder.cells.call_width(window, self.done), t0)
 
     def verify(self, call: Call) -> Outcome:
         """Verify, commit and re-draft on the device (`_Decoder.decide`), then the iteration's one host
         synchronisation: counts, flags, the commit counts and the per-slot acceptance."""
-        static = self.static is not None and not call.prefill and not call.eager  # decided at its bucket's width
-        if static and call.decided is not None:  # a static call decided with its forward
-            decided = call.decided
-        elif static:
-            decided = self.static.decide(call.logits)
-        else:
-            decided = self.decoder.decide(call.logits, call.width, self.max_shift, call.tree)
-        summary_tensor, shared, chain = decided
+        (packed, shared, chain), decided_width = self.calls.decide(call)
         live = self.decoder.committed < self.n
-        summary = summary_tensor.tolist()
-        slowest, self.max_shift, has_nan, live_count, changed, carried = map(int, summary[:6])
-        rows = self.decoder.batch
-        commits, forced_rows = self.decoder.read_commits(torch.tensor(summary[6:6 + rows]))
-        # a static call decided at its bucket width: its commit counts and acceptance are cut to the true width
-        decided_width = call.fed if static else call.width
-        counts = list(map(int, summary[6 + rows:6 + rows + decided_width + 1]))
-        acceptance = summary[6 + rows + len(counts):][:call.width - 1]
-        if has_nan:
+        summary = CallSummary.read(packed, self.decoder.batch, decided_width)
+        self.max_shift = summary.largest
+        commits, forced_rows = self.decoder.cells.read_commits(summary.committed)
+        if summary.has_nan:
             raise ModelOutputError(f"model returned NaN logits at iteration {self.iteration}; "
                                    "float16 overflow is a common cause: try bfloat16 or float32")
         # a call's count is the slowest row's progress: with rows at their own pace the counts add up to N
-        committed, self.done = slowest - self.done, slowest
-        slowest_row = int(self.decoder.host_committed.argmin())
-        forced = committed - int(self.decoder.free_before[slowest_row, self.done]
-                                 - self.decoder.free_before[slowest_row, self.done - committed])
+        committed, self.done = summary.slowest - self.done, summary.slowest
+        forced = self.decoder.cells.fixed_of_slowest(self.done, committed)
         # free tokens per cache group, a count past the chosen width censored at it (the window's observation)
         free = (commits - forced_rows)[::self.rows_per_cache].clamp(max=call.free)
         free_counts = torch.bincount(free, minlength=call.free + 1).tolist()
-        return Outcome(shared, chain, committed, counts[:call.width + 1], acceptance, changed, carried, live,
-                       live_count, forced, forced_rows.tolist(), free_counts)
+        return Outcome(shared, chain, committed, summary.counts[:call.width + 1], summary.acceptance[:call.width - 1],
+                       summary.changed, summary.carried, live, summary.live, forced, forced_rows.tolist(), free_counts)
 
     def settle_cache(self, call: Call, outcome: Outcome) -> None:
         """Keep the tree chain each row chose, rewind what was not committed, drop finished rows."""
@@ -730,14 +576,13 @@ class Run:
         """Tell the window policy what came of a call it chose the width of."""
         if call.prefill:
             return
-        # a static call costs its bucket's width, however few of its slots were verified
-        cost_width = call.fed if self.static is not None and not call.eager else call.width + call.pad
         # widened over forced cells, a call is the width it was chosen at, in free positions, costing its own
-        width, counts = (call.free, outcome.free_counts) if self.decoder.widening else (call.width, outcome.counts)
-        self.policy.observe(auto_window.CallRecord(width, cost_width, counts, outcome.acceptance,
+        widened = self.decoder.cells.widening
+        width, counts = (call.free, outcome.free_counts) if widened else (call.width, outcome.counts)
+        self.policy.observe(auto_window.CallRecord(width, self.calls.cost_width(call), counts, outcome.acceptance,
                                                    self.decoder.batch))
 
-    def _forward(self, inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[int, Logits]:
+    def forward(self, inputs: torch.Tensor, alternatives: Optional[torch.Tensor]) -> tuple[int, Logits]:
         """Feed a window's inputs, or the tree they make with the first draft's alternatives; (tokens fed, logits)."""
         if alternatives is None:
             return inputs.shape[1], self.session.forward(inputs)
@@ -748,24 +593,18 @@ class Run:
         """A call of `width` as the run makes them (a tree with candidates), rewound: the auto window's cost."""
         inputs = self.decoder.window_inputs(width)
         tree = self.branches > 1 and width > 1
-        fed, logits = self._forward(inputs, inputs[:, 1:2].expand(-1, self.branches - 1) if tree else None)
-        self._rewind_all(fed)
+        fed, logits = self.forward(inputs, inputs[:, 1:2].expand(-1, self.branches - 1) if tree else None)
+        self.rewind_all(fed)
         return self.decoder.probs(logits, fed, self.branches if tree else 1)
 
-    def _rewind_all(self, count: int) -> None:
+    def rewind_all(self, count: int) -> None:
         self.session.rewind(torch.full((self.decoder.batch,), count) if self.per_row else count)
 
-    def _elapsed(self, t0: float) -> float:
+    def elapsed(self, t0: float) -> float:
         """Seconds since t0, the device synchronised first when the caller wants an exact forward/sampling split."""
         if self.sync_timing and self.decoder.device.type == "cuda":
             torch.cuda.synchronize(self.decoder.device)
         return time.perf_counter() - t0
-
-
-def _network(model: TokenModel) -> Optional[torch.nn.Module]:
-    """The model's network (where its weights lie tells whether they moved), if it has one."""
-    module = getattr(model, "module", None)
-    return module if isinstance(module, torch.nn.Module) else None
 
 
 def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size: int = 1,
@@ -795,12 +634,10 @@ def generate(model: TokenModel, cond: Any, config: SamplerConfig, *, batch_size:
             outcome = run.verify(call)
             run.settle_cache(call, outcome)
             run.record(call, outcome, time.perf_counter() - t1, callback)
-        # a copy: a compiled model's next generation may reuse this one's memory (`static_step.keep`)
+        # a copy: a compiled model's next generation may reuse this one's memory (`run_calls.StaticShapeCalls.finish`)
         run.result.tokens = run.decoder.tokens(run.n).to("cpu", copy=True)
         run.result.total_s = time.perf_counter() - started
-        if run.compiled:
-            run.result.eager_fallbacks = static_step.eager_fallbacks(model, run.static)
-            static_step.keep(model, run.static)
+        run.calls.finish()
         run.policy.finish()
         return run.result
     finally:

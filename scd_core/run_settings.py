@@ -12,8 +12,10 @@ from typing import Any, Optional
 
 import torch
 
+from . import sampler_options
 from .config import SamplerConfig
 from .model import Session, TokenModel, model_default
+from .sampling import Sampling
 
 
 def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
@@ -31,12 +33,9 @@ def code_tables(code_ids: Any, vocab: int, forced_ids: Any, device: torch.device
     return codes.to(device), index.to(device)
 
 
-def sampling_settings(model: TokenModel, config: SamplerConfig) -> tuple[float, float, Optional[int], float]:
-    """(cfg scale, temperature, top-k, top-p): the config's, the model's recommended values where it has none."""
-    return (model_default(model, "default_cfg_scale", 1.0) if config.cfg_scale is None else config.cfg_scale,
-            model_default(model, "default_temperature", 1.0) if config.temperature is None else config.temperature,
-            config.top_k if config.top_k is not None else model_default(model, "default_top_k", None),
-            model_default(model, "default_top_p", 1.0) if config.top_p is None else config.top_p)
+def sampling_settings(model: TokenModel, config: SamplerConfig) -> Sampling:
+    """The config's sampler options, the model's recommended values where it has none."""
+    return sampler_options.resolved(model, config)
 
 
 def start_session(model: TokenModel, cond: Any, batch_size: int, config: SamplerConfig) -> Session:
@@ -44,7 +43,7 @@ def start_session(model: TokenModel, cond: Any, batch_size: int, config: Sampler
     leave them out and the run's guidance scale is 1 at every position: their logits would never be read.  A
     model with a guidance schedule keeps them (its scale may differ from 1 somewhere)."""
     start = model.start
-    if (sampling_settings(model, config)[0] == 1.0 and not callable(getattr(model, "cfg_schedule", None))
+    if (sampling_settings(model, config).cfg_scale == 1.0 and not callable(getattr(model, "cfg_schedule", None))
             and "guided" in inspect.signature(start).parameters):
         return start(cond, batch_size, guided=False)
     return start(cond, batch_size)

@@ -7,6 +7,7 @@ float32 probabilities after CFG, temperature, top-k and top-p.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -15,14 +16,29 @@ import torch
 Number = Union[float, torch.Tensor]
 
 
-def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], cfg_scale: Number, temperature: Number,
-             top_k: Union[int, torch.Tensor, None], top_p: Number) -> torch.Tensor:
-    """Raw (batch, T, V) logits to float32 probabilities (batch, T, V).
+@dataclass
+class Sampling:
+    """What `to_probs` applies to the logits, by name (`sampler_options.OPTIONS` declares each).
 
     `cfg_scale` is one number, or a float32 tensor of scales per position that broadcasts against the logits
     ((batch, T, 1) or (T, 1)).  Every number may also be a device tensor (`sampler_tensors`): the same
-    probabilities, and a compiled step is not specialised on its value.
+    probabilities, and a compiled step is not specialised on its value.  (Not frozen: a kept CUDA graph's
+    memory is put in place of a new generation's tensors, `graph_state`.)
     """
+
+    cfg_scale: Number = 1.0
+    temperature: Number = 1.0
+    top_k: Union[int, torch.Tensor, None] = None
+    top_p: Number = 1.0
+
+    def with_scale(self, cfg_scale: Number) -> "Sampling":
+        """These settings with another guidance scale (a schedule's, per position)."""
+        return replace(self, cfg_scale=cfg_scale)
+
+
+def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], sampling: Sampling) -> torch.Tensor:
+    """Raw (batch, T, V) logits to float32 probabilities (batch, T, V) under `sampling`."""
+    cfg_scale, temperature, top_k, top_p = sampling.cfg_scale, sampling.temperature, sampling.top_k, sampling.top_p
     logits = cond.float()
     if uncond is not None and (isinstance(cfg_scale, torch.Tensor) or cfg_scale != 1.0):
         logits = torch.lerp(uncond.float(), logits, cfg_scale)  # u + s (c - u)
@@ -63,16 +79,18 @@ def weighted_logits(logits: Sequence[torch.Tensor], weights: torch.Tensor) -> to
     return torch.einsum("k,k...->...", weights, torch.stack([branch.to(weights.device).float() for branch in logits]))
 
 
-def sampler_tensors(cfg_scale: float, temperature: float, top_k: Optional[int], top_p: float, vocab: int,
-                    device: torch.device) -> tuple[Number, torch.Tensor, Optional[torch.Tensor], Number]:
+def sampler_tensors(sampling: Sampling, vocab: int, device: torch.device) -> Sampling:
     """`to_probs`'s numbers as float32 / int64 device tensors (0-d; top-k's of shape (1,)), so that one compiled
     or captured step serves every value.  A setting that changes nothing stays a host constant (no CFG at
     1, no top-k at None or the whole vocabulary, no top-p at 1): whether a step applies it is a shape, and
     skipping it keeps the probabilities bit-equal to before."""
     number = lambda value: torch.tensor(value, dtype=torch.float32, device=device)
-    k = None if top_k is None or top_k >= vocab else torch.tensor([top_k], dtype=torch.long, device=device)
-    return (1.0 if cfg_scale == 1.0 else number(cfg_scale), number(temperature), k,
-            1.0 if top_p >= 1.0 else number(top_p))
+    top_k = sampling.top_k
+    return Sampling(cfg_scale=1.0 if sampling.cfg_scale == 1.0 else number(sampling.cfg_scale),
+                    temperature=number(sampling.temperature),
+                    top_k=None if top_k is None or top_k >= vocab else torch.tensor([top_k], dtype=torch.long,
+                                                                                     device=device),
+                    top_p=1.0 if sampling.top_p >= 1.0 else number(sampling.top_p))
 
 
 def sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -193,7 +193,7 @@ def test_stream_refuses_bad_input():
     model = GridModel(rows=4, cols=6, vocab_size=32)
     with pytest.raises(ValueError, match="slots"):
         list(generate_many(model, [(None, 0)], SamplerConfig(), slots=0))
-    for coupler in ("maximal", "gumbel", "independent"):  # auto is for faithful, whose tokens ignore the widths
+    for coupler in couplers.names_where("width_free", False):  # auto is for faithful, whose tokens ignore the widths
         with pytest.raises(ValueError, match=f"pinned window with the {coupler} coupler.*faithful"):
             list(generate_many(model, [(None, 0)], SamplerConfig(coupler=coupler, window="auto")))
     with pytest.raises(ValueError, match="seed"):

@@ -235,7 +235,7 @@ def test_commit_histogram_buckets_by_powers_of_two():
     (["--model", "{empty}"], "is not a model folder"),
     (["--model", "{tmp}/Janus-Pro-1B"], "download the Hugging Face repository deepseek-community/Janus-Pro-1B"),
     (["--window", "-1"], "window must be 'auto' or an integer in 1..1024"),
-    (["--window", "two"], "--window: must be 'auto' (or 0) or an integer"),
+    (["--window", "two"], "--window: must be 'auto' or an integer in 1..1024"),
     (["--seeds", "4"], "--seeds goes with --compare"),
     (["--compare", "", "--seeds", "0,{max_seed_plus_1}"], "--seeds: must be distinct integers in 0.."),
     (["--compare", "", "--seeds", "3-1"], "--seeds: must be seeds separated by commas, or a range"),

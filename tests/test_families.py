@@ -15,8 +15,8 @@ import pytest
 from scd_core import ModelLoadError, load_model
 from scd_core.cli_shared import add_model_arguments
 from scd_core.models import family as registry
-from scd_core.models.family import Family, compilable, families, joined
-from scd_core.models.loading import detect_family, download_hint, unrecognised_message
+from scd_core.models.family import Family, compilable, families, hooks, joined
+from scd_core.models.loading import detect_family, download_hint, estimate_memory, unrecognised_message
 
 REPO = Path(__file__).resolve().parents[1]
 # what reads the declarations instead of naming families
@@ -52,6 +52,7 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
     module.FAMILY = TOY
     module.detect = lambda folder: (Path(folder) / "toy.json").is_file()
     module.load = lambda folder, device, dtype, quantize="none": ("toy model", folder, quantize)
+    module.CACHE_TOKENS = 64 + 256  # a prompt and its image (memory estimates)
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(registry, "MODULES", (*registry.MODULES, "toy"))
     registry.family_modules.cache_clear()
@@ -81,3 +82,32 @@ def test_what_a_family_does_not_support_is_refused(toy: types.ModuleType, tmp_pa
         load_model(tmp_path, device="cpu", compile=True)
     with pytest.raises(ModelLoadError, match=r"quantize='int8' is not available .*\(toy family\)"):
         load_model(tmp_path, device="cpu", quantize="int8")
+
+
+def test_every_registered_module_gives_its_hooks() -> None:
+    """Each family module gives the required hooks and misspells none (`family.FamilyHooks` declares them)."""
+    for module in registry.family_modules():
+        family = hooks(module)
+        assert family.FAMILY is module.FAMILY and family.CACHE_TOKENS > 0, module.__name__
+        assert isinstance(family.UNUSED_WEIGHTS, tuple) and all(
+            hook is None or callable(hook) for hook in (family.text_encoder_folder, family.memory_estimate)), \
+            module.__name__
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(CACHE_TOKENS=None), "lacks CACHE_TOKENS"),
+    (dict(UNUSED_WEIGHT=("encoder.",)), r"has UNUSED_WEIGHT \(meant UNUSED_WEIGHTS\?\)"),
+    (dict(text_encoder_folders=lambda folder: None), r"meant text_encoder_folder\?"),
+])
+def test_a_missing_or_misspelt_hook_fails_loudly(toy: types.ModuleType, tmp_path: Path, change: dict,
+                                                 message: str) -> None:
+    """Not silently another memory estimate: loading and the estimate refuse the module."""
+    (tmp_path / "toy.json").write_text("{}")
+    for name, value in change.items():
+        if value is None:
+            delattr(toy, name)
+        else:
+            setattr(toy, name, value)
+    for read in (lambda: load_model(tmp_path, device="cpu"), lambda: estimate_memory(tmp_path)):
+        with pytest.raises(TypeError, match=rf"family module 'toy' .*{message}"):
+            read()

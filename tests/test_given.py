@@ -29,8 +29,7 @@ def given_law(model: TablePrefixModel, kept: dict[int, int], config: SamplerConf
     own = model.forced_tokens
     model.forced_tokens = {**(own or {}), **kept}
     try:
-        cfg_scale, temperature, top_k, top_p = sampling_settings(model, config)  # as the engine resolves them
-        return model.exact_law(cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, top_p=top_p)
+        return model.exact_law(**vars(sampling_settings(model, config)))  # as the engine resolves them
     finally:
         model.forced_tokens = own
 

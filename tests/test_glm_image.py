@@ -168,11 +168,12 @@ def test_unset_sampling_settings_sample_as_generate_reads_the_folder(model: glm_
 
     from scd_core.cli_shared import add_sampler_arguments, sampler_config
     from scd_core.run_settings import sampling_settings
+    from scd_core.sampling import Sampling
 
     parser = argparse.ArgumentParser()
     add_sampler_arguments(parser)
     for config in (SamplerConfig(window=8, seed=5), sampler_config(parser.parse_args(["--window", "8"]), 5)):
-        assert sampling_settings(model, config) == (1.0, 0.9, 50, 0.75)
+        assert sampling_settings(model, config) == Sampling(1.0, 0.9, 50, 0.75)
     cond = model.encode(PROMPT)
     unset = generate(model, cond, SamplerConfig(window=8, seed=5)).tokens
     assert torch.equal(unset, generate(model, cond, SamplerConfig(window=8, seed=5, temperature=0.9, top_k=50,

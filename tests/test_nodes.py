@@ -27,6 +27,9 @@ import pytest
 import torch
 from scd_core.graph_state import State
 from scd_core.models.checkpoints import ModelLoadError
+from scd_core import window_policies
+from scd_core.config import COUPLERS
+from scd_core.sampler_options import OPTIONS
 
 from comfy_server import REPO_ROOT, comfyui_main
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
@@ -238,12 +241,14 @@ def test_encode_schema(node_classes: dict[str, Any]) -> None:
 def test_sampler_schema(node_classes: dict[str, Any]) -> None:
     node = node_classes["SCDSampler"]
     inputs = inputs_of(node)
+    # the order saved workflows hold their widget values in; sampler options declared later come last
+    added = [option.name for option in OPTIONS if option.name not in ("cfg_scale", "temperature", "top_k", "top_p")]
     assert list(inputs) == ["model", "conditioning", "coupler", "window", "cfg_scale", "seed", "temperature",
-                            "top_k", "top_p", "draft_init", "batch_size", "candidates"]
+                            "top_k", "top_p", "draft_init", "batch_size", "candidates", *added]
     expect = {"conditioning": ("SCD_COND", {}),
-              "coupler": (["maximal", "gumbel", "independent", "faithful"],
-                          {"options": ["maximal", "gumbel", "independent", "faithful"], "default": "faithful"}),
-              "window": ("INT", {"min": 0, "max": 1024, "default": 0}),  # 0: automatic
+              "coupler": (list(COUPLERS), {"options": list(COUPLERS), "default": "faithful"}),
+              # 0: automatic (a policy's value below 1)
+              "window": ("INT", {"min": window_policies.NODE_MIN, "max": 1024, "default": 0}),
               "cfg_scale": ("FLOAT", {"min": -1.0, "max": 100.0, "default": -1.0}),
               "seed": ("INT", {"min": 0, "control_after_generate": True}),
               "temperature": ("FLOAT", {"min": -1.0, "default": -1.0}),  # -1: the model's (GLM-Image 0.9)
@@ -257,7 +262,7 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
         assert inputs[name][0] == io_type, name
         assert {k: inputs[name][1].get(k) for k in options} == options, name
     # optional, so API workflows saved before it existed still validate
-    assert list(node.GET_NODE_INFO_V1()["input"]["optional"]) == ["candidates"]
+    assert list(node.GET_NODE_INFO_V1()["input"]["optional"]) == ["candidates", *added]
     assert node.GET_NODE_INFO_V1()["output_name"] == ["tokens", "stats"]
     # ComfyUI checks every input itself; a validate_inputs would switch that off for the inputs it names
     # and flag all of them with one message
@@ -351,32 +356,33 @@ def test_comfyui_names_the_model_it_loads(janus: Any) -> None:
 
 def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> None:
     sampler_config = sys.modules[f"{pack.__name__}.nodes.sampler"].sampler_config
-    config = sampler_config("maximal", 8, -1.0, 1, 1.0, 0, 1.0, "left")
-    assert config.cfg_scale is None and config.top_k is None  # the widgets' "recommended" sentinels
-    assert sampler_config("maximal", 8, 2.5, 1, 1.0, 50, 1.0, "left").top_k == 50
+    widgets = {option.name: option.recommended for option in OPTIONS} | {"temperature": 1.0, "top_p": 1.0}
+
+    def config(coupler: str = "maximal", window: int = 8, candidates: int = 1, **options: float) -> Any:
+        return sampler_config(coupler, window, 1, "left", candidates, **(widgets | options))
+
+    assert config().cfg_scale is None and config().top_k is None  # the widgets' "recommended" sentinels
+    assert config(cfg_scale=2.5, top_k=50).top_k == 50
     with pytest.raises(ValueError, match="cfg_scale must be -1"):
-        sampler_config("maximal", 8, -0.5, 1, 1.0, 0, 1.0, "left")
-    assert config.temperature == 1.0 and sampler_config("maximal", 8, -1.0, 1, -1.0, 0, 0.0, "left").temperature is None
+        config(cfg_scale=-0.5)
+    assert config().temperature == 1.0 and config(temperature=-1.0, top_p=0.0).temperature is None
     with pytest.raises(ValueError, match=r"temperature must be -1 \(the model's recommended value\) or a number"):
-        sampler_config("maximal", 8, -1.0, 1, 0.0, 0, 1.0, "left")
-    assert sampler_config("maximal", 0, -1.0, 1, 1.0, 0, 1.0, "left").window == "auto"
+        config(temperature=0.0)
+    assert config(window=0).window == "auto"
     with pytest.raises(ValueError, match="window"):
-        sampler_config("maximal", -1, -1.0, 1, 1.0, 0, 1.0, "left")
-    assert sampler_config("maximal", 8, -1.0, 1, 1.0, 0, 1.0, "left").candidates == 1  # the optional widget's default
+        config(window=-1)
+    assert config().candidates == 1  # the optional widget's default
     with pytest.raises(ValueError, match="candidates"):
-        sampler_config("faithful", 8, -1.0, 1, 1.0, 0, 1.0, "left", candidates=2)
+        config("faithful", candidates=2)
     # a NaN or out-of-range widget value (the API format passes NaN through ComfyUI's min/max check) is named as
     # the widget reads, its "recommended" value included: not the library's None
-    widgets = {"cfg_scale": -1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
     for widget, bad, expected in (("cfg_scale", math.nan, "-1 (the model's recommended value) or a number in 0..100"),
                                   ("cfg_scale", 101.0, "-1 (the model's recommended value) or a number in 0..100"),
                                   ("temperature", math.nan, "-1 (the model's recommended value) or a number in (0, 100]"),
                                   ("top_p", math.nan, "0 (the model's recommended value) or a number in (0, 1]"),
                                   ("top_k", -3, "0 (the model's recommended value) or an integer >= 1")):
-        values = {**widgets, widget: bad}
         with pytest.raises(ValueError) as caught:
-            sampler_config("maximal", 8, values["cfg_scale"], 1, values["temperature"], values["top_k"],
-                           values["top_p"], "left")
+            config(**{widget: bad})
         assert str(caught.value) == f"{widget} must be {expected}, got {bad}"
     guidance_scale = sys.modules[f"{pack.__name__}.nodes.checks"].guidance_scale
     with pytest.raises(ValueError, match=r"^image_cfg must be -1 \(the model's recommended value\) or a number in "

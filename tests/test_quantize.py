@@ -31,7 +31,7 @@ from scd_core.models.loading import estimate_memory
 from scd_core.models.memory import t5_folder_estimate
 from scd_core.models.llamagen import GPT, ClassLabel, GPTConfig, LlamaGenSession
 from scd_core.models.t5_encoder import load_t5_encoder
-from scd_core.sampling import to_probs
+from scd_core.sampling import Sampling, to_probs
 from test_lossless import chi_square_pvalue
 
 # bitsandbytes is optional for the library and installed by tests/requirements.txt; without it only the int8
@@ -262,7 +262,7 @@ class QuantizedGPT:
         first = session.prefill()
         rest = session.forward(seqs[:, :-1])
         cond, uncond = (torch.cat(pair, dim=1) for pair in zip(first, rest))
-        probs = to_probs(cond, uncond, cfg_scale, 1.0, None, 1.0).double()
+        probs = to_probs(cond, uncond, Sampling(cfg_scale=cfg_scale)).double()
         per_sequence = probs.gather(-1, seqs.unsqueeze(-1)).squeeze(-1).prod(-1)
         return {tuple(s): float(p) for s, p in zip(seqs.tolist(), per_sequence)}
 

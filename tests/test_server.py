@@ -12,6 +12,8 @@ from typing import Any, Optional
 import pytest
 import requests
 from PIL import Image
+from scd_core import window_policies
+from scd_core.config import COUPLERS
 
 from comfy_server import REPO_ROOT, ComfyServer, PromptRejected
 from lumina_fixture import RESOLUTION_1, tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
@@ -81,8 +83,9 @@ def test_object_info_lists_the_nodes(comfy_server: ComfyServer, tiny_janus: str)
     models = info["SCDModelLoader"]["input"]["required"]["model"][1]["options"]
     assert models[0] == "demo" and tiny_janus in models
     sampler = info["SCDSampler"]["input"]["required"]
-    assert sampler["window"][1]["min"] == 0 and sampler["window"][1]["default"] == 0  # 0 = automatic window
-    assert sampler["coupler"][1]["options"] == ["maximal", "gumbel", "independent", "faithful"]
+    assert sampler["window"][1]["min"] == window_policies.NODE_MIN  # the policies' values lie below 1
+    assert sampler["window"][1]["default"] == 0  # 0 = automatic window
+    assert sampler["coupler"][1]["options"] == list(COUPLERS)
     assert info["SCDSampler"]["output"] == ["SCD_TOKENS", "SCD_STATS"]
     assert info["SCDStats"]["output"] == ["IMAGE", "STRING"]
 
@@ -237,7 +240,7 @@ def test_interrupt_ends_the_run_within_a_second(comfy_server: ComfyServer) -> No
 
 @pytest.mark.parametrize("change, expected", [
     ({"3": {"window": -1}}, "Value -1 smaller than min of 0"),  # 0 is "auto"
-    ({"3": {"coupler": "greedy"}}, "coupler: 'greedy' not in ['maximal', 'gumbel', 'independent', 'faithful']"),
+    ({"3": {"coupler": "greedy"}}, f"coupler: 'greedy' not in {list(COUPLERS)}"),
     ({"3": {"draft_init": "below"}}, "draft_init: 'below' not in"),
     ({"1": {"model": "no-such-folder"}}, "model 'no-such-folder' not found"),
     ({"1": {"device": "tpu"}}, "device: 'tpu' not in ['auto', 'cpu', 'cuda', 'mps']"),

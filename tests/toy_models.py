@@ -10,12 +10,12 @@ rows may advance independently (`rows_per_cache` can be any divisor).
 from __future__ import annotations
 
 import itertools
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from scd_core.models.janus import edit_guidance
-from scd_core.sampling import to_probs
+from scd_core.sampling import Sampling, to_probs
 from scd_core.bench.synthetic import admitted, feed_tokens, kept_branch
 
 
@@ -66,9 +66,9 @@ class TablePrefixModel:
     def start(self, cond, batch_size: int) -> "TableSession":
         return TableSession(self, batch_size)
 
-    def exact_law(self, cfg_scale: float = 1.0, temperature: float = 1.0, top_k: Optional[int] = None,
-                  top_p: float = 1.0) -> dict[tuple[int, ...], float]:
-        """Probability of every full sequence of ids under AR sampling from to_probs(...)."""
+    def exact_law(self, cfg_scale: float = 1.0, **options: Any) -> dict[tuple[int, ...], float]:
+        """Probability of every full sequence of ids under AR sampling from to_probs(...), with these sampler
+        options (`sampling.Sampling`'s other fields: temperature, top_k, top_p, ...)."""
         codes = torch.tensor(list(itertools.product(range(self.vocab_size), repeat=self.num_tokens)))
         forced = self.forced_tokens or {}
         for position in forced:  # one representative per forced position; its id is then overwritten
@@ -81,7 +81,7 @@ class TablePrefixModel:
             cond = (cond + self.image_cfg * rest[0]) / (1 + self.image_cfg)
         schedule = self.cfg_schedule(cfg_scale)
         scale = cfg_scale if schedule is None else schedule.float().unsqueeze(-1)  # (T, 1): one per position
-        p = to_probs(cond, uncond, scale, temperature, top_k, top_p).double()
+        p = to_probs(cond, uncond, Sampling(cfg_scale=scale, **options)).double()
         per_position = p.gather(-1, codes.unsqueeze(-1)).squeeze(-1)
         for position in forced:
             per_position[:, position] = 1.0

@@ -32,7 +32,7 @@ import torch
 
 from ..config import SamplerConfig
 from ..engine import generate
-from ..sampling import gumbel_argmax, to_probs
+from ..sampling import Sampling, gumbel_argmax, to_probs
 from .tables import markdown
 
 WINDOW = 32
@@ -76,7 +76,7 @@ def _gumbel(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
 
 def _probs(logits: Sequence[torch.Tensor]) -> torch.Tensor:
     """(cond, uncond) logits (1, T, V) -> the stand-in's distributions (T, V) at Janus-Pro's default guidance."""
-    return to_probs(logits[0], logits[1], STAND_IN_CFG, 1.0, None, 1.0)[0]
+    return to_probs(logits[0], logits[1], Sampling(cfg_scale=STAND_IN_CFG))[0]
 
 
 def stand_in_layouts(widths: Sequence[int]) -> dict[str, list[int]]:

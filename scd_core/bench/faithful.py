@@ -23,7 +23,8 @@ from typing import Any, Sequence
 import torch
 
 from .. import auto_window
-from ..config import AUTO_WINDOW, SamplerConfig
+from ..config import SamplerConfig
+from ..window_policies import AUTO_WINDOW
 from ..engine import generate
 from .auto import HERE, MEDIUM_SHARPNESS
 from .nfe import SHARPNESS

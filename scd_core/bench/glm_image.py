@@ -20,7 +20,7 @@ import torch
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.glm_image import DECODE_GUIDANCE, DECODE_STEPS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, grid_sizes
-from ..sampling import to_probs
+from ..sampling import Sampling, to_probs
 from .synthetic import GridModel
 from .tables import markdown
 
@@ -84,7 +84,7 @@ def sampled_entropy(model: GlmShapedModel, tokens: torch.Tensor) -> float:
     session = model.start(None, tokens.shape[0])
     session.prefill()
     logits, _ = session.forward(tokens[:, :-1])
-    p = to_probs(logits, None, 1.0, DEFAULT_TEMPERATURE, None, DEFAULT_TOP_P)
+    p = to_probs(logits, None, Sampling(temperature=DEFAULT_TEMPERATURE, top_p=DEFAULT_TOP_P))
     return float(-(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean())
 
 

@@ -11,7 +11,7 @@ import torch
 
 from ..config import SamplerConfig
 from ..engine import generate
-from ..sampling import to_probs
+from ..sampling import Sampling, to_probs
 from .synthetic import GridModel
 from .tables import markdown
 
@@ -32,7 +32,7 @@ def mean_entropy(model: GridModel, tokens: torch.Tensor, top_k: Optional[int] = 
     first, _ = session.prefill()
     rest, _ = session.forward(tokens[:, :-1])
     logits = torch.cat([first, rest], dim=1)
-    p = to_probs(logits, None, 1.0, 1.0, top_k, 1.0)
+    p = to_probs(logits, None, Sampling(top_k=top_k))
     entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
     forced = list(getattr(model, "forced_tokens", None) or {})
     sampled = torch.ones(tokens.shape[1], dtype=torch.bool)

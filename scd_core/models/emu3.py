@@ -27,7 +27,7 @@ from .checkpoints import ModelLoadError
 from .family import Family
 from .generate_defaults import generate_sampling
 from .generation_only import code_rows_head
-from .hf_folders import check_safetensors_weights
+from .hf_folders import check_safetensors_weights, config_model_type
 from .image_encoder import LazyImageEncoder, hf_vq_encoder
 from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
@@ -235,17 +235,9 @@ def image_encoder(folder: Path, config: Any, dtype: torch.dtype) -> LazyImageEnc
                                                       HF_FORMAT_HINT)), dtype)
 
 
-def _config_type(folder: Path) -> Optional[str]:
-    path = folder / "config.json"
-    return read_json(path).get("model_type") if path.is_file() else None
-
-
 def detect(folder: Path) -> bool:
     """An Emu3 folder: config.json of model_type "emu3", or the original layout ("Emu3"), to explain it."""
-    try:
-        return str(_config_type(Path(folder))).lower() == MODEL_TYPE
-    except ModelLoadError:
-        return False
+    return str(config_model_type(folder)).lower() == MODEL_TYPE
 
 
 def _check_config(folder: Path) -> dict:

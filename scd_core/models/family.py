@@ -8,11 +8,13 @@ its name in MODULES.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
 from types import ModuleType
-from typing import Iterable
+from typing import Any, Callable, Iterable, Optional
 
 # Asked in this order; the first family that recognises a folder loads it (llamagen claims a folder whose
 # llamagen.json it cannot read, so the transformers-format families come first; emu3 claims every model_type
@@ -53,6 +55,45 @@ def family_modules() -> tuple[ModuleType, ...]:
     """The family modules in MODULES' order, imported on first use (this module imports nothing heavy; a family
     module imports torch but not transformers)."""
     return tuple(importlib.import_module(f"{__package__}.{name}") for name in MODULES)
+
+
+@dataclass(frozen=True)
+class FamilyHooks:
+    """What a family module may provide, by the names it provides them under: a field without a default is
+    required, the others are optional with that default.  Loading and the memory estimate read a module through
+    `hooks`, never by probing it."""
+
+    FAMILY: Family
+    detect: Callable[[Path], bool]  # whether a folder (perhaps incomplete) holds one of its models
+    load: Callable[..., Any]        # load(folder, device, dtype, quantize) -> the model
+    CACHE_TOKENS: int               # KV cache positions the memory estimate allows: a prompt and the largest image
+    UNUSED_WEIGHTS: tuple[str, ...] = ()  # prefixes of checkpoint weights sampling never loads (memory estimate)
+    # its separate text encoder's folder (or None), whose weights the estimate adds
+    text_encoder_folder: Optional[Callable[[Path], Optional[Path]]] = None
+    # the estimate of a folder of several models (GLM-Image: its AR stage), instead of the folder's weights
+    memory_estimate: Optional[Callable[[Path], Any]] = None
+
+
+HOOKS = tuple(field.name for field in fields(FamilyHooks))
+REQUIRED_HOOKS = tuple(field.name for field in fields(FamilyHooks) if field.default is MISSING)
+
+
+def misspelt_hooks(module: ModuleType) -> list[str]:
+    """The public names of `module` close to a hook's name but not one ("CACHE_TOKEN"): a hook it meant to give."""
+    return [f"{name} (meant {close[0]}?)" for name in vars(module) if not name.startswith("_") and name not in HOOKS
+            for close in [difflib.get_close_matches(name, HOOKS, n=1, cutoff=0.85)] if close]
+
+
+def hooks(module: ModuleType) -> FamilyHooks:
+    """The hooks of a family module, the defaults where it gives none; refused when it lacks a required one or
+    misspells one."""
+    name = module.__name__.rsplit(".", 1)[-1]
+    missing = [hook for hook in REQUIRED_HOOKS if not hasattr(module, hook)]
+    misspelt = misspelt_hooks(module)
+    if missing or misspelt:
+        raise TypeError(f"family module {name!r} " + "; ".join(
+            filter(None, [missing and f"lacks {', '.join(missing)}", misspelt and f"has {', '.join(misspelt)}"])))
+    return FamilyHooks(**{hook: vars(module)[hook] for hook in HOOKS if hook in vars(module)})
 
 
 def families() -> tuple[Family, ...]:

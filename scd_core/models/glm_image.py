@@ -30,7 +30,7 @@ from .checkpoints import ModelLoadError
 from .family import Family
 from .generate_defaults import generate_sampling
 from .generation_only import code_rows_head
-from .hf_folders import check_safetensors_weights
+from .hf_folders import check_safetensors_weights, config_model_type
 from .hf_cache import cache_keyword, row_cache_view
 from .memory import MemoryEstimate, checkpoint_shapes, estimate_from_shapes, weight_files
 from .quantize import quantize_then_move
@@ -459,8 +459,7 @@ def detect(folder: Path) -> bool:
         index = folder / "model_index.json"
         if index.is_file():
             return read_json(index).get("_class_name") == PIPELINE_CLASS
-        config = folder / AR_FOLDER / "config.json"
-        return config.is_file() and read_json(config).get("model_type") == MODEL_TYPE
+        return config_model_type(folder / AR_FOLDER) == MODEL_TYPE
     except ModelLoadError:
         return False
 

@@ -7,7 +7,7 @@ ModelLoadError naming the folder or file.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError
 from .memory import release_memory
@@ -15,6 +15,16 @@ from .quantize import QuantizationError
 from .tokenizer_files import read_json
 
 Built = TypeVar("Built")
+
+
+def config_model_type(folder: Path) -> Optional[str]:
+    """The model_type of `folder`'s config.json, what a transformers-format family recognises its folders by;
+    None where there is no readable config.json."""
+    path = Path(folder) / "config.json"
+    try:
+        return read_json(path).get("model_type") if path.is_file() else None
+    except ModelLoadError:
+        return None
 
 
 def check_safetensors_weights(folder: Path, hint: str) -> None:

@@ -33,7 +33,7 @@ from .cfg_session import CFGSession, cfg_prefix
 from .checkpoints import ModelLoadError
 from .family import Family
 from .hf_cache import cache_keyword, row_cache_view
-from .hf_folders import check_safetensors_weights
+from .hf_folders import check_safetensors_weights, config_model_type
 from .image_encoder import LazyImageEncoder, hf_vq_encoder
 from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
@@ -342,11 +342,7 @@ def understanding_encoder(folder: Path, config: Any, dtype: torch.dtype) -> Lazy
 
 def detect(folder: Path) -> bool:
     """A Janus folder: config.json of model_type "janus" (or the original layout, to explain it)."""
-    path = Path(folder) / "config.json"
-    try:
-        return read_json(path).get("model_type") in (MODEL_TYPE, ORIGINAL_MODEL_TYPE)
-    except ModelLoadError:
-        return False
+    return config_model_type(folder) in (MODEL_TYPE, ORIGINAL_MODEL_TYPE)
 
 
 def _check_config(folder: Path) -> None:

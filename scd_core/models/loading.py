@@ -13,7 +13,7 @@ from typing import Any, Optional, Union
 import torch
 
 from .checkpoints import ModelLoadError
-from .family import compilable, families, family_modules, joined
+from .family import compilable, families, family_modules, hooks, joined
 from .memory import MemoryEstimate, folder_estimate, t5_folder_estimate
 from .quantize import check_precision, normalize_precision
 
@@ -90,8 +90,8 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
     dtype = pick_dtype(dtype, device)
     precision = normalize_precision(quantize)
     check_precision(precision, device, dtype)  # before anything is read
-    family = _family(folder)
-    name = family.__name__.rsplit(".", 1)[-1]
+    module = _family(folder)
+    name, family = module.__name__.rsplit(".", 1)[-1], hooks(module)
     if compile and not family.FAMILY.compile:
         raise ModelLoadError(f"compile=True is not available for {folder} ({name} family) yet: only "
                              f"{compilable()} have static-shape calls; load it with compile=False")
@@ -108,11 +108,11 @@ def estimate_memory(path: Union[str, Path]) -> MemoryEstimate:
     """What `load_model(path)` will hold, from the weight files' headers, its T5 text encoder included: see
     `memory.MemoryEstimate`."""
     folder = _model_folder(path)
-    family = _family(folder)
-    if hasattr(family, "memory_estimate"):  # a folder of several models (GLM-Image: its AR stage, what sampling holds)
-        return family.memory_estimate(folder)
-    estimate = folder_estimate(folder, getattr(family, "UNUSED_WEIGHTS", ()), getattr(family, "CACHE_TOKENS", 4096))
-    text_folder = family.text_encoder_folder(folder) if hasattr(family, "text_encoder_folder") else None
+    family = hooks(_family(folder))
+    if family.memory_estimate is not None:  # a folder of several models (GLM-Image: its AR stage, what sampling
+        return family.memory_estimate(folder)  # holds)
+    estimate = folder_estimate(folder, family.UNUSED_WEIGHTS, family.CACHE_TOKENS)
+    text_folder = None if family.text_encoder_folder is None else family.text_encoder_folder(folder)
     if text_folder is None:
         return estimate
     return estimate.plus(t5_folder_estimate(text_folder))
