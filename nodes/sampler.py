@@ -11,6 +11,7 @@ from scd_core import couplers, window_policies
 from scd_core.config import DEFAULT_COUPLER, MAX_CANDIDATES, MAX_SEED
 from scd_core.window_policies import AUTO_WINDOW, MAX_WINDOW
 from scd_core.model import unusual_settings
+from scd_core.models.family import families
 from scd_core.sampler_options import OPTIONS, Option
 
 from .checks import CheckedCombo, check_same_model
@@ -57,7 +58,7 @@ def option_widget(option: Option, optional: bool = False) -> io.Input:
     """A sampler option's widget: its "recommended" value first, then its range."""
     widget, step = (io.Float.Input, {"step": option.step}) if option.kind is float else (io.Int.Input, {})
     return widget(option.name, default=option.recommended, min=option.minimum, max=option.maximum,
-                  tooltip=option.tooltip(), optional=optional, **step)
+                  tooltip=option.tooltip(families()), optional=optional, **step)
 
 
 def check_draft_init(model: LoadedModel, config: SamplerConfig) -> None:

@@ -8,7 +8,7 @@ ids, cache classes) stays inside the adapter.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Any, Iterable, Optional, Protocol, runtime_checkable
 
 import torch
 
@@ -165,3 +165,9 @@ def unusual_settings(model: Any, cfg_scale: Optional[float], temperature: Option
         warnings.append(f"temperature {temperature:g} is far above this model's {recommended_temperature:g} "
                         f"(more than {FAR_TEMPERATURE_FACTOR:g}x tends to give noise)")
     return warnings
+
+
+def joined(words: Iterable[str], last: str = "and") -> str:
+    """The words as prose: "a, b and c"."""
+    items = list(words)
+    return f" {last} ".join(filter(None, [", ".join(items[:-1]), *items[-1:]]))

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
-from .model import FAR_CFG_FACTOR, FAR_TEMPERATURE_FACTOR, model_default
-from .models.family import families, joined
+from .model import FAR_CFG_FACTOR, FAR_TEMPERATURE_FACTOR, joined, model_default
 from .sampling import Sampling
 
 MAX_TOP_K = 1_000_000  # the node widget's range
@@ -41,7 +40,8 @@ class Option:
     minimum: float     # the widget's range ...
     maximum: float
     step: Optional[float]  # ... and a float widget's step
-    tooltip: Callable[[], str]  # the widget's tooltip (made when the node is defined: it lists the families)
+    tooltip: Callable[[Sequence[Any]], str]  # the widget's tooltip from the families' declarations
+    # (`models.family.Family`, handed in by the node: the core imports no family)
 
     def resolve(self, model: Any, value: Any) -> Any:
         """The set `value`, or the model's recommended one, or the fallback."""
@@ -52,32 +52,32 @@ class Option:
         return None if value == self.recommended else value
 
 
-def _cfg_tooltip() -> str:
+def _cfg_tooltip(families: Sequence[Any]) -> str:
     """The recommended scales and notes the families declare."""
-    recommended = ", ".join(family.cfg for family in families() if family.cfg)
-    unguided = [family.label for family in families() if not family.cfg]
+    recommended = ", ".join(family.cfg for family in families if family.cfg)
+    unguided = [family.label for family in families if not family.cfg]
     if unguided:
         recommended += f"; {joined(unguided)} {'has' if len(unguided) == 1 else 'have'} none"
-    notes = " ".join(family.cfg_note for family in families() if family.cfg_note)
+    notes = " ".join(family.cfg_note for family in families if family.cfg_note)
     return (f"Classifier-free guidance scale; -1 uses the model's recommended value ({recommended}). Far above it "
             f"(more than {FAR_CFG_FACTOR:g}x) images turn to noise: the status line warns. {notes}").rstrip()
 
 
-def _temperature_tooltip() -> str:
-    declared = "; ".join(family.temperature for family in families() if family.temperature)
+def _temperature_tooltip(families: Sequence[Any]) -> str:
+    declared = "; ".join(family.temperature for family in families if family.temperature)
     return ("Divides the model's logits before sampling; -1 uses the model's recommended value "
             f"({declared + ', ' if declared else ''}else 1: the model as trained). Lower gives plainer images, "
             f"higher more varied ones and soon noise (above {FAR_TEMPERATURE_FACTOR:g}x the model's value the "
             "status line warns).")
 
 
-def _top_k_tooltip() -> str:
-    declared = "; ".join(family.top_k for family in families() if family.top_k)
+def _top_k_tooltip(families: Sequence[Any]) -> str:
+    declared = "; ".join(family.top_k for family in families if family.top_k)
     return f"0 uses the model's recommended value ({declared + '; ' if declared else ''}else none: every token)."
 
 
-def _top_p_tooltip() -> str:
-    declared = "; ".join(family.top_p for family in families() if family.top_p)
+def _top_p_tooltip(families: Sequence[Any]) -> str:
+    declared = "; ".join(family.top_p for family in families if family.top_p)
     return f"0 uses the model's recommended value ({declared + ', ' if declared else ''}else 1: no top-p)."
 
 

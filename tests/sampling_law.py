@@ -43,8 +43,7 @@ def guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tens
 
 def default_probs(model: object, cond: torch.Tensor, uncond: Optional[torch.Tensor] = None) -> torch.Tensor:
     """What the engine samples from at every setting left at the model's value (SamplerConfig's None)."""
-    cfg_scale, temperature, top_k, top_p = sampling_settings(model, SamplerConfig())
-    return to_probs(cond[None], None if uncond is None else uncond[None], cfg_scale, temperature, top_k, top_p)[0]
+    return to_probs(cond[None], None if uncond is None else uncond[None], sampling_settings(model, SamplerConfig()))[0]
 
 
 def assert_same_law(ours: torch.Tensor, reference: torch.Tensor) -> None:

@@ -17,7 +17,7 @@ from test_lossless import P_MIN, chi_square_pvalue
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
 from scd_core.models import emu3, emu3p5, ibq
 from scd_core.models.loading import detect_family
-from scd_core.sampling import to_probs
+from scd_core.sampling import Sampling, to_probs
 
 PROMPT = "a red cube on the table, 3 times"
 WIDTH, HEIGHT, ROWS, COLS = 48, 32, 2, 3  # 2 rows of 3 codes: 2 * (3 + 1) = 8 positions
@@ -240,7 +240,7 @@ def test_log_prob_guidance_is_the_engines_distribution(model64: emu3p5.Emu3p5Mod
     tokens = generate(model64, prompt, SamplerConfig(window=4, seed=1)).tokens
     session = model64.start(prompt, batch_size=1)
     cond, uncond = (torch.cat(pair, dim=1) for pair in zip(session.prefill(), session.forward(tokens[:, :-1])))
-    ours = to_probs(cond, uncond, 5.0, 1.0, 7, 1.0)[0]
+    ours = to_probs(cond, uncond, Sampling(5.0, 1.0, 7, 1.0))[0]
     for position in (p for p in range(N) if p not in model64.forced_tokens):
         fed = tokens[0, :position].tolist()
         scores = authors_scores(reference, [*prompt.cond, *fed], [*prompt.uncond, *fed], 5.0,

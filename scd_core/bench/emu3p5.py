@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.emu3p5 import DEFAULT_SIZE, IMAGE_MODEL

@@ -19,10 +19,14 @@ import torch
 
 from ..config import SamplerConfig
 from ..engine import generate
-from ..models.glm_image import DECODE_GUIDANCE, DECODE_STEPS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P, grid_sizes
+from ..models.glm_image import DECODE_GUIDANCE, DECODE_STEPS, grid_sizes
 from ..sampling import Sampling, to_probs
 from .synthetic import GridModel
 from .tables import markdown
+
+# the temperature and top-p of GLM-Image's generation_config.json as published, which this table was measured at
+# (the model's default law since adds generate's global top-k 50: models.generate_defaults)
+DEFAULT_TEMPERATURE, DEFAULT_TOP_P = 0.9, 0.75
 
 CODES = 16384  # GLM-Image's image codes
 MEDIUM_SHARPNESS = 1.5  # the Janus-Pro stand-in's (bench auto)

@@ -14,7 +14,9 @@ import importlib
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
+
+from ..model import joined  # (re-exported: the front ends name families in prose)
 
 # Asked in this order; the first family that recognises a folder loads it (llamagen claims a folder whose
 # llamagen.json it cannot read, so the transformers-format families come first; emu3 claims every model_type
@@ -98,12 +100,6 @@ def hooks(module: ModuleType) -> FamilyHooks:
 
 def families() -> tuple[Family, ...]:
     return tuple(module.FAMILY for module in family_modules())
-
-
-def joined(words: Iterable[str], last: str = "and") -> str:
-    """The words as prose: "a, b and c"."""
-    items = list(words)
-    return f" {last} ".join(filter(None, [", ".join(items[:-1]), *items[-1:]]))
 
 
 def compilable() -> str:
