@@ -468,9 +468,9 @@ class Run:
     def close(self) -> None:
         """Let go of the run's state now, finished or not: its session (the KV cache), its decoder and its calls'
         state (`run_calls`: what the model keeps for its next generation aside), so that a cancel or an error
-        leaves nothing to Python's cycle collector."""
+        leaves nothing to Python's cycle collector (the calls and the window policy refer back to the run)."""
         self.calls.close()
-        self.decoder, self.session = None, None
+        self.calls, self.policy, self.decoder, self.session = None, None, None, None
 
     def kept_prefix(self) -> Optional[torch.Tensor]:
         """The ids (batch, K) of the fixed cells every row has from position 0 on (an image's kept top rows, its
