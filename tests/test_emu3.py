@@ -93,6 +93,8 @@ def test_default_sampling_law_is_the_authors_generate(tiny_emu3_dir: Path, tmp_p
         cond, uncond = (full(input_ids=ids).logits[:, -1] for ids in (cond_ids, uncond_ids))
     codes = model.code_ids.tolist()
     generation, _ = full._prepare_generation_config(GenerationConfig(do_sample=True, top_k=2048))
+    if not hasattr(generation, "_eos_token_tensor"):  # transformers 4.x's processors read it; generate sets it
+        full._prepare_special_tokens(generation)
     guidance = UnbatchedClassifierFreeGuidanceLogitsProcessor(3.0, full, unconditional_ids=uncond_ids)
     allowed = PrefixConstrainedLogitsProcessor(lambda batch_id, ids: codes, num_beams=1)
     authors = LogitsProcessorList([guidance, allowed])
