@@ -127,6 +127,14 @@ def check_batch_size(batch_size: Any) -> None:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
 
 
+def check_tokens(tokens: torch.Tensor, num_tokens: int, id_count: int, what: str = "token ids") -> None:
+    """What a family's `decode` checks first: `tokens` is (batch, num_tokens) and each id lies in 0..id_count-1."""
+    if tokens.dim() != 2 or tokens.shape[1] != num_tokens:
+        raise ValueError(f"tokens must be (batch, {num_tokens}), got shape {tuple(tokens.shape)}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= id_count):
+        raise ValueError(f"{what} must lie in 0..{id_count - 1}")
+
+
 def model_default(model: Any, name: str, fallback: Any) -> Any:
     """A model's recommended sampling value, or the generic fallback."""
     value = getattr(model, name, None)

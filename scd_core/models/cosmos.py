@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..model import check_start, compute_device
+from ..model import check_start, check_tokens, compute_device
 from .checkpoints import ModelLoadError, read_torch_checkpoint
 from .family import Family
 from .quantize import quantize_linears, quantize_then_move
@@ -659,10 +659,7 @@ class CosmosModel:
         With `cond`, the context codes are decoded in front (the whole clip, as NVIDIA's
         pipeline returns it); without, only the generated latent frames.
         """
-        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
-            raise ValueError(f"expected codes of shape (batch, {self.num_tokens}), got {tuple(tokens.shape)}")
-        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
-            raise ValueError(f"codes must be in 0..{self.vocab_size - 1}")
+        check_tokens(tokens, self.num_tokens, self.vocab_size, "codes")
         if cond is not None:
             tokens = torch.cat([cond.codes.to(tokens.device).expand(tokens.shape[0], -1), tokens], dim=1)
         video = self._decode_latents(tokens.long().reshape(tokens.shape[0], -1, *self.grid[1:]))

@@ -34,7 +34,7 @@ from .row_attention import RowAttentionBackbone, attention_layer
 from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nulls
 from ..image_input import no_image_encoder
-from ..model import check_start, compute_device
+from ..model import check_start, check_tokens, compute_device
 from ..static_step import Compilable
 
 MODEL_TYPE = "emu3"
@@ -181,10 +181,7 @@ class Emu3Model(Compilable):
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1 via Emu3's VQ decoder."""
-        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
-            raise ValueError(f"tokens must be (batch, {self.num_tokens}), got shape {tuple(tokens.shape)}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self._code_of.numel()):
-            raise ValueError(f"token ids must lie in 0..{self._code_of.numel() - 1}")
+        check_tokens(tokens, self.num_tokens, self._code_of.numel())
         rows, cols = self.size
         grid = tokens[:, : rows * (cols + 1)].reshape(-1, rows, cols + 1)[..., :cols]
         codes = self._code_of[grid.cpu()].to(self.device)

@@ -56,7 +56,7 @@ from .streaming import HFNetwork, read_hf_network
 from .tiktoken_bpe import TiktokenBPE, read_ranks
 from .tokenizer_files import read_json, without_nulls
 from ..image_input import check_images, log_note, prepare_images
-from ..model import check_start, compute_device
+from ..model import check_start, check_tokens, compute_device
 from ..static_step import Compilable
 
 MODEL_TYPE = "emu3"  # config.json spells it "Emu3", as the original Emu3-Gen layout does
@@ -268,10 +268,7 @@ class Emu3p5Model(Compilable):
 
     def code_grid(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (batch, num_tokens) -> codes (batch, rows * cols), the row-end column dropped."""
-        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
-            raise ValueError(f"tokens must be (batch, {self.num_tokens}), got shape {tuple(tokens.shape)}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self._code_of.numel()):
-            raise ValueError(f"token ids must lie in 0..{self._code_of.numel() - 1}")
+        check_tokens(tokens, self.num_tokens, self._code_of.numel())
         rows, cols = self.size
         return self._code_of[tokens.cpu().reshape(-1, rows, cols + 1)[..., :cols].flatten(1)]
 

@@ -37,7 +37,7 @@ from .quantize import quantize_then_move
 from .row_cache import RowCache
 from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import read_json
-from ..model import check_start, compute_device
+from ..model import check_start, check_tokens, compute_device
 
 FAMILY = Family(
     label="GLM-Image",
@@ -314,10 +314,7 @@ class GlmImageModel:
         """Tokens (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1 through the DiT and VAE
         (loaded on the first call); `cond` gives the prompt whose quoted text the glyph encoder reads and the
         source image of image-to-image (default: the last generation's)."""
-        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
-            raise ValueError(f"tokens must be (batch, {self.num_tokens}), got shape {tuple(tokens.shape)}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(f"image token ids must lie in 0..{self.vocab_size - 1}")
+        check_tokens(tokens, self.num_tokens, self.vocab_size, "image token ids")
         pipeline = self.decoder()
         # the decoding stage runs where its modules are (a host may move them apart from the AR stage's)
         device = next(pipeline.transformer.parameters()).device

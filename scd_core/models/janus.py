@@ -39,7 +39,7 @@ from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
 from .row_cache import RowCache
 from .streaming import HFNetwork, fill_from_safetensors, parameters_on_meta, read_hf_network
-from ..model import check_start, compute_device
+from ..model import check_start, check_tokens, compute_device
 from ..static_step import Compilable
 from .tokenizer_files import TextTokenizer, read_json
 from .vq16 import cosine_nearest, encode_latent
@@ -262,10 +262,7 @@ class JanusModel(Compilable):
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1."""
-        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
-            raise ValueError(f"tokens must be (batch, {self.num_tokens}), got shape {tuple(tokens.shape)}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            raise ValueError(f"image token ids must lie in 0..{self.vocab_size - 1}")
+        check_tokens(tokens, self.num_tokens, self.vocab_size, "image token ids")
         images = self.module.decode_image_tokens(tokens.to(self.device, torch.long))
         return ((images.float() + 1) / 2).clamp(0, 1).cpu()
 

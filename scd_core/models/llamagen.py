@@ -51,7 +51,7 @@ from .row_session import RowSession
 from .t5_encoder import load_t5_encoder
 from .tokenizer_files import positive_int, without_nulls
 from ..image_input import no_image_encoder
-from ..model import check_batch_size, compute_device
+from ..model import check_batch_size, check_tokens, compute_device
 from ..static_step import Compilable
 from .vq16 import ENCODER_KEYS, VQModel, encoder_from_state_dict, vq_from_state_dict
 
@@ -484,11 +484,8 @@ class LlamaGenModel(Compilable):
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image ids (batch, N) -> float32 CPU images (batch, H, W, 3) in 0..1."""
         vq = self.module["vq"]
+        check_tokens(tokens, self.num_tokens, self.vocab_size)
         codes = tokens.to(self.device).long()
-        if codes.dim() != 2 or codes.shape[1] != self.num_tokens:
-            raise ValueError(f"expected tokens of shape (batch, {self.num_tokens}), got {tuple(tokens.shape)}")
-        if codes.numel() and (codes.min() < 0 or codes.max() >= self.vocab_size):
-            raise ValueError(f"token ids must be in 0..{self.vocab_size - 1}")
         images = vq.decode(codes, self.grid)
         return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
 

@@ -50,7 +50,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..model import check_start, compute_device
+from ..model import check_start, check_tokens, compute_device
 from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_weights
 from .family import Family
@@ -341,12 +341,9 @@ class LuminaModel:
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1."""
-        if tokens.dim() != 2 or tokens.shape[1] != self.num_tokens:
-            raise ValueError(f"tokens must be (batch, {self.num_tokens}), got shape {tuple(tokens.shape)}")
+        check_tokens(tokens, self.num_tokens, self._code_of.numel())
         rows, cols = self.size
         grid = tokens.cpu().long()[:, : rows * (cols + 1)].reshape(-1, rows, cols + 1)[..., :cols]
-        if grid.numel() and (int(grid.min()) < 0 or int(grid.max()) >= self._code_of.numel()):
-            raise ValueError(f"token ids must lie in 0..{self._code_of.numel() - 1}")
         codes = self._code_of[grid]
         if codes.numel() and int(codes.min()) < 0:
             raise ValueError("an image position holds a token that is not an image code")
