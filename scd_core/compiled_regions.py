@@ -23,7 +23,7 @@ inductor's on-disk cache).  What it is specialised on is kept to shapes: the sam
 tensors (`sampling.sampler_tensors`), and a static KV cache holds its prompt's slots rounded up to a bucket
 (`row_session.PROMPT_BUCKET`), so prompts of one bucket share their compiled code.
 
-Families that declare `compile` (`models.family.Family`) are `Compilable`: through their own blocks or the row
+Families that declare `compile` (`models.family.Family`) are `compilable.Compilable`: through their own blocks or the row
 attention (`models.row_attention.attention_layer`).  Trees of candidates are refused
 (they would grow the cache); rows that finish stay in the batch (regrouping would change the shapes).
 """
@@ -32,14 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from .model import Logits
-
-if TYPE_CHECKING:
-    from .cuda_graphs import KeptGraphs
 
 # dynamo compiles one graph per width bucket, batch size, cache size and coupler for each compiled function;
 # its default limit (8 per function) would be reached by a process that switches couplers
@@ -149,28 +146,3 @@ def eager_fallbacks(model: Any, graphs: Any = None) -> list[str]:
     if graphs is not None and graphs.failed:
         found.append(f"the CUDA graphs of the window call: {graphs.error}")
     return found
-
-
-class Compilable:
-    """A TokenModel that `load_model(..., compile=True)` switches to static-shape calls: its family names the
-    one-layer function its sessions run each decoder layer through (`layer_step`), compiled once for all
-    layers, and hands `compiled_layer` to its sessions.  Once compiled, it holds what its last generation
-    keeps for the next (`graph_holder`: its CUDA graphs, `cuda_graphs.KeptGraphs`)."""
-
-    compiled = False
-    compiled_layer: Optional[CompiledRegion] = None
-    graph_holder: Optional[KeptGraphs] = None
-    shared_across_generations = True  # (graph_state: the model is not part of a generation's state)
-    layer_step: Callable[..., torch.Tensor]
-
-    def enable_compile(self) -> None:
-        if not torch_tested(torch.__version__):
-            warn_once("old-torch", f"compile=True needs torch {'.'.join(map(str, OLDEST_TESTED_TORCH))} or newer "
-                      f"(this is {torch.__version__}); running eagerly (the same images, uncompiled)")
-            return
-        from .cuda_graphs import KeptGraphs  # (here: cuda_graphs builds on this module)
-
-        self.compiled = True
-        self.compiled_layer = compile_region(type(self).layer_step,
-                                             f"the {getattr(self, 'family', 'model')} decoder layer")
-        self.graph_holder = KeptGraphs()

@@ -47,7 +47,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .. import auto_window, compiled_regions, cuda_graphs
+from .. import auto_window, cuda_graphs
+from ..compilable import Compilable
 from .device_compiled import COMPILE_BUDGET_S, COMPILE_WIDTHS, TINY_WIDTHS, compiled_phase
 from .tables import markdown
 from .shapes import peak_memory_mb, quantized_cost_rows
@@ -136,7 +137,7 @@ def build(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) ->
     return model, head.to(dtype).eval()
 
 
-class ShapeModel(compiled_regions.Compilable):
+class ShapeModel(Compilable):
     """A TokenModel over `build`'s random-weight model whose sessions run as the family's own do (models.janus,
     lumina, emu3): the CFG rows over the engine's RowCache, transformers' layers (Emu3: the row attention),
     and with `compile` the row attention through one compiled layer over the static cache."""

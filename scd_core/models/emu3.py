@@ -35,7 +35,7 @@ from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nulls
 from ..image_input import no_image_encoder
 from ..model import check_start, compute_device
-from ..compiled_regions import Compilable
+from ..compilable import Compilable
 
 MODEL_TYPE = "emu3"
 FAMILY = Family(

@@ -57,7 +57,7 @@ from .tiktoken_bpe import TiktokenBPE, read_ranks
 from .tokenizer_files import read_json, without_nulls
 from ..image_input import check_images, log_note, prepare_images
 from ..model import check_start, compute_device
-from ..compiled_regions import Compilable
+from ..compilable import Compilable
 
 MODEL_TYPE = "emu3"  # config.json spells it "Emu3", as the original Emu3-Gen layout does
 FAMILY = Family(

@@ -52,7 +52,7 @@ from .t5_encoder import load_t5_encoder
 from .tokenizer_files import positive_int, without_nulls
 from ..image_input import no_image_encoder
 from ..model import check_batch_size, compute_device
-from ..compiled_regions import Compilable
+from ..compilable import Compilable
 from .vq16 import ENCODER_KEYS, VQModel, encoder_from_state_dict, vq_from_state_dict
 
 IMAGENET_CLASSES = 1000  # the original class-conditional checkpoints
