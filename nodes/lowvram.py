@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import comfy.ops
 import comfy.patcher_extension
-from scd_core import static_step
+from scd_core import cuda_graphs
 import torch
 from torch import nn
 
@@ -132,7 +132,7 @@ def follow_loads(patcher: Any, model: Any) -> None:
     def detached(patcher: Any, *_: Any) -> None:
         model.compute_device = None
         model.offload = None
-        static_step.forget(model)  # CUDA graphs of the weights' old addresses, and the KV cache they read
+        cuda_graphs.kept_graphs(model).forget()  # CUDA graphs of the weights' old addresses, and the KV cache they read
 
     patcher.add_callback(comfy.patcher_extension.CallbacksMP.ON_LOAD, loaded)
     patcher.add_callback(comfy.patcher_extension.CallbacksMP.ON_DETACH, detached)

@@ -7,7 +7,7 @@ from typing import Any
 
 import comfy.model_management as mm
 from comfy_api.latest import io
-from scd_core import GenerationResult, SamplerConfig, static_step, window_policies
+from scd_core import GenerationResult, SamplerConfig, cuda_graphs, window_policies
 
 SCDModel = io.Custom("SCD_MODEL")
 SCDCond = io.Custom("SCD_COND")
@@ -34,7 +34,8 @@ class LoadedModel:
         next (a compiled model's kept CUDA graphs and their KV cache, which the run reuses or frees first)."""
         width = window_policies.widest(window, self.model.num_tokens)
         allocated = batch_size * (self.image_cache_bytes + candidates * width * self.slot_bytes)
-        return max(0, allocated + self.graph_pool_bytes(batch_size, width) - static_step.kept_bytes(self.model))
+        kept = cuda_graphs.kept_graphs(self.model).kept_bytes()
+        return max(0, allocated + self.graph_pool_bytes(batch_size, width) - kept)
 
     def graph_pool_bytes(self, batch_size: int, width: int) -> int:
         """A compiled model's CUDA graphs hold their steps' intermediates in a pool of their own, from their capture
@@ -43,7 +44,7 @@ class LoadedModel:
         smaller: a layer's width is well below the vocabulary).  None where kept graphs are there (the run
         replays them, or frees them before it captures) or no graph is captured (CPU, MPS)."""
         graphed = bool(getattr(self.model, "compiled", False)) and mm.is_device_cuda(self.patcher.load_device)
-        if not graphed or getattr(self.model, "kept_calls", None) is not None:
+        if not graphed or cuda_graphs.kept_graphs(self.model).kept is not None:
             return 0
         return batch_size * width * self.slot_bytes
 

@@ -36,7 +36,7 @@ class SamplerConfig:
     fixed_shapes: feed every call after the first at the full window width, re-feeding committed tokens
       where the window would shrink at the end, so that a captured CUDA graph or a compiled model sees one
       input shape per window size.  Same tokens; one rewind more per call at the end.  A model loaded with
-      compile=True needs none of it: it pads its calls itself (scd_core.static_step), whatever this says.
+      compile=True needs none of it: it pads its calls itself (scd_core.compiled_regions), whatever this says.
     draft_init: the first draft of a position entering the window -- "random", "left", "above" (same
       column, previous row) or "previous_frame" (same place one frame earlier; video models); None uses the
       model's `default_draft_init`, else "above".

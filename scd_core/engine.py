@@ -420,7 +420,7 @@ class Run:
         if batch_size % self.rows_per_cache:
             raise ValueError(f"session.rows_per_cache={self.rows_per_cache} must divide batch_size={batch_size}")
         # a compiled model whose sessions offer static-shape calls (compile=True) runs every call at static shapes
-        # (scd_core.static_step); one that compiled its forward by other means runs as any other
+        # (scd_core.compiled_regions); one that compiled its forward by other means runs as any other
         self.compiled = bool(getattr(model, "compiled", False)) and bool(getattr(session, "static_shapes", False))
         self.calls = calls_for(self, self.compiled)
         # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as

@@ -1,7 +1,7 @@
 """The state a captured step reads: what a kept CUDA graph asks of the next generation.
 
 A graph replays the kernels of its capture: the memory it read, at the addresses it had, and every host
-number with the value it had.  A generation may replay the graphs of an earlier one (`static_step.keep`)
+number with the value it had.  A generation may replay the graphs of an earlier one (`cuda_graphs.KeptGraphs.keep`)
 where its state (session and decoder, right after its prefill) equals that one's in everything but tensor
 contents: `State.of` takes that everything as a `layout` (each tensor's place, shape, dtype, strides and
 device; every other value as it is), and `State.move_to` copies a new generation's tensors into the memory

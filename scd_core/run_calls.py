@@ -1,6 +1,6 @@
 """How a run's window calls are made: eagerly at the width each needs, or at static shapes (a model loaded with
-compile=True: compiled regions and, on CUDA, CUDA graphs; scd_core.static_step).  A run picks one once
-(`calls_for`); its loop then feeds and decides calls through it without asking which."""
+compile=True: compiled regions, scd_core.compiled_regions, and on CUDA, CUDA graphs, scd_core.cuda_graphs).  A run
+picks one once (`calls_for`); its loop then feeds and decides calls through it without asking which."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import static_step
+from . import compiled_regions, cuda_graphs
 from .model import Logits
 
 
@@ -82,16 +82,16 @@ class StaticShapeCalls(EagerCalls):
 
     def __init__(self, run: Any) -> None:
         super().__init__(run)
-        self.kept: Optional[static_step.StaticCalls] = None
-        self.static: Optional[static_step.StaticCalls] = None
+        self.kept: Optional[cuda_graphs.StaticCalls] = None
+        self.static: Optional[cuda_graphs.StaticCalls] = None
 
     def before_prefill(self) -> None:
         # the model's last generation's calls: their graphs, and their KV cache's memory for this prefill
-        self.kept = static_step.take_kept(self.run.model, self.run.session)
+        self.kept = self.run.model.graph_holder.take(self.run.session)
 
     def after_prefill(self) -> None:
         run, kept, self.kept = self.run, self.kept, None
-        self.static = static_step.calls_for(kept, run.session, run.decoder, _network(run.model))
+        self.static = cuda_graphs.calls_for(kept, run.session, run.decoder, _network(run.model))
 
     def feed(self, window: int, width: int, t0: float) -> Call:
         run = self.run
@@ -100,7 +100,7 @@ class StaticShapeCalls(EagerCalls):
             return Call(width, window, 0, logits, None, run.elapsed(t0), decided, free=window)
         # widened over forced cells past the bucket: one eager call of its own width (a graph for a width that
         # may not come again would cost more than it saves)
-        with static_step.eager_regions():
+        with compiled_regions.eager_regions():
             logits = run.session.forward(run.decoder.window_inputs(width))
         return Call(width, width, 0, logits, None, run.elapsed(t0), free=window, eager=True)
 
@@ -115,14 +115,15 @@ class StaticShapeCalls(EagerCalls):
         return super().cost_width(call) if call.eager else call.fed
 
     def finish(self) -> None:
-        self.run.result.eager_fallbacks = static_step.eager_fallbacks(self.run.model, self.static)
-        static_step.keep(self.run.model, self.static)
+        graphs = None if self.static is None else self.static.graphs
+        self.run.result.eager_fallbacks = compiled_regions.eager_fallbacks(self.run.model, graphs)
+        self.run.model.graph_holder.keep(self.static)
 
     def close(self) -> None:
         # static calls and their CUDA graphs refer to each other: released here, a cancel or an error leaves
         # their memory to nobody (the calls the model keeps for its next generation aside)
         for calls in (self.kept, self.static):
-            if calls is not None and getattr(self.run.model, "kept_calls", None) is not calls:
+            if calls is not None and self.run.model.graph_holder.kept is not calls:
                 calls.release()
         self.kept = self.static = None
 

@@ -6,7 +6,7 @@
 #      with NEWEST_TRANSFORMERS and NEWEST_TORCH, the newest releases tested (pinned, so that the versions the
 #      README states are the ones tested: tests/test_readme.py checks both; raise them together).
 #   2. .venv-test-oldest: the oldest supported transformers, for the tests that touch transformers, and the
-#      oldest torch compile=True runs on (static_step.OLDEST_TESTED_TORCH; older ones run eagerly), for the
+#      oldest torch compile=True runs on (compiled_regions.OLDEST_TESTED_TORCH; older ones run eagerly), for the
 #      compiled tests.
 # Extra arguments go to both pytest runs (e.g. `bash tests/run.sh -k janus`).
 set -euo pipefail
@@ -15,7 +15,7 @@ PYTHON=${PYTHON:-python3}
 OLDEST_TRANSFORMERS=4.52.1  # keep in step with requirements.txt
 NEWEST_TRANSFORMERS=5.25.0  # the newest release tested, within requirements.txt's range; the README states it
 NEWEST_TORCH=2.14.1  # the newest torch tested (torchvision: the release made for it); the README states it
-OLDEST_TORCH=2.11.0  # keep in step with OLDEST_TESTED_TORCH in scd_core/static_step.py (compile=True)
+OLDEST_TORCH=2.11.0  # keep in step with OLDEST_TESTED_TORCH in scd_core/compiled_regions.py (compile=True)
 
 pip_install() { "$1/bin/pip" install --quiet --disable-pip-version-check "${@:2}"; }
 

@@ -18,7 +18,7 @@ from scd_core import SamplerConfig, generate, load_model
 from scd_core.config import MAX_SEED
 from scd_core.engine import GenerationResult
 from scd_core.models.loading import DTYPES
-from scd_core import cli, couplers, static_step
+from scd_core import cli, compiled_regions, couplers
 from scd_core.bench import cli as bench
 from scd_core.cli import (CAPTION_SIZE, LINE_HEIGHT, MIN_PANEL, PADDING, SHOWN_SEEDS, commit_histogram,
                           compile_seconds, main)
@@ -365,7 +365,7 @@ def test_compile_time_is_reported_apart_from_forward_and_sampling(tiny_janus_dir
     beyond a typical one as compile time, and the forward and sampling times are what is left of the engine's."""
     import torch._dynamo
 
-    monkeypatch.setattr(static_step, "BACKEND", "eager")  # dynamo's tracing without inductor's code generation
+    monkeypatch.setattr(compiled_regions, "BACKEND", "eager")  # dynamo's tracing without inductor's code generation
     torch._dynamo.reset()  # compiled earlier in this process: compile again
     results, calls = [], []
 

@@ -1,5 +1,5 @@
-"""compile=True (scd_core.static_step): the eager tokens, no graph break, one compilation per width bucket,
-fixed tensor addresses, clear refusals.
+"""compile=True (scd_core.compiled_regions, scd_core.cuda_graphs): the eager tokens, no graph break, one
+compilation per width bucket, fixed tensor addresses, clear refusals.
 
 Most tests trace with dynamo's "eager" backend: the same graphs, traced with `fullgraph=True` and the same
 guards, without inductor's code generation (minutes per graph on a shared CPU); `test_inductor_*` runs the
@@ -29,7 +29,7 @@ from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
 from scd_core import (GenerationCancelled, ModelLoadError, SamplerConfig, auto_window, generate, generate_many,
-                      graph_state, load_model, sampling, static_step)
+                      compiled_regions, cuda_graphs, graph_state, load_model, sampling)
 from scd_core.auto_window import candidate_widths
 from scd_core.config import AUTO_WINDOW
 from scd_core.given import GivenCells, continuation, from_cell_mask
@@ -49,7 +49,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def traced(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dynamo's graphs without code generation; a graph break or failed compile is an error, not a warning."""
-    monkeypatch.setattr(static_step, "BACKEND", "eager")
+    monkeypatch.setattr(compiled_regions, "BACKEND", "eager")
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         yield
@@ -119,7 +119,7 @@ def test_every_bucket_traces_as_one_graph(folders, traced) -> None:
         assert_same_run(eager, compiled, cond, SamplerConfig(window=window, seed=1))
     # one block graph and one sampling-step graph per width (the prefill runs eagerly), nothing more
     assert counters["stats"]["unique_graphs"] - before == 2 * len(widths)
-    assert not compiled.compiled_layer.failed and not static_step.SAMPLING_STEP.failed
+    assert not compiled.compiled_layer.failed and not compiled_regions.SAMPLING_STEP.failed
     assert generate(compiled, cond, SamplerConfig(window=8, seed=1)).eager_fallbacks == []
 
 
@@ -139,10 +139,10 @@ def test_whole_step_traces_as_one_graph(folders, traced, monkeypatch: pytest.Mon
         replay.failed = False  # (as GraphedSteps: kept for the next generation)
         self.graphs = replay
 
-    original_init = static_step.StaticCalls.__init__
-    monkeypatch.setattr(static_step.StaticCalls, "__init__", traced_graphs)
+    original_init = cuda_graphs.StaticCalls.__init__
+    monkeypatch.setattr(cuda_graphs.StaticCalls, "__init__", traced_graphs)
     # the regions themselves run inside the one traced step
-    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)
+    monkeypatch.setattr(compiled_regions, "SAMPLING_STEP", compiled_regions._decide)
     eager, compiled = pair(folders["c2i"])
     monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
     cond = eager.encode("8")
@@ -165,7 +165,7 @@ def test_no_recompilation_after_warm_up(folders, traced) -> None:
 def test_tensors_keep_their_addresses(folders, traced, monkeypatch: pytest.MonkeyPatch) -> None:
     """What CUDA graph replay needs: the inputs, the cache and the engine's state stay where they are."""
     seen: list[tuple[int, ...]] = []
-    forward = static_step.StaticCalls.forward
+    forward = cuda_graphs.StaticCalls.forward
 
     def recording(self, inputs):
         out = forward(self, inputs)
@@ -175,7 +175,7 @@ def test_tensors_keep_their_addresses(folders, traced, monkeypatch: pytest.Monke
         seen.append(tuple(t.data_ptr() for t in tensors))
         return out
 
-    monkeypatch.setattr(static_step.StaticCalls, "forward", recording)
+    monkeypatch.setattr(cuda_graphs.StaticCalls, "forward", recording)
     compiled = load_model(folders["c2i"], device="cpu", compile=True)
     result = generate(compiled, compiled.encode("4"), SamplerConfig(window=4, seed=3), batch_size=2)
     assert len(seen) == result.nfe - 1 > 3
@@ -224,7 +224,7 @@ class KernelTrace(TorchDispatchMode):
 
 
 class EmulatedGraphs:
-    """`static_step.GraphedSteps` on this CPU: each call of a width runs its step under a `KernelTrace` (what a
+    """`cuda_graphs.GraphedSteps` on this CPU: each call of a width runs its step under a `KernelTrace` (what a
     graph captured from it would replay), kept by width; every set made is listed in `made`."""
 
     failed = False
@@ -257,9 +257,9 @@ def emulated_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine's CUDA-graph path on this CPU, its captures emulated (`EmulatedGraphs`), the compiled regions
     run eagerly (the traces record reads, not code)."""
     monkeypatch.setattr(EmulatedGraphs, "made", [])
-    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
-    monkeypatch.setattr(static_step, "GraphedSteps", EmulatedGraphs)
-    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)
+    monkeypatch.setattr(cuda_graphs, "graphs_available", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "GraphedSteps", EmulatedGraphs)
+    monkeypatch.setattr(compiled_regions, "SAMPLING_STEP", compiled_regions._decide)
 
 
 EMULATED_SIZES = {"emu3": (32, 24), "emu3p5": (48, 32)}  # 4 x 3 codes of 8 px; 2 x 3 codes of 16 px
@@ -311,7 +311,7 @@ def test_what_a_graph_would_replay_is_what_every_call_runs(
 def test_kept_graphs_replay_in_later_generations_what_they_captured(
         request: pytest.FixtureRequest, folders, monkeypatch: pytest.MonkeyPatch, unlearned_auto_window,
         emulated_graphs, family: str) -> None:
-    """CUDA graphs kept from one generation for the next (`static_step.keep`), emulated as above: a generation
+    """CUDA graphs kept from one generation for the next (`KeptGraphs.keep`), emulated as above: a generation
     whose state has the kept one's layout (batch, bucket of prompt lengths, sampler options on or off) takes
     the kept calls over, its tensors moved into their memory (`graph_state`), and every call of a width, in
     every generation that replays it, runs what its capture ran; a generation of another layout makes its own.
@@ -380,11 +380,11 @@ def test_kept_graphs_replay_in_later_generations_what_they_captured(
         assert len(EmulatedGraphs.made) == made + (not taken_over), (text, settings, batch)
         made = len(EmulatedGraphs.made)
         # a cache of the kept one's size (one batch, one bucket of prompt lengths) is the kept one's memory
-        keys = compiled.kept_calls.session.cache.keys[0]
+        keys = compiled.graph_holder.kept.session.cache.keys[0]
         assert (keys is cache) == (cache is not None and keys.shape == cache.shape), (text, settings)
         cache = keys
     assert all(torch.equal(a.tokens, b.tokens) for a, b in results)  # no result reads memory reused since
-    assert compiled.kept_calls is not None and eager.kept_calls is None
+    assert compiled.graph_holder.kept is not None and eager.graph_holder is None
     for graphs in EmulatedGraphs.made:
         graphs.assert_replays_its_captures()
     assert sum(len(calls) > 1 for graphs in EmulatedGraphs.made for calls in graphs.traces.values()) > 3
@@ -396,7 +396,7 @@ def test_kept_graphs_that_cannot_be_reused_give_way_to_new_ones(
     def broken(self, kept, root):
         raise RuntimeError("unsupported operation: overlapping memory")
 
-    monkeypatch.setattr(static_step, "_WARNED", set())
+    monkeypatch.setattr(compiled_regions, "_WARNED", set())
     monkeypatch.setattr(graph_state.State, "move_to", broken)
     eager, compiled = emulated_pair(request, folders, monkeypatch, "demo")
     cond = eager.encode("6")
@@ -420,9 +420,9 @@ def test_failed_compilation_runs_eagerly_with_one_warning(folders, monkeypatch: 
     def broken(graph, example_inputs):
         raise RuntimeError("no compiler here")
 
-    monkeypatch.setattr(static_step, "BACKEND", broken)
-    monkeypatch.setattr(static_step, "_WARNED", set())
-    monkeypatch.setattr(static_step.SAMPLING_STEP, "error", None)
+    monkeypatch.setattr(compiled_regions, "BACKEND", broken)
+    monkeypatch.setattr(compiled_regions, "_WARNED", set())
+    monkeypatch.setattr(compiled_regions.SAMPLING_STEP, "error", None)
     eager, compiled = pair(folders["c2i"])
     cond = eager.encode("6")
     with pytest.warns(RuntimeWarning, match="torch.compile of .* failed, running it eagerly") as caught:
@@ -430,12 +430,12 @@ def test_failed_compilation_runs_eagerly_with_one_warning(folders, monkeypatch: 
         assert_same_run(eager, compiled, cond, SamplerConfig(window=8, seed=7))
     messages = [str(w.message) for w in caught if "torch.compile" in str(w.message)]
     assert len(messages) == 2  # one per region (the block, the sampling step), not one per call
-    assert compiled.compiled_layer.failed and static_step.SAMPLING_STEP.failed
+    assert compiled.compiled_layer.failed and compiled_regions.SAMPLING_STEP.failed
     assert "RuntimeError: no compiler here" in compiled.compiled_layer.error  # what reports show (device check)
     # and what each generation's result says ran eagerly
     assert generate(compiled, cond, SamplerConfig(window=8, seed=6)).eager_fallbacks == [
         f"{compiled.compiled_layer.name}: {compiled.compiled_layer.error}",
-        f"the sampling step: {static_step.SAMPLING_STEP.error}"]
+        f"the sampling step: {compiled_regions.SAMPLING_STEP.error}"]
     assert generate(eager, cond, SamplerConfig(window=8, seed=6)).eager_fallbacks == []
 
 
@@ -450,19 +450,17 @@ def test_failed_graph_capture_runs_the_step_eagerly_and_says_why(monkeypatch: py
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", NoCapture)
-    monkeypatch.setattr(static_step, "WARMUP_CALLS", 0)
-    monkeypatch.setattr(static_step, "_WARNED", set())
+    monkeypatch.setattr(cuda_graphs, "WARMUP_CALLS", 0)
+    monkeypatch.setattr(compiled_regions, "_WARNED", set())
     steps = []
-    graphs = static_step.GraphedSteps(lambda width: steps.append(width) or (torch.full((width,), 1.0),),
+    graphs = cuda_graphs.GraphedSteps(lambda width: steps.append(width) or (torch.full((width,), 1.0),),
                                       torch.zeros(1))
     with pytest.warns(RuntimeWarning, match="CUDA graph capture of the window call failed, running it eagerly: "
                                             "RuntimeError: operation not permitted"):
         assert torch.equal(graphs(4)[0], torch.ones(4))
     assert torch.equal(graphs(2)[0], torch.ones(2)) and steps == [4, 2]  # no capture tried again
-    calls = static_step.StaticCalls.__new__(static_step.StaticCalls)
-    calls.graphs = graphs
-    monkeypatch.setattr(static_step.SAMPLING_STEP, "error", None)
-    assert static_step.eager_fallbacks(object(), calls) == [
+    monkeypatch.setattr(compiled_regions.SAMPLING_STEP, "error", None)
+    assert compiled_regions.eager_fallbacks(object(), graphs) == [
         f"the CUDA graphs of the window call: {graphs.error}"]
 
 
@@ -487,8 +485,8 @@ def test_capture_runs_in_thread_local_error_mode(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", graph)
-    monkeypatch.setattr(static_step, "WARMUP_CALLS", 0)
-    graphs = static_step.GraphedSteps(lambda width: steps.append(width) or (torch.ones(width),), torch.zeros(1))
+    monkeypatch.setattr(cuda_graphs, "WARMUP_CALLS", 0)
+    graphs = cuda_graphs.GraphedSteps(lambda width: steps.append(width) or (torch.ones(width),), torch.zeros(1))
     for _ in range(3):
         assert torch.equal(graphs(4)[0], torch.ones(4))
     assert modes == ["thread_local"] and steps == [4] and len(replays) == 3 and graphs.pool == "the pool"
@@ -511,8 +509,8 @@ def test_generate_many_runs_batches_of_consecutive_seeds(folders, traced, monkey
     is a static one, and every job's tokens are its own seed's eager image, alone, whatever row of a compiled
     batch it decoded in."""
     static_calls = []
-    forward = static_step.StaticCalls.forward
-    monkeypatch.setattr(static_step.StaticCalls, "forward",
+    forward = cuda_graphs.StaticCalls.forward
+    monkeypatch.setattr(cuda_graphs.StaticCalls, "forward",
                         lambda self, *args: static_calls.append(1) or forward(self, *args))
     eager, compiled = pair(folders["c2i"])
     three, five = eager.encode("3"), eager.encode("5")
@@ -553,14 +551,14 @@ def test_sampler_numbers_match_eager(folders, traced) -> None:
 def test_recompile_limit_of_every_torch() -> None:
     """torch 2.4-2.6 name the limit cache_size_limit, later ones recompile_limit; it is only ever raised."""
     for name in ("recompile_limit", "cache_size_limit"):
-        for before, after in ((8, static_step.RECOMPILE_LIMIT), (1000, 1000)):
+        for before, after in ((8, compiled_regions.RECOMPILE_LIMIT), (1000, 1000)):
             config = types.SimpleNamespace(**{name: before})
-            static_step.raise_recompile_limit(config)
+            compiled_regions.raise_recompile_limit(config)
             assert vars(config) == {name: after}
 
 
 def test_untested_torch_runs_eagerly_with_one_warning(folders, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(static_step, "_WARNED", set())
+    monkeypatch.setattr(compiled_regions, "_WARNED", set())
     monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
     with pytest.warns(RuntimeWarning, match=r"compile=True needs torch 2\.11 or newer \(this is 2\.6\.0\+cu124\); "
                                             "running eagerly") as caught:
@@ -568,7 +566,7 @@ def test_untested_torch_runs_eagerly_with_one_warning(folders, monkeypatch: pyte
         load_model(folders["c2i"], device="cpu", compile=True)
     assert len(caught) == 1 and not compiled.compiled
     assert_same_run(eager, compiled, eager.encode("2"), SamplerConfig(window=8, seed=1))
-    assert [static_step.torch_tested(v) for v in ("2.4.1", "2.10.0a0+git", "2.11.0", "2.14.1+cu130", "3.0")] == [
+    assert [compiled_regions.torch_tested(v) for v in ("2.4.1", "2.10.0a0+git", "2.11.0", "2.14.1+cu130", "3.0")] == [
         False, False, True, True, True]
 
 
@@ -576,13 +574,13 @@ def test_recompile_limit_runs_eagerly_with_one_warning(folders, monkeypatch: pyt
     """Past dynamo's limit, fullgraph=True raises a plain Exception (FailOnRecompileLimitHit): each region
     warns once and runs eagerly from then on, with the eager tokens."""
     torch._dynamo.reset()
-    monkeypatch.setattr(static_step, "BACKEND", "eager")
-    monkeypatch.setattr(static_step, "RECOMPILE_LIMIT", 1)
-    monkeypatch.setattr(static_step, "_WARNED", set())
-    monkeypatch.setattr(static_step.SAMPLING_STEP, "error", None)
+    monkeypatch.setattr(compiled_regions, "BACKEND", "eager")
+    monkeypatch.setattr(compiled_regions, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(compiled_regions, "_WARNED", set())
+    monkeypatch.setattr(compiled_regions.SAMPLING_STEP, "error", None)
     eager, compiled = pair(folders["c2i"])
     cond = eager.encode("6")
-    with torch._dynamo.config.patch(**{static_step.recompile_limit_name(torch._dynamo.config): 1}):
+    with torch._dynamo.config.patch(**{compiled_regions.recompile_limit_name(torch._dynamo.config): 1}):
         with pytest.warns(RuntimeWarning, match="torch.compile of .* failed, running it eagerly: .*[Rr]ecompile"
                           ) as caught:
             for window in (4, 2, 8):  # one graph per region and width: past the limit at the second
@@ -673,7 +671,7 @@ class Stop(Exception):
 
 
 class PlainGraphs:
-    """`static_step.GraphedSteps` on this CPU without a capture: each call runs its step, and the set holds the
+    """`cuda_graphs.GraphedSteps` on this CPU without a capture: each call runs its step, and the set holds the
     step as the real one does (a method of the static calls that hold the set)."""
 
     failed = False
@@ -693,16 +691,16 @@ def test_a_cancel_or_an_error_frees_everything_at_once(request: pytest.FixtureRe
     """With Python's cycle collector off, the tensor bytes alive after a cancelled (or failed) compiled
     generation on the CUDA-graph path (its graphs as `PlainGraphs`) are those alive before it, whether it
     made its own calls or took the last image's over; a finished one keeps only its calls for the next image
-    (`static_step.keep`), which `forget` (ComfyUI's unload) frees."""
-    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
-    monkeypatch.setattr(static_step, "GraphedSteps", PlainGraphs)
+    (`KeptGraphs.keep`), which `forget` (ComfyUI's unload) frees."""
+    monkeypatch.setattr(cuda_graphs, "graphs_available", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "GraphedSteps", PlainGraphs)
     folder = folders["c2i"] if family == "demo" else request.getfixturevalue("tiny_janus_dir")
     model = load_model(folder, device="cpu", compile=True)
     batch = 8 if family == "demo" else 2
     cond = model.encode("4" if family == "demo" else "a red cat")
     config = SamplerConfig(window=8, seed=1, cfg_scale=3.0)
     generate(model, cond, config, batch_size=batch)  # dynamo's and the families' one-time state
-    static_step.forget(model)
+    model.graph_holder.forget()
 
     def cancel_after(calls: int):
         count = itertools.count()
@@ -724,16 +722,16 @@ def test_a_cancel_or_an_error_frees_everything_at_once(request: pytest.FixtureRe
             generate(model, cond, config, batch_size=batch, should_cancel=cancel_after(3))
         assert tensor_bytes() == nothing_kept
         generate(model, cond, config, batch_size=batch)
-        assert model.kept_calls is not None and tensor_bytes() > nothing_kept
+        assert model.graph_holder.kept is not None and tensor_bytes() > nothing_kept
         with pytest.raises(GenerationCancelled):  # with the last image's calls taken over
             generate(model, cond, config, batch_size=batch, should_cancel=cancel_after(3))
-        assert model.kept_calls is None and tensor_bytes() == nothing_kept
+        assert model.graph_holder.kept is None and tensor_bytes() == nothing_kept
         generate(model, cond, config, batch_size=batch)
         with pytest.raises(Stop):
             generate(model, cond, config, batch_size=batch, callback=fail_after(2))
-        assert model.kept_calls is None and tensor_bytes() == nothing_kept
+        assert model.graph_holder.kept is None and tensor_bytes() == nothing_kept
         generate(model, cond, config, batch_size=batch)
-        static_step.forget(model)
+        model.graph_holder.forget()
         assert tensor_bytes() == nothing_kept
     finally:
         gc.enable()
@@ -743,25 +741,25 @@ def test_graphs_are_not_kept_under_the_async_allocator(folders, monkeypatch: pyt
     """Under torch's cudaMallocAsync allocator (as ComfyUI sets it on NVIDIA) each image captures graphs of its
     own, with one warning that says so; under the native one they are kept.  The backend is asked of torch,
     which reports none without CUDA."""
-    assert static_step.allocator_backend() == (torch.cuda.get_allocator_backend() if torch.cuda.is_available()
+    assert cuda_graphs.allocator_backend() == (torch.cuda.get_allocator_backend() if torch.cuda.is_available()
                                                else None)
     monkeypatch.setattr(PlainGraphs, "made", 0)
-    monkeypatch.setattr(static_step, "graphs_available", lambda device: True)
-    monkeypatch.setattr(static_step, "GraphedSteps", PlainGraphs)
-    monkeypatch.setattr(static_step, "SAMPLING_STEP", static_step._decide)
-    monkeypatch.setattr(static_step, "_WARNED", set())
+    monkeypatch.setattr(cuda_graphs, "graphs_available", lambda device: True)
+    monkeypatch.setattr(cuda_graphs, "GraphedSteps", PlainGraphs)
+    monkeypatch.setattr(compiled_regions, "SAMPLING_STEP", compiled_regions._decide)
+    monkeypatch.setattr(compiled_regions, "_WARNED", set())
     eager, compiled = pair(folders["c2i"])
     monkeypatch.setattr(compiled, "compiled_layer", compiled.layer_step)
     cond = eager.encode("7")
-    monkeypatch.setattr(static_step, "allocator_backend", lambda: "cudaMallocAsync")
+    monkeypatch.setattr(cuda_graphs, "allocator_backend", lambda: "cudaMallocAsync")
     with pytest.warns(RuntimeWarning, match="CUDA graphs are not kept between images under torch's "
                                             "cudaMallocAsync allocator .*: each image captures its own") as caught:
         for seed in (1, 2, 3):
             assert_same_run(eager, compiled, cond, SamplerConfig(window=8, seed=seed))
-            assert compiled.kept_calls is None
+            assert compiled.graph_holder.kept is None
     assert len(caught) == 1 and PlainGraphs.made == 3
-    monkeypatch.setattr(static_step, "allocator_backend", lambda: "native")
+    monkeypatch.setattr(cuda_graphs, "allocator_backend", lambda: "native")
     for seed in (4, 5):
         assert_same_run(eager, compiled, cond, SamplerConfig(window=8, seed=seed))
-        assert compiled.kept_calls is not None
+        assert compiled.graph_holder.kept is not None
     assert PlainGraphs.made == 4

@@ -21,7 +21,7 @@ from scd_core.models.loading import detect_family, download_hint, estimate_memor
 REPO = Path(__file__).resolve().parents[1]
 # what reads the declarations instead of naming families
 DERIVED = ("nodes/sampler.py", "nodes/loader.py", "nodes/encode.py", "scd_core/cli_shared.py",
-           "scd_core/static_step.py")
+           "scd_core/compiled_regions.py", "scd_core/cuda_graphs.py")
 TOY = Family(label="Toy-GPT", holds="a Toy-GPT folder (toy.json)", downloads=(("toy-gpt", "the toy repository"),),
              roots=("Toy-GPT",), cfg="Toy-GPT 2", sizes=("Toy-GPT (any size)",), quantize=False)
 

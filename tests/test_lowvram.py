@@ -16,6 +16,7 @@ import pytest
 import torch
 from scd_core import SamplerConfig, generate
 from scd_core.auto_window import cost_key
+from scd_core.cuda_graphs import KeptGraphs
 
 from cosmos_fixture import context_frames, write_cosmos
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
@@ -100,10 +101,11 @@ def test_a_partially_loaded_model_streams_and_samples_the_full_load_s_tokens(
     assert loaded.model.offload is None and loaded.model.compute_device == CPU
     full = [run(loaded, PROMPTS[name], config) for config in CONFIGS]
     released = []  # what a compiled model keeps on a GPU: its last generation's graphs and KV cache
-    loaded.model.kept_calls = SimpleNamespace(release=lambda: released.append(True))
+    loaded.model.graph_holder = KeptGraphs()
+    loaded.model.graph_holder.kept = SimpleNamespace(release=lambda: released.append(True))
     loaded.patcher.detach()
     assert loaded.model.compute_device is None
-    assert loaded.model.kept_calls is None and released  # freed when ComfyUI unloads it (static_step.forget)
+    assert loaded.model.graph_holder.kept is None and released  # freed when ComfyUI unloads it (KeptGraphs.forget)
 
     load_partially(loaded)
     streamed = casting_modules(loaded)

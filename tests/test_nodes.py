@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 import torch
+from scd_core.cuda_graphs import KeptGraphs
 from scd_core.graph_state import State
 from scd_core.models.checkpoints import ModelLoadError
 from scd_core import window_policies
@@ -715,17 +716,18 @@ def test_sampler_reserves_its_batch_before_loading(node_classes: dict[str, Any],
     # before the run allocates: not asked for again
     held = torch.zeros(janus.image_cache_bytes // 2, dtype=torch.uint8)
     kept = SimpleNamespace(state=State.of({"cache": held, "view": held[1:]}), release=lambda: None)
-    monkeypatch.setattr(janus.model, "kept_calls", kept, raising=False)
+    monkeypatch.setattr(janus.model, "graph_holder", KeptGraphs(), raising=False)
+    janus.model.graph_holder.kept = kept
     run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, batch_size=1, window=4))
     assert asked[-1] == one - held.numel()  # (its storage counted once)
     # a compiled model on CUDA: its graphs' pool holds the widest step's distributions between calls, unless
     # kept graphs are there to be replayed (or freed before a capture)
     monkeypatch.setattr(janus.model, "compiled", True)
-    monkeypatch.setattr(janus.model, "kept_calls", kept)
+    monkeypatch.setattr(janus.model.graph_holder, "kept", kept)
     assert janus.run_memory(4, 4) == four - held.numel()
     monkeypatch.setattr(comfy.mm, "is_device_cuda", lambda device: True)
     assert janus.run_memory(4, 4) == four - held.numel()
-    monkeypatch.setattr(janus.model, "kept_calls", None)
+    monkeypatch.setattr(janus.model.graph_holder, "kept", None)
     assert janus.run_memory(4, 4) == four + 4 * 4 * janus.slot_bytes
 
 

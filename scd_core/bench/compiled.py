@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .. import engine, static_step
+from .. import compiled_regions, cuda_graphs, engine
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.loading import load_model, pick_device, pick_dtype
@@ -77,7 +77,7 @@ def _janus_call_costs(layers: int, device: torch.device, dtype: torch.dtype, rep
     generator = torch.Generator().manual_seed(0)
     embeds = (torch.randn(2, JANUS_CONTEXT + max(JANUS_WIDTHS), shape["hidden_size"], generator=generator) * 0.02
               ).to(device, dtype)
-    region = static_step.compile_region(attention_layer, "the Janus-Pro-1B-shaped layer")
+    region = compiled_regions.compile_region(attention_layer, "the Janus-Pro-1B-shaped layer")
 
     def backbone_over(static: bool) -> RowAttentionBackbone:
         cache = RowCache(2, JANUS_CONTEXT + JANUS_TOKENS, JANUS_CONTEXT, device)
@@ -155,7 +155,7 @@ def split_rows(device: torch.device, dtype: torch.dtype, window: int = 16, seed:
             (engine.Run, "verify", "verify"), (engine.Run, "settle_cache", "cache"),
             (engine.Run, "record", "record")]
         if compile_:
-            parts.append((static_step.StaticCalls, "decide", "sampling step"))
+            parts.append((cuda_graphs.StaticCalls, "decide", "sampling step"))
         else:  # eager: the sampling step's two parts can be timed apart
             parts += [(engine._Decoder, "probs", "distributions"), (engine._Decoder, "step", "verification")]
         with contextlib.ExitStack() as stack:
@@ -190,7 +190,7 @@ def compile_tables(seeds: list[int], device: Optional[str] = None, dtype: Option
     split_columns = ["mode", "calls", "ms_call", "forward", "distributions", "verification", "sampling_step",
                      "host_sync", "inputs", "cache", "other"]
     return (f"{torch_device.type} {str(torch_dtype).replace('torch.', '')}, torch {torch.__version__}, "
-            f"backend {static_step.BACKEND}, seeds {seeds[0]}..{seeds[-1]} (medians)\n\n"
+            f"backend {compiled_regions.BACKEND}, seeds {seeds[0]}..{seeds[-1]} (medians)\n\n"
             + markdown(rows, columns)
             + "\n\nWhere a demo call's time goes (SCD 16, one image, ms per call; the compiled sampling step is one "
               "graph: distributions, verification and coupling together)\n\n"

@@ -47,7 +47,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .. import auto_window, static_step
+from .. import auto_window, cuda_graphs
+from ..compilable import Compilable
 from .device_compiled import COMPILE_BUDGET_S, COMPILE_WIDTHS, TINY_WIDTHS, compiled_phase
 from .tables import markdown
 from .shapes import peak_memory_mb, quantized_cost_rows
@@ -136,7 +137,7 @@ def build(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) ->
     return model, head.to(dtype).eval()
 
 
-class ShapeModel(static_step.Compilable):
+class ShapeModel(Compilable):
     """A TokenModel over `build`'s random-weight model whose sessions run as the family's own do (models.janus,
     lumina, emu3): the CFG rows over the engine's RowCache, transformers' layers (Emu3: the row attention),
     and with `compile` the row attention through one compiled layer over the static cache."""
@@ -297,20 +298,20 @@ GENERATE_WINDOW = 16  # the whole compiled generate's window: one width compiled
 def whole_generate(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) -> dict[str, Any]:
     """One image through generate with compile=True against eager (the same seed and window): tokens, calls,
     seconds; the compiled model runs twice, as its first run compiles, and on CUDA its second replays the CUDA
-    graphs the first captured (`graphs_kept`: whether it took them over, `static_step.keep`)."""
+    graphs the first captured (`graphs_kept`: whether it took them over, `cuda_graphs.KeptGraphs.keep`)."""
     model, head = build(shape, device, dtype, tiny)
     eager, compiled = ShapeModel(shape, model, head), ShapeModel(shape, model, head, compile=True)
     config = SamplerConfig(seed=0, coupler="maximal", window=GENERATE_WINDOW)
     with torch.no_grad():
         runs = dict(eager=generate(eager, None, config), compiled_first=generate(compiled, None, config))
-        kept = compiled.kept_calls
+        kept = cuda_graphs.kept_graphs(compiled).kept
         runs["compiled"] = generate(compiled, None, config)
     failures = runs["compiled_first"].eager_fallbacks + runs["compiled"].eager_fallbacks
-    graphs = "CUDA graphs" if static_step.graphs_available(device) else f"no CUDA graphs on {device.type}"
+    graphs = "CUDA graphs" if cuda_graphs.graphs_available(device) else f"no CUDA graphs on {device.type}"
     status = ("compile=True unavailable: this torch is older than the tested ones" if not compiled.compiled
               else f"ran eagerly: {failures[0][:100]}" if failures else f"compiled, {graphs}")
-    graphs_kept = "none kept" if kept is None else "yes" if compiled.kept_calls is kept else "no"
-    static_step.forget(compiled)
+    graphs_kept = "none kept" if kept is None else "yes" if cuda_graphs.kept_graphs(compiled).kept is kept else "no"
+    cuda_graphs.kept_graphs(compiled).forget()
     del model, head, eager, compiled, kept
     release_memory()
     return dict(model=shape.name, window=GENERATE_WINDOW, status=status,

@@ -3,10 +3,10 @@ layers, against the weight-read floor measured on the device.
 
 For each Janus-Pro shape (random weights, the CFG double batch, a prompt and half an image cached) one call
 (backbone through the row attention + image head) over a static RowCache the size a compiled run's is (the
-whole pre-sized cache, a mask built on the device; scd_core.static_step) at widths 1 / 16 / 32 / 64:
+whole pre-sized cache, a mask built on the device; scd_core.compiled_regions) at widths 1 / 16 / 32 / 64:
 
   - eager: the static call, eager layers;
-  - graphs: the same call captured as one CUDA graph per width (static_step.GraphedSteps) and replayed;
+  - graphs: the same call captured as one CUDA graph per width (cuda_graphs.GraphedSteps) and replayed;
     `graphs_vs_eager` (meant to be bit-equal: the same kernels; a failed capture says so);
   - compiled: the layers through torch.compile (one compiled layer for all), captured the same way;
     `compiled_vs_eager` (inductor's kernels may round apart: equal greedy tokens, the largest logit difference);
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .. import static_step
+from .. import compiled_regions, cuda_graphs
 from ..models.memory import release_memory
 from ..models.row_attention import RowAttentionBackbone, attention_layer
 from ..models.row_cache import RowCache
@@ -114,7 +114,7 @@ class _ShapeCalls:
             out[:] = [call(width)[0].float().clone()]
             run.rows.rewind(width)
 
-        for _ in range(static_step.WARMUP_CALLS + 1):  # warm-up, and the graph's capture
+        for _ in range(cuda_graphs.WARMUP_CALLS + 1):  # warm-up, and the graph's capture
             once()
         return _median_seconds(once, self.device), out[0]
 
@@ -166,9 +166,9 @@ def check_shape(shape: Any, model: Any, head: torch.nn.Module, device: torch.dev
     """Every mode at each of `widths`, the compiled one only at `compile_widths` and before `deadline`."""
     compile_widths = [w for w in widths if w in compile_widths]
     calls = _ShapeCalls(model, head, context, static_capacity(shape), device, dtype)
-    graphs = static_step.graphs_available(device)
+    graphs = cuda_graphs.graphs_available(device)
     weights = next(model.parameters())
-    region = static_step.compile_region(attention_layer, f"the {shape.name} layer")
+    region = compiled_regions.compile_region(attention_layer, f"the {shape.name} layer")
     rows = []
     with torch.no_grad():
         eager_run = calls.cache(static=True, layer=None)
@@ -191,7 +191,7 @@ def check_shape(shape: Any, model: Any, head: torch.nn.Module, device: torch.dev
                     continue
                 call = calls.step(run)
                 if graphed:
-                    call = static_step.GraphedSteps(call, weights)
+                    call = cuda_graphs.GraphedSteps(call, weights)
                 started = time.perf_counter()
                 seconds, logits = calls.timed(run, width, call)
                 if name == "compiled" and width == compile_widths[0]:  # one width's compile time: the estimate

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .. import static_step
+from .. import compiled_regions, cuda_graphs
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.memory import release_memory
@@ -87,8 +87,8 @@ def kept_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) 
     rows, tokens = [], {}
     for step, config in KEPT_CONFIGS:
         if step.startswith("B again"):
-            static_step.forget(compiled)
-        before = compiled.kept_calls
+            cuda_graphs.kept_graphs(compiled).forget()
+        before = cuda_graphs.kept_graphs(compiled).kept
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             started = time.perf_counter()
@@ -98,14 +98,14 @@ def kept_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) 
             seconds = time.perf_counter() - started
         tokens[step] = result.tokens
         rows.append(dict(step=step, seconds=seconds, calls=result.nfe, ms_per_call=1000 * seconds / result.nfe,
-                         took_kept=before is not None and compiled.kept_calls is before,
-                         kept_mib=static_step.kept_bytes(compiled) / 2**20,
+                         took_kept=before is not None and cuda_graphs.kept_graphs(compiled).kept is before,
+                         kept_mib=cuda_graphs.kept_graphs(compiled).kept_bytes() / 2**20,
                          allocated_mib=torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else "-",
                          allocator_warnings=sum("free" in str(w.message) for w in caught),
                          eager_fallbacks="; ".join(result.eager_fallbacks)[:160] or "-"))
     for row in rows:
         row["tokens_vs_captured_anew"] = int((tokens[row["step"]] != tokens[KEPT_CONFIGS[-1][0]]).sum())
-    static_step.forget(compiled)
+    cuda_graphs.kept_graphs(compiled).forget()
     return rows
 
 
@@ -121,15 +121,15 @@ def compiled_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bo
 
 
 def async_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
-    backend, rows = static_step.allocator_backend(), []
-    decided = static_step.allocator_backend
+    backend, rows = cuda_graphs.allocator_backend(), []
+    decided = cuda_graphs.allocator_backend
     # as the library decides, then kept anyway (the native allocator reported): what keeping them there would do
     for graphs, reported in (("as decided", decided), ("kept anyway", lambda: "native")):
-        static_step.allocator_backend = reported
+        cuda_graphs.allocator_backend = reported
         try:
             rows += [dict(graphs=graphs, **row) for row in kept_rows(device, dtype, shape, tiny)]
         finally:
-            static_step.allocator_backend = decided
+            cuda_graphs.allocator_backend = decided
         yield async_table(rows, backend), dict(backend=backend, rows=rows)
 
 
@@ -214,12 +214,12 @@ def environment(device: str) -> str:
 
     lines = [f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
              f"transformers {transformers.__version__}, compile=True from torch "
-             f"{'.'.join(map(str, static_step.OLDEST_TESTED_TORCH))}: "
-             f"{'yes' if static_step.torch_tested(torch.__version__) else 'no, runs eagerly'}"]
+             f"{'.'.join(map(str, compiled_regions.OLDEST_TESTED_TORCH))}: "
+             f"{'yes' if compiled_regions.torch_tested(torch.__version__) else 'no, runs eagerly'}"]
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(torch.device(device))
         lines.append(f"{properties.name}, {properties.total_memory / 2**30:.0f} GiB, "
-                     f"{properties.multi_processor_count} SMs, allocator {static_step.allocator_backend()}")
+                     f"{properties.multi_processor_count} SMs, allocator {cuda_graphs.allocator_backend()}")
     return "\n".join(f"- {line}" for line in lines)
 
 
@@ -227,7 +227,7 @@ def run_part(name: str, out: Path, device: str, tiny: bool) -> None:
     """One part, in this process: its table and data written to `out` as soon as each piece is measured."""
     torch.set_grad_enabled(False)
     if tiny:
-        static_step.BACKEND = "eager"
+        compiled_regions.BACKEND = "eager"
     torch_device, dtype, shape = _setting(device, tiny)
     started = time.perf_counter()
     index = list(PARTS).index(name) + 1

@@ -68,7 +68,7 @@ class CFGSession(RowSession):
         """`prefix` (copies x batch, width) ids (or what `embed_prefix` takes), left-padded where `prefix_mask`
         is 0, the uncond rows last; `backbone(cache)` builds the callable that runs input embeddings (rows, T,
         hidden) over `cache` (whose `pads` is each row's left padding).  `static_shapes`: the cache is static
-        (scd_core.static_step) and the backbone compiled.  `guided` False: without the uncond rows (a CFG
+        (scd_core.compiled_regions) and the backbone compiled.  `guided` False: without the uncond rows (a CFG
         scale of 1 never reads their logits).  `guidance`: the branches' weights where there are more than
         cond and uncond (`model.Session`), for the rows kept."""
         if not guided:

@@ -34,8 +34,8 @@ from .row_attention import RowAttentionBackbone, attention_layer
 from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nulls
 from ..image_input import no_image_encoder
+from ..compilable import Compilable
 from ..model import check_start, check_tokens, compute_device
-from ..static_step import Compilable
 
 MODEL_TYPE = "emu3"
 FAMILY = Family(

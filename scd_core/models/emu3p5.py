@@ -56,8 +56,8 @@ from .streaming import HFNetwork, read_hf_network
 from .tiktoken_bpe import TiktokenBPE, read_ranks
 from .tokenizer_files import read_json, without_nulls
 from ..image_input import check_images, log_note, prepare_images
+from ..compilable import Compilable
 from ..model import check_start, check_tokens, compute_device
-from ..static_step import Compilable
 
 MODEL_TYPE = "emu3"  # config.json spells it "Emu3", as the original Emu3-Gen layout does
 FAMILY = Family(

@@ -39,8 +39,8 @@ from .quantize import quantize_then_move
 from .row_attention import RowAttentionBackbone, attention_layer
 from .row_cache import RowCache
 from .streaming import HFNetwork, fill_from_safetensors, parameters_on_meta, read_hf_network
+from ..compilable import Compilable
 from ..model import check_start, check_tokens, compute_device
-from ..static_step import Compilable
 from .tokenizer_files import TextTokenizer, read_json
 from .vq16 import cosine_nearest, encode_latent
 from ..image_input import check_images, no_image_encoder

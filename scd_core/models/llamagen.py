@@ -51,8 +51,8 @@ from .row_session import RowSession
 from .t5_encoder import load_t5_encoder
 from .tokenizer_files import positive_int, without_nulls
 from ..image_input import no_image_encoder
+from ..compilable import Compilable
 from ..model import check_batch_size, check_tokens, compute_device
-from ..static_step import Compilable
 from .vq16 import ENCODER_KEYS, VQModel, encoder_from_state_dict, vq_from_state_dict
 
 IMAGENET_CLASSES = 1000  # the original class-conditional checkpoints
@@ -372,7 +372,7 @@ class GPTRows:
     """The GPT as a `row_session.RowNetwork`: prompts are embeddings already (class or caption rows).
 
     With `compiled_layer` the window calls over a static cache run each block through it (see
-    scd_core.static_step); the prefill runs eagerly: its one shape is not worth a compilation.
+    scd_core.compiled_regions); the prefill runs eagerly: its one shape is not worth a compilation.
     """
 
     def __init__(self, gpt: GPT, compiled_layer: Optional[Callable[..., torch.Tensor]]) -> None:

@@ -80,7 +80,7 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
     `dtype` is the compute dtype; `quantize` ("int8" or "nf4"; None or "none" for full precision) stores the
     backbone's linear layers in fewer bits (heads, embeddings and image decoders stay at `dtype`).
     `compile=True` runs the window calls at static shapes through torch.compile (and on CUDA as CUDA graphs,
-    one per window width; see scd_core.static_step); the first call of each width compiles.  Families without
+    one per window width; see scd_core.compiled_regions); the first call of each width compiles.  Families without
     static-shape calls refuse it.
     """
     if not isinstance(compile, bool):

@@ -51,7 +51,7 @@ class RowAttentionBackbone:
     (`rows.pads`) is subtracted from its slots to give its position ids.
 
     With `compiled_layer` (a compiled `attention_layer`) the window calls after the prefill run through it:
-    with `rows.static` their shapes depend on the width only (scd_core.static_step).
+    with `rows.static` their shapes depend on the width only (scd_core.compiled_regions).
     """
 
     def __init__(self, backbone: torch.nn.Module, rows: RowCache,

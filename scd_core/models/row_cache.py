@@ -135,7 +135,7 @@ class RowCache:
 
     def take_memory(self, other: "RowCache") -> bool:
         """Use `other`'s layer tensors, zeroed, as this static cache's (before its first call allocates them), where
-        they have its size: a kept generation's, whose CUDA graphs read them (`static_step.take_kept`).  Whether
+        they have its size: a kept generation's, whose CUDA graphs read them (`cuda_graphs.KeptGraphs.take`).  Whether
         it did."""
         same_size = (other.lengths.shape, other.capacity, other.lengths.device) == (
             self.lengths.shape, self.capacity, self.lengths.device)

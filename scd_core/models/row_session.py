@@ -72,7 +72,7 @@ class RowSession:
     (2: cond, uncond; more with `guidance`, the weight of each branch at a guidance scale, `model.Session`).
     `extras`: per-row tensors (rows, ...) handed to every network call.  `prefix_tokens` ((K,) or
     (batch, K)): the image tokens before position 0 (`model.Session`), e.g. a video's context frames.
-    `static_shapes`: the cache is static (scd_core.static_step) and the network compiled.
+    `static_shapes`: the cache is static (scd_core.compiled_regions) and the network compiled.
     """
 
     rows_per_cache = 1
