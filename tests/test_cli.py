@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import re
 import statistics
-import subprocess
 import sys
 
 import numpy as np

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any, Iterable, Optional, Sequence
 
 import torch

@@ -200,8 +200,8 @@ def pace_tables(path: str, prompt: str, batches: Sequence[int], window: int, see
              + markdown(rows, columns + ("s_per_image",))]
     if shape:
         rows = pace_rows(GridModel(24, 24, 16384, MEDIUM_SHARPNESS), None, batches, window, seeds)
-        parts.append(f"**grid 24x24, 16384 codes, medium entropy** (Janus-Pro's image tokens; synthetic), the same "
-                     f"settings\n\n" + markdown(rows, columns))
+        parts.append("**grid 24x24, 16384 codes, medium entropy** (Janus-Pro's image tokens; synthetic), the same "
+                     "settings\n\n" + markdown(rows, columns))
         cost = row_cache_call_cost(shape, batches, window, device, dtype)
         per_row = sorted((row["batch"], row["call_s"]) for row in cost if row["pace"] == "per-row")
         by_pace = {(row["batch"], row["pace"]): row for row in cost}
