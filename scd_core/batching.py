@@ -200,17 +200,22 @@ class _Stream:
         self.joining_cells: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def generate(self, queue: _Queue) -> Iterator[tuple[int, GenerationResult]]:
-        while queue or self.rows:
-            free = self.slots - len(self.rows)
-            if queue and (free >= self.refill_at or not self.rows):
-                self.session.joining = self._started(queue.take(free))
-                if not self.rows or self.run.branches > 1:  # nothing to fold into, or a tree call: a call of its own
-                    started = time.perf_counter()
-                    logits = self.session.prefill_joining(bool(self.rows))
-                    yield from self._leave([False] * len(self.rows) + self._join(logits, time.perf_counter() - started))
-            if self.rows:
-                yield from self._decode()
-        self.run.policy.finish()
+        try:
+            while queue or self.rows:
+                free = self.slots - len(self.rows)
+                if queue and (free >= self.refill_at or not self.rows):
+                    self.session.joining = self._started(queue.take(free))
+                    if not self.rows or self.run.branches > 1:  # nothing to fold into, or a tree call: its own call
+                        started = time.perf_counter()
+                        logits = self.session.prefill_joining(bool(self.rows))
+                        yield from self._leave([False] * len(self.rows)
+                                               + self._join(logits, time.perf_counter() - started))
+                if self.rows:
+                    yield from self._decode()
+            self.run.policy.finish()
+        finally:  # finished, cancelled (the caller stopped reading) or failed: the cache goes now, as generate's
+            self.run.close()
+            self.session.session, self.rows = None, []
 
     def _started(self, group: list[_Job]) -> list[_Job]:
         """`group` with a session each, and the tokens before their position 0 (`prefix_tokens`)."""

@@ -8,6 +8,7 @@ coupler, window and candidates setting, on toy models and on every family's tiny
 from __future__ import annotations
 
 import dataclasses
+import gc
 from pathlib import Path
 
 import pytest
@@ -234,6 +235,28 @@ def test_a_model_without_admit_runs_generate_per_group_of_jobs():
 @pytest.fixture(scope="module")
 def demo():
     return load_model("demo", device="cpu", dtype="float32")
+
+
+def test_a_stream_its_caller_stops_reading_frees_its_cache_at_once(demo):
+    """A caller that stops reading a stream (ComfyUI's cancel, an error in the caller) closes it: with Python's
+    cycle collector off, the tensor bytes alive after are those alive before (the run and its calls refer to
+    each other: only `Run.close` breaks that)."""
+    from test_compile import tensor_bytes
+
+    jobs = [(demo.encode("3"), seed) for seed in range(6)]
+    config = SamplerConfig(window=16)
+    list(generate_many(demo, jobs[:1], config))  # the process's one-time state
+    gc.collect()
+    gc.disable()
+    try:
+        before = tensor_bytes()
+        stream = generate_many(demo, iter(jobs), config, slots=2)
+        next(stream)
+        stream.close()
+        del stream
+        assert tensor_bytes() == before
+    finally:
+        gc.enable()
 
 
 def test_a_demo_stream_of_mixed_classes_gives_every_job_its_own_tokens(demo):
