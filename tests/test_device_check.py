@@ -97,9 +97,15 @@ def test_device_run_dry_run_writes_each_table_as_it_goes(tmp_path):
     assert kept["whole_generate"]["same_tokens"]
     assert [row["tokens_vs_captured_anew"] for row in kept["kept"]][1:] == [0, 0]
     bits = json.loads((tmp_path / "4-bits.json").read_text())
-    assert {(row["dtype"], row["widths"]) for row in bits} == {
-        (dtype, pair) for dtype in ("bfloat16", "float32") for pair in ("1 vs 8", "1 vs 32", "8 vs 32", "8 vs 8 again")}
-    assert all(row["positions_bit_equal"] == "32/32" for row in bits if row["widths"] == "8 vs 8 again")
+    pairs = ("1 vs 8", "1 vs 32", "8 vs 32", "8 vs 8 again")
+    settings = [("bfloat16", calls) for calls, _ in device_run.BIT_CALLS] + [("float32", "today's")]
+    assert sorted((row["dtype"], row["calls"], row["backbone"], row["widths"]) for row in bits) == sorted(
+        (*setting, backbone, pair) for setting in settings for backbone in ("transformers layers",
+                                                                             "static row attention") for pair in pairs)
+    assert all(row["positions_bit_equal"] == "32/32" for row in bits
+               if row["widths"] == "8 vs 8 again" or row["calls"].startswith("tiles"))
+    assert all(row[f"ms_width_{width}"] > 0 for row in bits if row["widths"] == "1 vs 8"
+               for width in device_run.TIMED_WIDTHS)
     asynchronous = json.loads((tmp_path / "3-async.json").read_text())
     assert [row["graphs"] for row in asynchronous["rows"]] == ["as decided"] * 3 + ["kept anyway"] * 3
     for path in written[1:]:

@@ -17,8 +17,10 @@ it measured, and `parts.md` says how each part ended.  In order of value, on the
      default on NVIDIA): as the library decides (not kept), and kept anyway, with the allocator's warnings
      counted, which tells whether keeping them could be allowed there;
   4. bits: whether a position's logits are bit-identical when its call is 1, 8 or 32 wide (the same prefix
-     cached), in bfloat16 and in float32 with TF32 off, through transformers' layers and through the static
-     row attention of compiled models (run eagerly);
+     cached), in bfloat16 under today's calls and the window-invariant calls (scd_core.models.invariant) in
+     tiles of 32, 64 and 128 rows, and in float32 with TF32 off, through transformers' layers and through the
+     static row attention of compiled models (run eagerly), with each setting's time per call at widths 1-64:
+     which tile a GPU wants;
   5. int8: one int8 layer's kernels (`device_check.int8_kernel_rows`).
 
 The dry run runs dynamo's "eager" backend (graphs traced, no code generated: inductor takes minutes per width
@@ -28,6 +30,8 @@ on a CPU); the header says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -140,53 +144,99 @@ def async_table(rows: list[dict[str, Any]], backend: Optional[str]) -> str:
             + markdown(rows, list(rows[0])))
 
 
-def bit_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> list[dict[str, Any]]:
+# the calls a bits row runs: today's (each at its own shape), and the window-invariant tiles of 32 rows (the
+# default) and of the wider tiles a GPU may want (weight-bound calls re-read the weights once per tile)
+BIT_CALLS = (("today's", None), ("tiles of 32", 32), ("tiles of 64", 64), ("tiles of 128", 128))
+TIMED_WIDTHS = (1, 8, 32, 64)
+
+
+@contextlib.contextmanager
+def invariant_calls(rows: Optional[int]) -> Iterator[None]:
+    """Today's calls (`rows` None) or window-invariant calls in tiles of `rows` rows, for the sessions started
+    inside."""
+    from ..models import invariant
+
+    saved = os.environ.get(invariant.POLICY_VARIABLE), invariant.LINEAR_ROWS, invariant.QUERY_ROWS
+    os.environ[invariant.POLICY_VARIABLE] = "off" if rows is None else "on"
+    invariant.LINEAR_ROWS = invariant.QUERY_ROWS = rows or invariant.LINEAR_ROWS
+    try:
+        yield
+    finally:
+        invariant.LINEAR_ROWS, invariant.QUERY_ROWS = saved[1:]
+        if saved[0] is None:
+            del os.environ[invariant.POLICY_VARIABLE]
+        else:
+            os.environ[invariant.POLICY_VARIABLE] = saved[0]
+
+
+def bit_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool, calls: str,
+             rows: Optional[int]) -> list[dict[str, Any]]:
     """Logits of BIT_SPAN positions computed in calls of each BIT_WIDTHS width (and width 8 again), compared
-    position by position."""
+    position by position, and the time of one call of each TIMED_WIDTHS width (CFG: twice its rows), under
+    `calls` (`invariant_calls(rows)`)."""
     from .device_check import ShapeModel, build
+    from .device_compiled import _median_seconds
 
     model, head = build(shape, device, dtype, tiny)
     cached = 0 if tiny else BIT_CACHED
-    ids = torch.randint(shape.codes, (1, cached + BIT_SPAN), generator=torch.Generator().manual_seed(0)).to(device)
-    rows = []
+    ids = torch.randint(shape.codes, (1, cached + BIT_SPAN + max(TIMED_WIDTHS)),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    out = []
     for static in (False, True):
-        network = ShapeModel(shape, model, head, num_tokens=cached + BIT_SPAN)
+        network = ShapeModel(shape, model, head, num_tokens=ids.shape[1])
         network.compiled, network.compiled_layer = static, None  # the static row attention, run eagerly
-        session = network.start(None, 1)
-        session.prefill()
-        if cached:
-            session.forward(ids[:, :cached])
-        logits = {}
-        for width in (*BIT_WIDTHS, "8 again"):
-            step = 8 if width == "8 again" else width
-            calls = [session.forward(ids[:, cached + at:cached + at + step]) for at in range(0, BIT_SPAN, step)]
-            session.rewind(BIT_SPAN)
-            logits[width] = torch.cat([torch.stack(call) for call in calls], dim=2).float()  # (cond/uncond, 1, S, V)
+        with invariant_calls(rows):
+            session = network.start(None, 1)
+            session.prefill()
+            if cached:
+                session.forward(ids[:, :cached])
+            logits = {}
+            for width in (*BIT_WIDTHS, "8 again"):
+                step = 8 if width == "8 again" else width
+                chunks = [session.forward(ids[:, cached + at:cached + at + step]) for at in range(0, BIT_SPAN, step)]
+                session.rewind(BIT_SPAN)
+                logits[width] = torch.cat([torch.stack(call) for call in chunks], dim=2).float()  # (2, 1, S, V)
+            call_ms = {}
+            for width in TIMED_WIDTHS:
+                one_call = functools.partial(_call_and_rewind, session, ids[:, cached:cached + width])
+                one_call()  # warm-up
+                call_ms[f"ms_width_{width}"] = 1000 * _median_seconds(one_call, device)
         for a, b in ((1, 8), (1, 32), (8, 32), (8, "8 again")):
             same = sum(bool(torch.equal(logits[a][:, :, p], logits[b][:, :, p])) for p in range(BIT_SPAN))
-            rows.append(dict(dtype=str(dtype).replace("torch.", ""),
-                             backbone="static row attention" if static else "transformers layers",
-                             widths=f"{a} vs {b}", positions_bit_equal=f"{same}/{BIT_SPAN}",
-                             max_abs_diff=float((logits[a] - logits[b]).abs().max())))
+            out.append(dict(dtype=str(dtype).replace("torch.", ""), calls=calls,
+                            backbone="static row attention" if static else "transformers layers",
+                            widths=f"{a} vs {b}", positions_bit_equal=f"{same}/{BIT_SPAN}",
+                            max_abs_diff=float((logits[a] - logits[b]).abs().max()),
+                            **(call_ms if (a, b) == (1, 8) else {})))
         del session
     del model, head
     release_memory()
-    return rows
+    return out
+
+
+def _call_and_rewind(session: Any, tokens: torch.Tensor) -> None:
+    session.forward(tokens)
+    session.rewind(tokens.shape[1])
 
 
 def bits_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     rows: list[dict[str, Any]] = []
-    for each in (torch.bfloat16, torch.float32):
-        rows += bit_rows(device, each, shape, tiny)
+    for calls, tile in BIT_CALLS:
+        rows += bit_rows(device, torch.bfloat16, shape, tiny, calls, tile)
         yield bits_table(rows, shape), rows
+    rows += bit_rows(device, torch.float32, shape, tiny, "today's", None)
+    yield bits_table(rows, shape), rows
 
 
 def bits_table(rows: list[dict[str, Any]], shape: Any) -> str:
+    columns = list(dict.fromkeys(key for row in rows for key in row))
     return (f"A position's logits computed in calls of width {', '.join(map(str, BIT_WIDTHS))} after the same "
-            f"cached prefix ({shape.name}, random weights, TF32 off): positions whose logits are bit-identical, "
-            "and the largest difference\n\n" + markdown(rows, list(rows[0])))
+            f"cached prefix ({shape.name}, random weights, TF32 off), under today's calls and the window-invariant "
+            "calls in tiles of 32 (the default), 64 and 128 rows: positions whose logits are bit-identical, the "
+            "largest difference, and the median time of one call of each width (CFG: twice its rows)\n\n"
+            + markdown(rows, columns))
 
 
 def int8_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
@@ -203,7 +253,7 @@ PARTS: dict[str, tuple[float, Callable[..., Iterator[tuple[str, Any]]], dict[str
     "floor": (170, floor_part, {}),
     "compiled": (150, compiled_part, {}),
     "async": (100, async_part, {"PYTORCH_CUDA_ALLOC_CONF": ASYNC_ALLOCATOR_CONF}),
-    "bits": (60, bits_part, {}),
+    "bits": (80, bits_part, {}),
     "int8": (40, int8_part, {}),
 }
 

@@ -21,6 +21,7 @@ it: `wanted`; the padding costs the narrow calls most (scd_core/bench/README.md,
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Any, Callable, Iterator, Optional
 
@@ -90,10 +91,14 @@ def tiled_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 class FixedShapeCalls(TorchFunctionMode):
-    """Routes `F.linear` and `F.scaled_dot_product_attention` through their tiled versions."""
+    """Routes `F.linear` and `F.scaled_dot_product_attention` through their tiled versions, at the tile sizes
+    of the module when the mode is made (a bench may try others)."""
 
-    routes: dict[Callable[..., Any], Callable[..., torch.Tensor]] = {
-        F.linear: tiled_linear, F.scaled_dot_product_attention: tiled_attention}
+    def __init__(self) -> None:
+        super().__init__()
+        self.routes: dict[Callable[..., Any], Callable[..., torch.Tensor]] = {
+            F.linear: functools.partial(tiled_linear, rows=LINEAR_ROWS),
+            F.scaled_dot_product_attention: functools.partial(tiled_attention, rows=QUERY_ROWS)}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         route = self.routes.get(func)
