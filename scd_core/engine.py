@@ -422,7 +422,6 @@ class Run:
         # a compiled model whose sessions offer static-shape calls (compile=True) runs every call at static shapes
         # (scd_core.compiled_regions); one that compiled its forward by other means runs as any other
         self.compiled = bool(getattr(model, "compiled", False)) and bool(getattr(session, "static_shapes", False))
-        self.calls = calls_for(self, self.compiled)
         # rows at their own pace in a session that can drop rows: once half of them are done, the rest go on as
         # a smaller batch, so finished rows stop costing work (halving keeps the copies of the cache few)
         self.regroup = (self.rows_per_cache == 1 and callable(getattr(self.session, "keep_rows", None))
@@ -431,6 +430,7 @@ class Run:
         self.branches = self._branches()
         self.policy = window_policies.policy_for(config.window, model, batch_size, self.branches,
                                                   self._timed_call)
+        self.calls = calls_for(self, self.compiled)  # last: it refers back to the run (`close` breaks that)
         self.n = model.num_tokens
         self.result = GenerationResult(tokens=torch.empty(0), nfe=0)
         self.decoder: Optional[_Decoder] = None

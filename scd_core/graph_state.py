@@ -64,26 +64,7 @@ class State:
     def of(cls, root: Any) -> "State":
         layout: list[Any] = []
         tensors: dict[Path, torch.Tensor] = {}
-        first_met: dict[int, Path] = {}
-
-        def walk(value: Any, path: Path) -> None:
-            if isinstance(value, torch.Tensor):
-                tensors[path] = value
-                layout.append((path, value.dtype, tuple(value.shape), value.stride(), value.device))
-            elif isinstance(value, PLAIN):
-                layout.append((path, value))
-            elif not _walked(value):
-                layout.append((path, "object", id(value)))
-            elif id(value) in first_met:  # met again (a cache its backbone holds too): where is part of the layout
-                layout.append((path, "met at", first_met[id(value)]))
-            else:
-                first_met[id(value)] = path
-                layout.append((path, type(value)))
-                for key, item in _items(value):
-                    walk(item, path + (key,))
-
-        walk(root, ())
-        del walk  # (a closure that calls itself is a reference cycle, which would hold the tensors till collected)
+        _walk(root, (), layout, tensors, {})
         return cls(tuple(layout), tensors)
 
     def move_to(self, kept: "State", root: Any) -> None:
@@ -124,3 +105,23 @@ def _put(root: Any, path: Path, value: Any) -> Any:
         else:
             setattr(root, key, new)
     return root
+
+
+def _walk(value: Any, path: Path, layout: list[Any], tensors: dict[Path, torch.Tensor],
+          first_met: dict[int, Path]) -> None:
+    """Append `value`'s layout at `path` to `layout` and its tensors to `tensors`, depth first (a module-level
+    function: a closure that calls itself would be a reference cycle holding the tensors till collected)."""
+    if isinstance(value, torch.Tensor):
+        tensors[path] = value
+        layout.append((path, value.dtype, tuple(value.shape), value.stride(), value.device))
+    elif isinstance(value, PLAIN):
+        layout.append((path, value))
+    elif not _walked(value):
+        layout.append((path, "object", id(value)))
+    elif id(value) in first_met:  # met again (a cache its backbone holds too): where is part of the layout
+        layout.append((path, "met at", first_met[id(value)]))
+    else:
+        first_met[id(value)] = path
+        layout.append((path, type(value)))
+        for key, item in _items(value):
+            _walk(item, path + (key,), layout, tensors, first_met)

@@ -82,12 +82,13 @@ class StaticShapeCalls(EagerCalls):
 
     def __init__(self, run: Any) -> None:
         super().__init__(run)
+        self.holder = cuda_graphs.kept_graphs(run.model)  # what the model keeps for its next generation
         self.kept: Optional[cuda_graphs.StaticCalls] = None
         self.static: Optional[cuda_graphs.StaticCalls] = None
 
     def before_prefill(self) -> None:
         # the model's last generation's calls: their graphs, and their KV cache's memory for this prefill
-        self.kept = self.run.model.graph_holder.take(self.run.session)
+        self.kept = self.holder.take(self.run.session)
 
     def after_prefill(self) -> None:
         run, kept, self.kept = self.run, self.kept, None
@@ -117,13 +118,13 @@ class StaticShapeCalls(EagerCalls):
     def finish(self) -> None:
         graphs = None if self.static is None else self.static.graphs
         self.run.result.eager_fallbacks = compiled_regions.eager_fallbacks(self.run.model, graphs)
-        self.run.model.graph_holder.keep(self.static)
+        self.holder.keep(self.static)
 
     def close(self) -> None:
         # static calls and their CUDA graphs refer to each other: released here, a cancel or an error leaves
         # their memory to nobody (the calls the model keeps for its next generation aside)
         for calls in (self.kept, self.static):
-            if calls is not None and self.run.model.graph_holder.kept is not calls:
+            if calls is not None and self.holder.kept is not calls:
                 calls.release()
         self.kept = self.static = None
 

@@ -16,7 +16,7 @@ import torch
 Number = Union[float, torch.Tensor]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sampling:
     """What `to_probs` applies to the logits, by name (`sampler_options.OPTIONS` declares each).
 

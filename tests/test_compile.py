@@ -533,11 +533,11 @@ def test_sampler_tensors_give_the_same_probabilities() -> None:
     cond[0, 0, :6] = cond[0, 0, 0]  # a tie across the k-th value
     for numbers in [(3.5, 0.7, 5, 1.0), (1.0, 1.3, None, 0.9), (7.0, 0.45, 1, 0.5), (2.0, 1.0, 49, 1.0),
                     (1.0, 1.0, 50, 1.0)]:
-        on_device = sampling.sampler_tensors(sampling.Sampling(*numbers), vocab=50, device=torch.device("cpu"))
-        assert torch.equal(sampling.to_probs(cond, uncond, on_device),
-                           sampling.to_probs(cond, uncond, sampling.Sampling(*numbers)))
+        settings = sampling.Sampling(**dict(zip(("cfg_scale", "temperature", "top_k", "top_p"), numbers)))
+        on_device = sampling.sampler_tensors(settings, vocab=50, device=torch.device("cpu"))
+        assert torch.equal(sampling.to_probs(cond, uncond, on_device), sampling.to_probs(cond, uncond, settings))
     # what changes nothing stays a host constant: applying it would be another graph, not another value
-    kept = sampling.sampler_tensors(sampling.Sampling(1.0, 1.0, 50, 1.0), 50, torch.device("cpu"))
+    kept = sampling.sampler_tensors(sampling.Sampling(top_k=50), 50, torch.device("cpu"))
     assert (kept.cfg_scale, kept.top_k) == (1.0, None)
 
 

@@ -240,7 +240,7 @@ def test_log_prob_guidance_is_the_engines_distribution(model64: emu3p5.Emu3p5Mod
     tokens = generate(model64, prompt, SamplerConfig(window=4, seed=1)).tokens
     session = model64.start(prompt, batch_size=1)
     cond, uncond = (torch.cat(pair, dim=1) for pair in zip(session.prefill(), session.forward(tokens[:, :-1])))
-    ours = to_probs(cond, uncond, Sampling(5.0, 1.0, 7, 1.0))[0]
+    ours = to_probs(cond, uncond, Sampling(cfg_scale=5.0, temperature=1.0, top_k=7, top_p=1.0))[0]
     for position in (p for p in range(N) if p not in model64.forced_tokens):
         fed = tokens[0, :position].tolist()
         scores = authors_scores(reference, [*prompt.cond, *fed], [*prompt.uncond, *fed], 5.0,

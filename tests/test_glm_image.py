@@ -173,7 +173,7 @@ def test_unset_sampling_settings_sample_as_generate_reads_the_folder(model: glm_
     parser = argparse.ArgumentParser()
     add_sampler_arguments(parser)
     for config in (SamplerConfig(window=8, seed=5), sampler_config(parser.parse_args(["--window", "8"]), 5)):
-        assert sampling_settings(model, config) == Sampling(1.0, 0.9, 50, 0.75)
+        assert sampling_settings(model, config) == Sampling(cfg_scale=1.0, temperature=0.9, top_k=50, top_p=0.75)
     cond = model.encode(PROMPT)
     unset = generate(model, cond, SamplerConfig(window=8, seed=5)).tokens
     assert torch.equal(unset, generate(model, cond, SamplerConfig(window=8, seed=5, temperature=0.9, top_k=50,
@@ -348,7 +348,7 @@ def test_image_to_image_decode_resizes_the_source_as_the_pipeline(model: glm_ima
     """The pipeline resizes the source itself (lanczos, to its size floored to 16 px): where that is the size the
     codes describe (44 x 40: 32 x 32, one code of the tiny processor), the decoded pixels are the pipeline's given
     the source as it is.  Where it is not (150 x 150: 144 x 144 against 2 x 2 codes, 64 x 64 px), the pipeline
-    itself fails, and the source is resized to the codes' size first."""
+    itself fails, and the decoded pixels are the pipeline's given the source resized to the codes' size."""
     from diffusers import GlmImagePipeline
     from PIL import Image
 
@@ -370,12 +370,14 @@ def test_image_to_image_decode_resizes_the_source_as_the_pipeline(model: glm_ima
                 num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="pt")
     fits = (height // 16 * 16, width // 16 * 16) == (source_rows * 32, source_cols * 32)
     assert fits == (width == 44)
-    if fits:
-        expected = pipeline(**call).images[0].permute(1, 2, 0).float()
-        torch.testing.assert_close(images[0], expected, atol=1e-6, rtol=0)
-    else:
-        with pytest.raises(Exception):
+    if not fits:
+        with pytest.raises(Exception):  # its own resize leaves the latents and the codes apart
             pipeline(**call)
+        # what decode hands it instead: the source at the codes' size
+        call.update(image=[picture.resize((source_cols * 32, source_rows * 32))],
+                    generator=torch.Generator().manual_seed(0))
+    expected = pipeline(**call).images[0].permute(1, 2, 0).float()
+    torch.testing.assert_close(images[0], expected, atol=1e-6, rtol=0)
     generate(model, model.encode(PROMPT), SamplerConfig(window=8, seed=0))  # back to text-to-image
 
 

@@ -185,11 +185,14 @@ def test_default_sampling_law_is_the_authors(folders):
     """Left at the model's values, LlamaGen samples its authors' law: uncond + cfg (cond - uncond), then
     temperature, top-k and top-p (their filtering, taken from transformers: here transformers' own warpers; a
     top-k at or above the tiny vocabulary keeps every token, as their clamp to the vocabulary does)."""
-    from sampling_law import assert_same_law, default_probs, guided, processed_probs, spread_logits, warpers
+    from sampling_law import (assert_same_law, default_probs, guided, processed_probs, sampling_settings,
+                              spread_logits, warpers)
 
     for name in ("pt", "t2i"):
         model = load_model(folders[name], "cpu", torch.float32)
         cfg, top_k, temperature, top_p = AUTHORS[model.config.task]
+        # the tiny vocabulary is below the authors' top-k, so the law alone would not see a wrong one
+        assert sampling_settings(model, SamplerConfig()).top_k == top_k
         cond, uncond = spread_logits(model.vocab_size, seed=0), spread_logits(model.vocab_size, seed=1)
         reference = warpers(temperature, min(top_k, model.vocab_size), top_p)
         assert_same_law(default_probs(model, cond, uncond), processed_probs(reference, guided(cond, uncond, cfg)))

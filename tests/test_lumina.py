@@ -69,9 +69,12 @@ def test_default_sampling_law_is_the_authors(model32: lumina.LuminaModel, model2
     cfg 3, image_top_k 2000 (their README's example passes cfg 4.0).  Lumina-mGPT 2.0: generate.py has no
     defaults; the README and scripts/sample.sh run --cfg 4.0 --top_k 4096 --temperature 1.0 (4096 keeps all of
     the tiny codebook's 256 codes, as their top-k clamps to the vocabulary)."""
-    from sampling_law import assert_same_law, default_probs, guided, processed_probs, spread_logits, warpers
+    from sampling_law import (assert_same_law, default_probs, guided, processed_probs, sampling_settings,
+                              spread_logits, warpers)
 
     for model, (cfg, top_k) in ((model32, (3.0, 2000)), (model2, (4.0, 4096))):
+        # the tiny codebook is below the authors' top-k, so the law alone would not see a wrong one
+        assert sampling_settings(model, SamplerConfig()).top_k == top_k
         cond, uncond = spread_logits(model.vocab_size, seed=0), spread_logits(model.vocab_size, seed=1)
         reference = warpers(1.0, min(top_k, model.vocab_size), 1.0)
         assert_same_law(default_probs(model, cond, uncond), processed_probs(reference, guided(cond, uncond, cfg)))

@@ -18,6 +18,7 @@ from typing import Sequence
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.emu3p5 import DEFAULT_SIZE, IMAGE_MODEL
+from ..sampling import Sampling
 from .glm_image import MEDIUM_SHARPNESS, METHODS
 from .nfe import mean_entropy, measure
 from .synthetic import GridModel
@@ -60,7 +61,7 @@ def emu3p5_tables(seeds: Sequence[int], windows: Sequence[int], codes: int = BEN
     model = Emu3p5ShapedModel(rows, cols, codes)
     table = emu3p5_rows(model, windows, seeds)
     tokens = generate(model, None, SamplerConfig(window=1, seed=0)).tokens
-    entropy = mean_entropy(model, tokens, model.default_top_k)
+    entropy = mean_entropy(model, tokens, Sampling(top_k=model.default_top_k))
     return (f"1024 px: {rows} rows of {cols} codes, {rows - 1} row ends and the image end forced ({model.num_tokens} "
             f"positions), {codes} codes, top-k {model.default_top_k} ({entropy:.1f} nats/token sampled), "
             f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}\n\n"

@@ -20,13 +20,15 @@ import torch
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.glm_image import DECODE_GUIDANCE, DECODE_STEPS, grid_sizes
-from ..sampling import Sampling, to_probs
+from ..sampling import Sampling
+from .nfe import mean_entropy
 from .synthetic import GridModel
 from .tables import markdown
 
 # the temperature and top-p of GLM-Image's generation_config.json as published, which this table was measured at
 # (the model's default law since adds generate's global top-k 50: models.generate_defaults)
 DEFAULT_TEMPERATURE, DEFAULT_TOP_P = 0.9, 0.75
+SAMPLED = Sampling(temperature=DEFAULT_TEMPERATURE, top_p=DEFAULT_TOP_P)  # what the published file samples with
 
 CODES = 16384  # GLM-Image's image codes
 MEDIUM_SHARPNESS = 1.5  # the Janus-Pro stand-in's (bench auto)
@@ -82,16 +84,6 @@ class GlmShapedModel(GridModel):
         return hidden @ self.out.T + self.bias
 
 
-def sampled_entropy(model: GlmShapedModel, tokens: torch.Tensor) -> float:
-    """Mean entropy (nats) of the distribution sampled from (GLM-Image's temperature and top-p) along
-    sampled sequences."""
-    session = model.start(None, tokens.shape[0])
-    session.prefill()
-    logits, _ = session.forward(tokens[:, :-1])
-    p = to_probs(logits, None, Sampling(temperature=DEFAULT_TEMPERATURE, top_p=DEFAULT_TOP_P))
-    return float(-(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean())
-
-
 def preview_calls(committed: Sequence[int], preview: int) -> int:
     """Calls until the preview grid's `preview` tokens are all committed (the call that finishes it counted
     with the preview; it may commit the large grid's first tokens too)."""
@@ -135,7 +127,7 @@ def glm_image_tables(seeds: Sequence[int], windows: Sequence[int]) -> str:
     (preview_rows, preview_cols), (large_rows, large_cols) = grids
     return (f"{SIDE} px text-to-image: the {preview_rows} x {preview_cols} preview grid, then the {large_rows} x "
             f"{large_cols} grid ({model.num_tokens} tokens), {CODES} codes, temperature {DEFAULT_TEMPERATURE} / top-p "
-            f"{DEFAULT_TOP_P} ({sampled_entropy(model, tokens):.1f} nats/token sampled), {len(seeds)} "
+            f"{DEFAULT_TOP_P} ({mean_entropy(model, tokens, SAMPLED):.1f} nats/token sampled), {len(seeds)} "
             f"seed{'s' if len(seeds) > 1 else ''}\n\n"
             + markdown(rows, ("method", "window", "nfe", "preview_calls", "large_calls", "ar_stage_speedup", "saved",
                               "end_to_end_saved", "tokens_per_call", "acceptance")))

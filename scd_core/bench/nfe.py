@@ -24,14 +24,14 @@ OPTIONS = {"SJD-block": dict(verification="block"), "SCD-maximal-cand2": dict(ca
 SHARPNESS = (("high", 0.5), ("medium", 1.5), ("low", 2.5))  # per-token entropy about 6.5 / 4 / 2.2 nats
 
 
-def mean_entropy(model: GridModel, tokens: torch.Tensor, top_k: Optional[int] = None) -> float:
-    """Mean entropy (nats) of the sampling distribution (temperature 1, `top_k`) along sampled sequences, over
+def mean_entropy(model: Any, tokens: torch.Tensor, sampling: Sampling = Sampling()) -> float:
+    """Mean entropy (nats) of the distribution sampled from (`sampling`'s filters) along sampled sequences, over
     the positions the model samples (its forced ones left out)."""
     session = model.start(None, tokens.shape[0])
     first, _ = session.prefill()
     rest, _ = session.forward(tokens[:, :-1])
     logits = torch.cat([first, rest], dim=1)
-    p = to_probs(logits, None, Sampling(top_k=top_k))
+    p = to_probs(logits, None, sampling)
     entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
     forced = list(getattr(model, "forced_tokens", None) or {})
     sampled = torch.ones(tokens.shape[1], dtype=torch.bool)

@@ -36,6 +36,7 @@ from .tokenizer_files import TextTokenizer, positive_int, read_json, without_nul
 from ..image_input import no_image_encoder
 from ..compilable import Compilable
 from ..model import check_start, check_tokens, compute_device
+from ..sampling import Sampling
 
 MODEL_TYPE = "emu3"
 FAMILY = Family(
@@ -106,10 +107,12 @@ class Emu3Model(Compilable):
 
     def __init__(self, module: torch.nn.Module, tokenizer: TextTokenizer, code_ids: torch.Tensor,
                  image_encoder: Optional[LazyImageEncoder] = None,
-                 sampling: tuple[float, Optional[int], float] = (1.0, AUTHORS_GENERATION["top_k"], 1.0)) -> None:
+                 sampling: Optional[Sampling] = None) -> None:
         """`image_encoder`: the VQ's encoder side, loaded on the first `encode_image` (None: no image input);
-        `sampling`: (temperature, top-k, top-p) by default (`sampling_defaults`)."""
-        self.default_temperature, self.default_top_k, self.default_top_p = sampling
+        `sampling`: the temperature, top-k and top-p by default (`sampling_defaults`; None: the authors' top-k)."""
+        sampling = sampling or Sampling(top_k=AUTHORS_GENERATION["top_k"])
+        self.default_temperature, self.default_top_k, self.default_top_p = (
+            sampling.temperature, sampling.top_k, sampling.top_p)
         self.module = module
         self.image_encoder = image_encoder
         self._tokenizer = tokenizer
@@ -269,8 +272,8 @@ def code_ids_from(config: dict, tokenizer: TextTokenizer, folder: Path) -> torch
     return torch.tensor(ids, dtype=torch.long)
 
 
-def sampling_defaults(folder: Path) -> tuple[float, Optional[int], float]:
-    """(temperature, top-k, top-p) the authors' generate call samples the model in `folder` with: top-k 2048, the
+def sampling_defaults(folder: Path) -> Sampling:
+    """The temperature, top-k and top-p the authors' generate call samples the model in `folder` with: top-k 2048, the
     rest from the folder's generation_config.json, else transformers' global defaults (1: none)."""
     return generate_sampling(folder, AUTHORS_GENERATION)
 

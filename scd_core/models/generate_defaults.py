@@ -10,16 +10,17 @@ model's value" is the law that pipeline samples from.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
+from ..sampling import Sampling
 from .checkpoints import ModelLoadError
 from .tokenizer_files import read_json
 
 GENERATION_CONFIG = "generation_config.json"
 
 
-def generate_sampling(folder: Path, given: dict[str, Any]) -> tuple[float, Optional[int], float]:
-    """(temperature, top-k or None for none, top-p) that `generate` samples with for the model in `folder` when
+def generate_sampling(folder: Path, given: dict[str, Any]) -> Sampling:
+    """The temperature, top-k (None for none) and top-p that `generate` samples with for the model in `folder` when
     called with `GenerationConfig(**given)` (the reference pipeline's own keys), as the installed transformers
     builds it."""
     from transformers import GenerationConfig
@@ -41,5 +42,5 @@ def generate_sampling(folder: Path, given: dict[str, Any]) -> tuple[float, Optio
             raise ModelLoadError(f"{path} sets {name} {number!r}; it must be a positive number")
     if top_k is not None and not (isinstance(top_k, int) and top_k >= 0):
         raise ModelLoadError(f"{path} sets top_k {top_k!r}; it must be a non-negative integer")
-    return (1.0 if temperature is None else float(temperature), top_k or None,
-            1.0 if top_p is None else min(float(top_p), 1.0))
+    return Sampling(temperature=1.0 if temperature is None else float(temperature), top_k=top_k or None,
+                    top_p=1.0 if top_p is None else min(float(top_p), 1.0))

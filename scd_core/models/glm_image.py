@@ -38,6 +38,7 @@ from .row_cache import RowCache
 from .streaming import HFNetwork, read_hf_network
 from .tokenizer_files import read_json
 from ..model import check_start, check_tokens, compute_device
+from ..sampling import Sampling
 
 FAMILY = Family(
     label="GLM-Image",
@@ -181,14 +182,15 @@ class GlmImageModel:
     image_tasks = ("edit",)  # image-to-image: the source image in the prompt (`add_image`)
 
     def __init__(self, module: torch.nn.Module, processor: Any, folder: Path,
-                 sampling: tuple[float, Optional[int], float]) -> None:
-        """`sampling`: (temperature, top-k, top-p) by default (`sampling_defaults`)."""
+                 sampling: Sampling) -> None:
+        """`sampling`: the temperature, top-k and top-p by default (`sampling_defaults`)."""
         self.module, self.processor, self.folder = module, processor, folder
         codes = module.config.vq_config.num_embeddings
         self.code_ids = torch.arange(codes)
         self.vocab_size = codes
         module.lm_head = code_rows_head(module.lm_head, self.code_ids)  # image codes only
-        self.default_temperature, self.default_top_k, self.default_top_p = sampling
+        self.default_temperature, self.default_top_k, self.default_top_p = (
+            sampling.temperature, sampling.top_k, sampling.top_p)
         self.pad = processor.tokenizer.pad_token_id or 0  # left padding is masked: any id will do
         self.decode_steps, self.decode_guidance, self.decode_seed = DECODE_STEPS, DECODE_GUIDANCE, 0
         self._pipeline: Optional[Any] = None
@@ -487,8 +489,8 @@ def decoder_weights(folder: Path) -> int:
                for shape in checkpoint_shapes(weight_files(Path(folder) / name)).values())
 
 
-def sampling_defaults(folder: Path) -> tuple[float, Optional[int], float]:
-    """(temperature, top-k, top-p) the pipeline samples the AR model in `folder` with: its `generate(...,
+def sampling_defaults(folder: Path) -> Sampling:
+    """The temperature, top-k and top-p the pipeline samples the AR model in `folder` with: its `generate(...,
     do_sample=True)` over the folder's generation_config.json and transformers' global defaults (the published
     file sets temperature 0.9 and top_p 0.75, and leaves top_k to the global 50)."""
     return generate_sampling(folder, {"do_sample": True})

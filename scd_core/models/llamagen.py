@@ -439,9 +439,8 @@ class LlamaGenModel(Compilable):
         self.image_size = image_size
         text = cfg.task == "t2i"
         self.default_cfg_scale = cfg_scale if cfg_scale is not None else (7.5 if text else 4.0)
-        # a top-k as large as the vocabulary filters nothing: report None then
-        top_k = top_k if top_k is not None else (1000 if text else 2000)
-        self.default_top_k = top_k if top_k < cfg.vocab_size else None
+        # the authors' top-k (one as large as the vocabulary filters nothing: `sampling.to_probs`)
+        self.default_top_k = top_k if top_k is not None else (1000 if text else 2000)
         self.class_names = class_names
         self.image_encoder = image_encoder
         parts = {"gpt": gpt, "vq": vq}
