@@ -489,7 +489,7 @@ class Run:
 
     def choose_window(self) -> int:
         """The call's window, from the window policy (pinned, or chosen from earlier calls): free positions to
-        verify, the forced ones in their way riding along (`_Decoder.call_width`)."""
+        verify, the forced ones in their way riding along (`FixedCells.call_width`)."""
         return self.policy.choose(self.decoder.cells.left(self.done))
 
     def feed(self, window: int) -> Call:
