@@ -63,7 +63,8 @@ class ModelOutputError(RuntimeError):
 
 def slot_positions(committed: torch.Tensor, count: int, branches: int) -> torch.Tensor:
     """Absolute positions (B, count) of a call's output slots: the window's from each row's committed count,
-    then, in a tree call (`branches` > 1, see `candidate_tree.tree_inputs`), each chain's, which starts one position later."""
+    then, in a tree call (`branches` > 1, see `candidate_tree.tree_inputs`), each chain's, which starts one
+    position later."""
     width = count if branches == 1 else (count - 1) // branches + 1
     slots = torch.arange(count, device=committed.device)
     return committed.unsqueeze(1) + torch.where(slots < width, slots, (slots - width) % max(width - 1, 1) + 1)
