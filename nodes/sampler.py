@@ -39,7 +39,8 @@ def sampler_config(coupler: str, window: int, seed: int, draft_init: str, candid
     try:
         return SamplerConfig(coupler=coupler, window=window_policies.from_widget(window), seed=seed,
                              draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init, candidates=candidates,
-                             **{option.name: option.from_widget(options.get(option.name, option.recommended)) for option in OPTIONS})
+                             **{option.name: option.from_widget(options.get(option.name, option.recommended))
+                                for option in OPTIONS})
     except ValueError as err:
         raise ValueError(as_widgets(str(err))) from None
 

@@ -264,7 +264,8 @@ def compare_table(methods: Sequence[Sequence[Run]]) -> str:
         several = len(calls) > 1
         mean = statistics.fmean(calls)
         accepted = [run.acceptance for run in runs if run.acceptance is not None]
-        rows.append((first.label, window_policies.column(first.config.window, first.result.windows), f"{mean:.1f}" if several else str(calls[0]),
+        rows.append((first.label, window_policies.column(first.config.window, first.result.windows),
+                     f"{mean:.1f}" if several else str(calls[0]),
                      f"{statistics.stdev(calls):.1f}" if several else "-",
                      f"{min(calls)}-{max(calls)}" if several else "-",
                      f"{first.result.tokens.shape[1] / mean:.2f}x",

@@ -23,9 +23,9 @@ inductor's on-disk cache).  What it is specialised on is kept to shapes: the sam
 tensors (`sampling.sampler_tensors`), and a static KV cache holds its prompt's slots rounded up to a bucket
 (`row_session.PROMPT_BUCKET`), so prompts of one bucket share their compiled code.
 
-Families that declare `compile` (`models.family.Family`) are `compilable.Compilable`: through their own blocks or the row
-attention (`models.row_attention.attention_layer`).  Trees of candidates are refused
-(they would grow the cache); rows that finish stay in the batch (regrouping would change the shapes).
+Families that declare `compile` (`models.family.Family`) are `compilable.Compilable`: through their own blocks
+or the row attention (`models.row_attention.attention_layer`).  Trees of candidates are refused (they would grow
+the cache); rows that finish stay in the batch (regrouping would change the shapes).
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ class ModelOutputError(RuntimeError):
 
 def slot_positions(committed: torch.Tensor, count: int, branches: int) -> torch.Tensor:
     """Absolute positions (B, count) of a call's output slots: the window's from each row's committed count,
-    then, in a tree call (`branches` > 1, see `candidate_tree.tree_inputs`), each chain's, which starts one position later."""
+    then, in a tree call (`branches` > 1, see `candidate_tree.tree_inputs`), each chain's, which starts one
+    position later."""
     width = count if branches == 1 else (count - 1) // branches + 1
     slots = torch.arange(count, device=committed.device)
     return committed.unsqueeze(1) + torch.where(slots < width, slots, (slots - width) % max(width - 1, 1) + 1)
@@ -489,7 +490,7 @@ class Run:
 
     def choose_window(self) -> int:
         """The call's window, from the window policy (pinned, or chosen from earlier calls): free positions to
-        verify, the forced ones in their way riding along (`_Decoder.call_width`)."""
+        verify, the forced ones in their way riding along (`FixedCells.call_width`)."""
         return self.policy.choose(self.decoder.cells.left(self.done))
 
     def feed(self, window: int) -> Call:

@@ -94,8 +94,9 @@ class TokenModel(Protocol):
     Loaded families (see `scd_core.load_model`) also offer
       encode(prompt, negative_prompt=None) -> conditioning for `start`, and
       decode(tokens (batch, N)) -> images (batch, H, W, 3) float in 0..1.
-    Families that generate more than one image size (Emu3, Lumina-mGPT) offer set_image_size(width, height)
-      in pixels; encode then records the size and `start` switches the model to the size of its `cond`.
+    Families that generate more than one image size (Emu3, Emu3.5, Lumina-mGPT, GLM-Image) offer
+      set_image_size(width, height) in pixels; encode then records the size and `start` switches the model to
+      the size of its `cond`.
     Video families (Cosmos) instead take context frames, encode_video(frames (F, H, W, 3), prompt=None),
       return frames (batch * F, H, W, 3) from decode, and with `decodes_context = True` accept
       decode(tokens, cond) to decode the context frames in front of the continuation.

@@ -3,7 +3,8 @@
 An option's entry is what the settings check, what the model recommends in its place, its command-line flag and
 help, and the sampler node's widget (its "recommended" value, range and tooltip).  `sampling.Sampling` carries the
 resolved values by name to `to_probs`; a new filter is its entry here, its field in `SamplerConfig` and
-`Sampling`, and its step in `to_probs`.
+`Sampling`, and its step in `to_probs` (`sampling.sampler_tensors` carries its value to compiled calls as a host
+constant unless it makes it a device tensor too).
 """
 
 from __future__ import annotations

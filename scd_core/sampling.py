@@ -83,14 +83,15 @@ def sampler_tensors(sampling: Sampling, vocab: int, device: torch.device) -> Sam
     """`to_probs`'s numbers as float32 / int64 device tensors (0-d; top-k's of shape (1,)), so that one compiled
     or captured step serves every value.  A setting that changes nothing stays a host constant (no CFG at
     1, no top-k at None or the whole vocabulary, no top-p at 1): whether a step applies it is a shape, and
-    skipping it keeps the probabilities bit-equal to before."""
+    skipping it keeps the probabilities bit-equal to before.  A field not listed here carries over as it is, a
+    host constant: the same probabilities, but a graph captured with one value serves that value only."""
     number = lambda value: torch.tensor(value, dtype=torch.float32, device=device)
     top_k = sampling.top_k
-    return Sampling(cfg_scale=1.0 if sampling.cfg_scale == 1.0 else number(sampling.cfg_scale),
-                    temperature=number(sampling.temperature),
-                    top_k=None if top_k is None or top_k >= vocab else torch.tensor([top_k], dtype=torch.long,
-                                                                                     device=device),
-                    top_p=1.0 if sampling.top_p >= 1.0 else number(sampling.top_p))
+    return replace(sampling, cfg_scale=1.0 if sampling.cfg_scale == 1.0 else number(sampling.cfg_scale),
+                   temperature=number(sampling.temperature),
+                   top_k=None if top_k is None or top_k >= vocab else torch.tensor([top_k], dtype=torch.long,
+                                                                                    device=device),
+                   top_p=1.0 if sampling.top_p >= 1.0 else number(sampling.top_p))
 
 
 def sample(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The row session of the transformers-backed families (Janus-Pro, Lumina-mGPT, Emu3).
+"""The row session of the transformers-backed families (Janus-Pro, Lumina-mGPT, Emu3, Emu3.5, GLM-Image).
 
 Two rows per sample (cond, uncond: `row_session.RowSession`) whose prompts are token
 ids.  A family supplies only what differs: the backbone run over the cache, how

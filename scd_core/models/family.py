@@ -1,9 +1,9 @@
 """What each model family declares about itself, and the list of family modules.
 
-A family module (`scd_core/models/<name>.py`) holds `FAMILY = Family(...)` near its top, `detect(folder) -> bool`
-and `load(folder, device, dtype, quantize)`.  Loading, the loader's folder lists and messages, the node tooltips
-and the CLI's help are made from the declarations, so a family that fits the shared session is its module plus
-its name in MODULES.
+A family module (`scd_core/models/<name>.py`) holds `FAMILY = Family(...)` near its top, `detect(folder) -> bool`,
+`load(folder, device, dtype, quantize)` and `CACHE_TOKENS`, and optionally the other hooks `FamilyHooks` lists.
+Loading, the loader's folder lists and messages, the node tooltips and the CLI's help are made from the
+declarations, so a family that fits the shared session is its module plus its name in MODULES.
 """
 
 from __future__ import annotations
