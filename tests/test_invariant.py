@@ -126,7 +126,8 @@ def test_a_batch_row_is_its_seed_alone_in_bfloat16():
 def test_compiled_calls_give_a_seed_one_image_in_bfloat16():
     """compile=True (inductor on this CPU) in bfloat16: the static-shape calls run under the same tiles, so a
     seed's tokens at windows 8 and 32 are its window-1 tokens (compiled is a path of its own: its window 1 need
-    not be eager's)."""
+    not be eager's).  With SCD_INVARIANT_CALLS=off the same four runs differed from window 1's, all four (checked
+    once by hand: a second set of compilations would double this test's three minutes)."""
     model = load_model("demo", "cpu", "bfloat16", compile=True)
     cond = model.encode("3")
     with warnings.catch_warnings():
