@@ -301,9 +301,10 @@ class Emu3p5ConfigReader:
         defaults = dict(num_key_value_heads=8, head_dim=128, max_position_embeddings=9216, rms_norm_eps=1e-5,
                         rope_theta=1_000_000.0)
         fields = {name: config.get(name, defaults.get(name)) for name in names if name in config or name in defaults}
-        theta = config.get("rope_theta", defaults["rope_theta"])
+        # rope_theta, not rope_parameters: transformers 4.x stores and ignores the latter (theta stays 10000);
+        # 5.x maps rope_theta into rope_parameters.  No sliding window (4.x keeps its unused 4096 and warns).
         return Qwen3Config(**fields, tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0,
-                           rope_parameters={"rope_type": "default", "rope_theta": theta})
+                           rope_theta=config.get("rope_theta", defaults["rope_theta"]), sliding_window=None)
 
 
 def _has_qk_norm(folder: Path) -> bool:
