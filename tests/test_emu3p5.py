@@ -219,6 +219,16 @@ def test_reference_size_is_the_authors_smart_resize() -> None:
     assert emu3p5.reference_size(1024, 1024) == (1024, 1024)
 
 
+@pytest.mark.parametrize("pixels, codes", [(8, 1), (23, 1), (24, 2), (1000, 63), (1016, 64), (1024, 64),
+                                           (1032, 65), (1360, 85)])
+def test_grid_sides_round_halves_up_and_keep_a_code(pixels: int, codes: int) -> None:
+    """Each side is the nearest count of 16 px codes, halves up (8 px: one code, not Python round's 0; 1000 px:
+    62.5 -> 63, not round's 62), as smart_resize rounds a reference image."""
+    assert emu3p5.grid_for(pixels, 1024) == (64, codes)
+    assert emu3p5.grid_for(1024, pixels) == (codes, 64)
+    assert emu3p5.reference_size(pixels, pixels, pixels * pixels) == (codes * 16, codes * 16)
+
+
 def test_x2i_through_the_image_prompt_and_its_bad_input(x2i_model: emu3p5.Emu3p5Model,
                                                         tiny_emu3p5_dir: Path, tmp_path: Path) -> None:
     """The SCD Image Prompt's path (task "x2i"): a resized image is noted; a batch, a fourth image, another task,

@@ -144,8 +144,13 @@ def reference_size(width: int, height: int, area: int = REFERENCE_AREA) -> tuple
     aspect = width / height
     new_height = int((area / aspect) ** 0.5)
     new_width = int(new_height * aspect)
-    return tuple(max(DOWNSAMPLE, (side + DOWNSAMPLE // 2) // DOWNSAMPLE * DOWNSAMPLE)
-                 for side in (new_height, new_width))
+    return tuple(codes_along(side) * DOWNSAMPLE for side in (new_height, new_width))
+
+
+def codes_along(pixels: int) -> int:
+    """16 px codes nearest `pixels`, halves rounded up (smart_resize's rounding; Python's round would take 1000 px
+    to 62 codes, not 63), at least one."""
+    return max(1, (pixels + DOWNSAMPLE // 2) // DOWNSAMPLE)
 
 
 def grid_for(width: int, height: int) -> tuple[int, int]:
@@ -153,7 +158,7 @@ def grid_for(width: int, height: int) -> tuple[int, int]:
     if not all(isinstance(side, int) and side >= DOWNSAMPLE // 2 for side in (width, height)):
         raise ValueError(f"width and height must be pixel counts of at least {DOWNSAMPLE // 2} (Emu3.5 draws "
                          f"{DOWNSAMPLE} px codes), got {width} x {height}")
-    return round(height / DOWNSAMPLE), round(width / DOWNSAMPLE)
+    return codes_along(height), codes_along(width)
 
 
 class Emu3p5Model(Compilable):
