@@ -69,7 +69,7 @@ def qwen3_config(config: dict):
     fields = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps")
     return Qwen3Config(**{name: config[name] for name in fields}, tie_word_embeddings=False,
-                       rope_parameters={"rope_type": "default", "rope_theta": config["rope_theta"]})
+                       rope_theta=config["rope_theta"])  # transformers 4.x ignores rope_parameters
 
 
 def write_shards(state: dict[str, torch.Tensor], folder: Path) -> None:

@@ -95,6 +95,18 @@ def test_loaded_model_describes_itself(tiny_emu3p5_dir: Path) -> None:
     assert int(model.code_ids[0]) == ids[emu3p5.IMAGE_END] + 1  # visual tokens follow the image end
 
 
+def test_rotary_frequencies_follow_the_checkpoints_rope_theta(tiny_emu3p5_dir: Path,
+                                                              model64: emu3p5.Emu3p5Model) -> None:
+    """inv_freq = 1 / theta ** (2i / d) from config.json's theta (1e6 here, not transformers' default 10000),
+    computed by hand: a config spelling one transformers version ignores would leave the default."""
+    config = json.loads((tiny_emu3p5_dir / "config.json").read_text())
+    theta, head_dim = config["rope_theta"], config["head_dim"]
+    assert theta != 10000.0  # the default would pass unseen
+    expected = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_freq = model64.module.model.rotary_emb.inv_freq.double()
+    torch.testing.assert_close(inv_freq, expected, rtol=1e-6, atol=0.0)
+
+
 def test_base_checkpoint_takes_the_base_defaults(tiny_emu3p5_dir: Path, tmp_path: Path) -> None:
     folder = Path(shutil.copytree(tiny_emu3p5_dir, tmp_path / "Emu3.5"))
     assert (load_model(folder, device="cpu").default_cfg_scale, load_model(folder, device="cpu").default_top_k) \
@@ -205,6 +217,16 @@ def test_reference_size_is_the_authors_smart_resize() -> None:
     assert emu3p5.reference_size(1920, 1080) == (768, 1360)
     assert emu3p5.reference_size(500, 333) == (832, 1248)
     assert emu3p5.reference_size(1024, 1024) == (1024, 1024)
+
+
+@pytest.mark.parametrize("pixels, codes", [(8, 1), (23, 1), (24, 2), (1000, 63), (1016, 64), (1024, 64),
+                                           (1032, 65), (1360, 85)])
+def test_grid_sides_round_halves_up_and_keep_a_code(pixels: int, codes: int) -> None:
+    """Each side is the nearest count of 16 px codes, halves up (8 px: one code, not Python round's 0; 1000 px:
+    62.5 -> 63, not round's 62), as smart_resize rounds a reference image."""
+    assert emu3p5.grid_for(pixels, 1024) == (64, codes)
+    assert emu3p5.grid_for(1024, pixels) == (codes, 64)
+    assert emu3p5.reference_size(pixels, pixels, pixels * pixels) == (codes * 16, codes * 16)
 
 
 def test_x2i_through_the_image_prompt_and_its_bad_input(x2i_model: emu3p5.Emu3p5Model,

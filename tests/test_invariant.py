@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture, one checkpoint per session)
 
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.cli import main
@@ -59,6 +60,12 @@ def emu3_case(folder: Path):
     return model, model.encode("a cat")
 
 
+def emu3p5_case(folder: Path):
+    model = load_model(folder, device="cpu", dtype="bfloat16")
+    model.set_image_size(128, 128)  # 8 x 8 codes, 72 positions: all 40 fed (the test size has 8, one call at 8 or 32)
+    return model, model.encode("a cat")
+
+
 def glm_case(folder: Path):
     from test_glm_image import loaded
 
@@ -80,7 +87,7 @@ def glm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_glm_image(tmp_path_factory.mktemp("tiny_glm_image"))
 
 
-@pytest.fixture(params=["demo", "janus", "emu3", "glm_image"])
+@pytest.fixture(params=["demo", "janus", "emu3", "emu3p5", "glm_image"])
 def case(request: pytest.FixtureRequest):
     name = request.param
     if name == "demo":
@@ -89,6 +96,8 @@ def case(request: pytest.FixtureRequest):
         return janus_case(request.getfixturevalue("tiny_janus_dir"))
     if name == "emu3":
         return emu3_case(request.getfixturevalue("emu3_dir"))
+    if name == "emu3p5":
+        return emu3p5_case(request.getfixturevalue("tiny_emu3p5_dir"))
     return glm_case(request.getfixturevalue("glm_dir"))
 
 

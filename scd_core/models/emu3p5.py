@@ -144,8 +144,13 @@ def reference_size(width: int, height: int, area: int = REFERENCE_AREA) -> tuple
     aspect = width / height
     new_height = int((area / aspect) ** 0.5)
     new_width = int(new_height * aspect)
-    return tuple(max(DOWNSAMPLE, (side + DOWNSAMPLE // 2) // DOWNSAMPLE * DOWNSAMPLE)
-                 for side in (new_height, new_width))
+    return tuple(codes_along(side) * DOWNSAMPLE for side in (new_height, new_width))
+
+
+def codes_along(pixels: int) -> int:
+    """16 px codes nearest `pixels`, halves rounded up (smart_resize's rounding; Python's round would take 1000 px
+    to 62 codes, not 63), at least one."""
+    return max(1, (pixels + DOWNSAMPLE // 2) // DOWNSAMPLE)
 
 
 def grid_for(width: int, height: int) -> tuple[int, int]:
@@ -153,7 +158,7 @@ def grid_for(width: int, height: int) -> tuple[int, int]:
     if not all(isinstance(side, int) and side >= DOWNSAMPLE // 2 for side in (width, height)):
         raise ValueError(f"width and height must be pixel counts of at least {DOWNSAMPLE // 2} (Emu3.5 draws "
                          f"{DOWNSAMPLE} px codes), got {width} x {height}")
-    return round(height / DOWNSAMPLE), round(width / DOWNSAMPLE)
+    return codes_along(height), codes_along(width)
 
 
 class Emu3p5Model(Compilable):
@@ -301,9 +306,10 @@ class Emu3p5ConfigReader:
         defaults = dict(num_key_value_heads=8, head_dim=128, max_position_embeddings=9216, rms_norm_eps=1e-5,
                         rope_theta=1_000_000.0)
         fields = {name: config.get(name, defaults.get(name)) for name in names if name in config or name in defaults}
-        theta = config.get("rope_theta", defaults["rope_theta"])
+        # rope_theta, not rope_parameters: transformers 4.x stores and ignores the latter (theta stays 10000);
+        # 5.x maps rope_theta into rope_parameters.  No sliding window (4.x keeps its unused 4096 and warns).
         return Qwen3Config(**fields, tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0,
-                           rope_parameters={"rope_type": "default", "rope_theta": theta})
+                           rope_theta=config.get("rope_theta", defaults["rope_theta"]), sliding_window=None)
 
 
 def _has_qk_norm(folder: Path) -> bool:
