@@ -156,13 +156,13 @@ def invariant_calls(rows: Optional[int]) -> Iterator[None]:
     inside."""
     from ..models import invariant
 
-    saved = os.environ.get(invariant.POLICY_VARIABLE), invariant.LINEAR_ROWS, invariant.QUERY_ROWS
+    saved = os.environ.get(invariant.POLICY_VARIABLE), invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS
     os.environ[invariant.POLICY_VARIABLE] = "off" if rows is None else "on"
-    invariant.LINEAR_ROWS = invariant.QUERY_ROWS = rows or invariant.LINEAR_ROWS
+    invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS = {}, rows or invariant.DEFAULT_TILE_ROWS  # on every device
     try:
         yield
     finally:
-        invariant.LINEAR_ROWS, invariant.QUERY_ROWS = saved[1:]
+        invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS = saved[1:]
         if saved[0] is None:
             del os.environ[invariant.POLICY_VARIABLE]
         else:

@@ -9,10 +9,15 @@ changes).  Run at one fixed shape the same kernels give every row the same bits 
 others, whatever they hold (measured for linear at 8, 32 and 64 rows up to K = 11008, and for attention at 1 to
 256 query rows up to 1100 keys, bfloat16, float16 and float32).  So while `fixed_shape_calls` is active:
 
-- every linear layer runs over its input rows in tiles of exactly `LINEAR_ROWS` rows (the last one padded with
-  zeros): batch x copies x width rows, the prompt's and the heads' included;
-- every attention call runs its query rows in tiles of exactly `QUERY_ROWS` (padded rows see every key) over
-  a key length that the cache keeps fixed (`RowCache.full_keys`: the whole pre-sized cache, masked).
+- every linear layer runs over its input rows in tiles of exactly `tile_rows(device)` rows (the last one padded
+  with zeros): batch x copies x width rows, the prompt's and the heads' included;
+- every attention call runs its query rows in tiles of as many rows (padded rows see every key) over a key
+  length that the cache keeps fixed (`RowCache.full_keys`: the whole pre-sized cache, masked).
+
+The tile is 32 rows on a CPU, where a padded row costs its arithmetic, and 128 on CUDA, where a call of up to
+about 150 rows costs the read of its weights whatever its rows (performance facts for H100 / H200; a tile of 32
+would read the weights twice in a window-32 call with CFG, four times at 64).  The CUDA choice is not measured
+yet: `python -m scd_core.bench device-run` compares tiles of 32, 64 and 128 rows there, bits and time.
 
 Row-wise work (norms, activations, rotary embeddings, the sampler's softmax) never mixes rows.  Which dtypes take
 it: `wanted`; the padding costs the narrow calls most (scd_core/bench/README.md, "Window-invariant calls").
@@ -29,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-LINEAR_ROWS = 32  # rows of every linear tile
-QUERY_ROWS = 32   # query rows of every attention tile
+TILE_ROWS = {"cuda": 128}  # rows of every linear tile and query rows of every attention tile, by device type
+DEFAULT_TILE_ROWS = 32     # elsewhere (the CPU)
 
 # "auto": bfloat16 and float16 (float32's kernels round alike at the shapes measured: tests/test_reproducible.py);
 # "on": every dtype; "off": today's calls, each at its own shape (the cheapest; a seed's image then depends on
@@ -54,6 +59,11 @@ def wanted(dtype: torch.dtype) -> bool:
     return chosen == "on" or (chosen == "auto" and dtype in HALF_DTYPES)
 
 
+def tile_rows(device: torch.device) -> int:
+    """The rows of a tile on `device`."""
+    return TILE_ROWS.get(device.type, DEFAULT_TILE_ROWS)
+
+
 def _padded_rows(x: torch.Tensor, dim: int, multiple: int, value: Any = 0) -> torch.Tensor:
     """`x` with zeros (or `value`) appended along `dim` up to a multiple of `multiple`."""
     extra = -x.shape[dim] % multiple
@@ -65,16 +75,16 @@ def _padded_rows(x: torch.Tensor, dim: int, multiple: int, value: Any = 0) -> to
 
 
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                 rows: int = LINEAR_ROWS) -> torch.Tensor:
+                 rows: int = DEFAULT_TILE_ROWS) -> torch.Tensor:
     """`F.linear(x, weight, bias)` as GEMMs of exactly `rows` rows each."""
     flat = _padded_rows(x.reshape(-1, x.shape[-1]), 0, rows)
-    out = torch.cat([F.linear(tile, weight, bias) for tile in flat.split(rows)])
+    out = _joined([F.linear(tile, weight, bias) for tile in flat.split(rows)], 0)
     return out[:x.shape[:-1].numel()].reshape(*x.shape[:-1], out.shape[-1])
 
 
 def tiled_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0, is_causal: bool = False,
-                    scale: Optional[float] = None, enable_gqa: bool = False, rows: int = QUERY_ROWS
+                    scale: Optional[float] = None, enable_gqa: bool = False, rows: int = DEFAULT_TILE_ROWS
                     ) -> torch.Tensor:
     """`F.scaled_dot_product_attention` with its query rows in tiles of exactly `rows` (masked calls only: a
     causal one's mask depends on where its tile starts)."""
@@ -87,18 +97,22 @@ def tiled_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     masks = _padded_rows(masks, -2, rows, True if attn_mask.dtype == torch.bool else 0)  # padding sees every key
     tiles = [F.scaled_dot_product_attention(tile, key, value, mask, **options)
              for tile, mask in zip(_padded_rows(query, -2, rows).split(rows, dim=-2), masks.split(rows, dim=-2))]
-    return torch.cat(tiles, dim=-2)[..., :count, :]
+    return _joined(tiles, -2)[..., :count, :]
+
+
+def _joined(tiles: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """The tiles' outputs as one tensor (one tile, the common case on CUDA, as it is: no copy, no launch)."""
+    return tiles[0] if len(tiles) == 1 else torch.cat(tiles, dim=dim)
 
 
 class FixedShapeCalls(TorchFunctionMode):
-    """Routes `F.linear` and `F.scaled_dot_product_attention` through their tiled versions, at the tile sizes
-    of the module when the mode is made (a bench may try others)."""
+    """Routes `F.linear` and `F.scaled_dot_product_attention` through their tiled versions, in tiles of `rows`."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int) -> None:
         super().__init__()
         self.routes: dict[Callable[..., Any], Callable[..., torch.Tensor]] = {
-            F.linear: functools.partial(tiled_linear, rows=LINEAR_ROWS),
-            F.scaled_dot_product_attention: functools.partial(tiled_attention, rows=QUERY_ROWS)}
+            F.linear: functools.partial(tiled_linear, rows=rows),
+            F.scaled_dot_product_attention: functools.partial(tiled_attention, rows=rows)}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         route = self.routes.get(func)
@@ -106,10 +120,10 @@ class FixedShapeCalls(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def fixed_shape_calls(active: bool) -> Iterator[None]:
-    """Run the calls inside at fixed shapes (`active`), or as they come."""
+def fixed_shape_calls(active: bool, device: torch.device) -> Iterator[None]:
+    """Run the calls inside at fixed shapes (`active`: in tiles of `tile_rows(device)`), or as they come."""
     if not active:
         yield
         return
-    with FixedShapeCalls():
+    with FixedShapeCalls(tile_rows(device)):
         yield

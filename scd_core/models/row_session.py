@@ -108,7 +108,7 @@ class RowSession:
             raise RuntimeError("prefill() was already called for this session")
         inputs = self.network.embed_context(self.context)
         self.cache.full_keys = wanted(inputs.dtype)  # the compute dtype decides, from the first call on
-        with fixed_shape_calls(self.cache.full_keys):
+        with fixed_shape_calls(self.cache.full_keys, self.device):
             if tokens is not None:
                 inputs = torch.cat([inputs, self._inputs(tokens).to(inputs.dtype)], dim=1)
             logits = self.network(self.cache, inputs, self.extras, 1, True)
@@ -124,7 +124,7 @@ class RowSession:
             raise ValueError(f"tokens must be (batch={self.batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
         # where the cache attends to all its keys (`invariant.wanted`), every matrix product at one shape: no
         # position's logits depend on the call's width or rows
-        with fixed_shape_calls(self.cache.full_keys):
+        with fixed_shape_calls(self.cache.full_keys, self.device):
             return self._split(self.network(self.cache, self._inputs(tokens), self.extras, branches, False))
 
     def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -197,7 +197,7 @@ class RowSession:
             logits = group.prefill()
             self.cache = RowCache.joined([self.cache, group.cache], order)
             return fed, logits
-        with fixed_shape_calls(self.cache.full_keys):
+        with fixed_shape_calls(self.cache.full_keys, self.device):
             self.cache, logits = joined_call(self.cache, group.cache, self._inputs(tokens),
                                              self.network.embed_context(group.context), order,
                                              lambda cache, inputs: self.network(cache, inputs, self.extras, 1, False))
