@@ -17,6 +17,7 @@ from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture, one checkpoi
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.cli import main
 from scd_core.models import invariant
+from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
 
 WIDTHS = (1, 8, 32)
 FED = 40  # teacher-forced positions (fewer where the image is smaller)
@@ -66,6 +67,27 @@ def emu3p5_case(folder: Path):
     return model, model.encode("a cat")
 
 
+def lumina_case(folder: Path):
+    model = load_model(folder, device="cpu", dtype="bfloat16")
+    return model, model.encode("a cat")
+
+
+def llamagen_case(root: Path):
+    from llamagen_fixture import write_original_c2i
+
+    model = load_model(write_original_c2i(root / "llamagen"), "cpu", "bfloat16")
+    return model, model.encode("3")
+
+
+def cosmos_case(root: Path):
+    from cosmos_fixture import context_frames, write_cosmos
+
+    folder = write_cosmos(root, "4B")
+    # the context's codes through float32 (the fixture's scripted tokenizer pools in a way CPU bfloat16 lacks)
+    context = load_model(folder, "cpu", "float32").encode_video(context_frames(1))
+    return load_model(folder, "cpu", "bfloat16"), context
+
+
 def glm_case(folder: Path):
     from test_glm_image import loaded
 
@@ -87,9 +109,15 @@ def glm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_glm_image(tmp_path_factory.mktemp("tiny_glm_image"))
 
 
-@pytest.fixture(params=["demo", "janus", "emu3", "emu3p5", "glm_image"])
-def case(request: pytest.FixtureRequest):
+@pytest.fixture(params=["demo", "janus", "emu3", "emu3p5", "lumina", "llamagen", "cosmos", "glm_image"])
+def case(request: pytest.FixtureRequest, tmp_path: Path):
     name = request.param
+    if name == "lumina":
+        return lumina_case(request.getfixturevalue("tiny_lumina_dir"))
+    if name == "llamagen":
+        return llamagen_case(tmp_path)
+    if name == "cosmos":
+        return cosmos_case(tmp_path)
     if name == "demo":
         return demo_case()
     if name == "janus":

@@ -337,19 +337,18 @@ class CosmosTransformer(nn.Module):
         return [(*layer.cross_attention.keys_values(text.to(self.output.weight.dtype), None), mask)
                 for layer in self.layers]
 
-    def forward(self, tokens: torch.Tensor, cache: RowCache,
+    def forward(self, h: torch.Tensor, cache: RowCache,
                 text_kv: Optional[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None,
                 last_only: bool = False, branches: int = 1
                 ) -> torch.Tensor:
-        """Codes (B, T) after each row's cached positions (a tree with `branches` > 1) -> float32 logits
-        (B, T, vocab), or (B, 1, vocab) of the last position only (a 5120-token context would otherwise give
-        1.3 GB of logits per row)."""
-        positions, visible = cache.begin(tokens.shape[1], branches)
+        """Embedded codes (B, T, dim) (`tok_embeddings`) after each row's cached positions (a tree with `branches`
+        > 1) -> float32 logits (B, T, vocab), or (B, 1, vocab) of the last position only (a 5120-token context
+        would otherwise give 1.3 GB of logits per row)."""
+        positions, visible = cache.begin(h.shape[1], branches)
         # left padding (contexts of other lengths in one cache) takes no position; positions past the last (a
         # finished row's window) only give logits that are never used
         positions = (positions - cache.pads).clamp(0, self.rope.shape[0] - 1)
         angles = self.rope[positions]
-        h = self.tok_embeddings(tokens)
         for i, layer in enumerate(self.layers):
             if self.config.abs_pos_emb:
                 h = h + self.pos_emb[positions].to(h.dtype)
@@ -461,16 +460,12 @@ class CosmosT5(T5Captioner):
 # ----------------------------------------------------------------------------- adapter
 
 class TransformerRows:
-    """The transformer as a `row_session.RowNetwork`: it embeds the codes itself; a row's extras are its
-    cross-attention keys, values and key mask, three per layer (Video2World)."""
+    """The transformer as a `row_session.RowNetwork`; a row's extras are its cross-attention keys, values and key
+    mask, three per layer (Video2World)."""
 
     def __init__(self, net: CosmosTransformer) -> None:
         self.net = net
-
-    def embed_context(self, codes: torch.Tensor) -> torch.Tensor:
-        return codes
-
-    embed_tokens = embed_context
+        self.embed_context = self.embed_tokens = net.tok_embeddings
 
     def __call__(self, cache: RowCache, inputs: torch.Tensor, extras: Sequence[torch.Tensor], branches: int,
                  last_only: bool) -> torch.Tensor:

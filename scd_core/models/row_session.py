@@ -25,7 +25,8 @@ class RowNetwork(Protocol):
     """What a family runs over a session's cache."""
 
     def embed_context(self, context: torch.Tensor) -> torch.Tensor:
-        """The session's `context` (rows, P, ...) -> the inputs of its prefill call."""
+        """The session's `context` (rows, P, ...) -> the inputs of its prefill call: embeddings in the network's
+        compute dtype, which decides whether its calls run at fixed shapes (`invariant.wanted`)."""
         ...
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
@@ -107,6 +108,9 @@ class RowSession:
         if self.cache.longest:
             raise RuntimeError("prefill() was already called for this session")
         inputs = self.network.embed_context(self.context)
+        if not inputs.is_floating_point():
+            raise TypeError(f"{type(self.network).__name__}.embed_context must return embeddings (floating point), "
+                            f"got {inputs.dtype}: their dtype decides the window-invariant calls")
         self.cache.full_keys = wanted(inputs.dtype)  # the compute dtype decides, from the first call on
         with fixed_shape_calls(self.cache.full_keys, self.device):
             if tokens is not None:
