@@ -453,11 +453,16 @@ class AutoWindow:
     """The automatic window: a `WindowChooser` for the run, its costs timed (when the process has none) at the
     first choice, after the prefill; each call's cost is its seconds from its width's choice to its record."""
 
+    @staticmethod
+    def widest_for(num_tokens: int) -> int:
+        """The widest call it asks for in an image of `num_tokens` (what the run's memory is sized for)."""
+        return min(CANDIDATES[-1], num_tokens)
+
     def __init__(self, model: Any, batch_size: int, branches: int, timed_call: Callable[[int], torch.Tensor]
                  ) -> None:
         """`timed_call(width)`: a call of that width as the run makes them (a tree with `branches` > 1), rewound."""
         self.model, self.batch_size, self.branches, self.timed_call = model, batch_size, branches, timed_call
-        self.widest = min(CANDIDATES[-1], model.num_tokens)
+        self.widest = self.widest_for(model.num_tokens)
         self.started = 0.0  # when the last width was being chosen
 
     @functools.cached_property

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .auto_window import CANDIDATES, AutoWindow, PinnedWindow, WindowPolicy, widths_used
+from .auto_window import AutoWindow, PinnedWindow, WindowPolicy, widths_used
 
 MAX_WINDOW = 1024
 AUTO_WINDOW = "auto"
@@ -33,7 +33,7 @@ class Policy:
 
 POLICIES = (
     Policy(AUTO_WINDOW, 0, "chosen per call, the width with the most tokens per second, from the measured cost "
-           "of a call and the acceptance", AutoWindow, lambda num_tokens: min(CANDIDATES[-1], num_tokens)),
+           "of a call and the acceptance", AutoWindow, AutoWindow.widest_for),
 )
 NAMES = tuple(policy.name for policy in POLICIES)
 _BY_NAME = {policy.name: policy for policy in POLICIES}

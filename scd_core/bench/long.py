@@ -127,6 +127,7 @@ def long_table(device: Optional[str] = None, dtype: Optional[str] = None) -> str
     footer = (f"Memory for one {memory['tokens']}-token image with CFG: the KV cache is allocated once for "
               f"{memory['positions']} positions ({memory['small_cache_mb']:.1f} MB for this model; "
               f"{memory['emu3_8b_cache_gib']:.2f} GiB for Emu3-Gen 8B in bfloat16: 32 layers x 8 KV heads x 128 x "
-              f"2 rows), plus {memory['logits_mb']:.0f} MB of float32 code logits per {memory['window']}-token window call.")
+              f"2 rows), plus {memory['logits_mb']:.0f} MB of float32 code logits per {memory['window']}-token "
+              "window call.")
     return header + "\n\n" + markdown(rows, ("method", "window", "position", "calls", "forward_ms", "sample_ms",
                                              "call_ms", "nfe", "wall_s", "peak_mem_mb")) + "\n\n" + footer

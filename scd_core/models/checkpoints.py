@@ -70,7 +70,8 @@ def _load_tensors(path: Path) -> object:
         return torch.load(str(path), map_location="cpu", weights_only=True)  # the legacy format cannot be mapped
 
 
-def read_torch_checkpoint(path: Path, keys: tuple[str, ...] = ("model", "module", "state_dict")) -> dict[str, torch.Tensor]:
+def read_torch_checkpoint(path: Path, keys: tuple[str, ...] = ("model", "module", "state_dict")
+                          ) -> dict[str, torch.Tensor]:
     """A plain tensor dict from a .pt/.ckpt file without unpickling arbitrary objects.
 
     Original checkpoints often nest the weights under one of `keys` next to optimizer state and

@@ -65,7 +65,8 @@ FAMILY = Family(
     holds="an Emu3.5 folder (BAAI/Emu3.5-Image or BAAI/Emu3.5: config.json of model_type 'Emu3' with q/k-norm "
           "weights, emu3.tiktoken, and the BAAI/Emu3.5-VisionTokenizer folder inside it)",
     downloads=(("emu3.5", "BAAI/Emu3.5-Image (or BAAI/Emu3.5), with BAAI/Emu3.5-VisionTokenizer in its "
-                          "vision_tokenizer/ folder and the authors' src/tokenizer_emu3_ibq/ files beside config.json"),),
+                          "vision_tokenizer/ folder and the authors' src/tokenizer_emu3_ibq/ files beside "
+                          "config.json"),),
     roots=("Emu3.5",), cfg="Emu3.5-Image 5, Emu3.5 2", sizes=("Emu3.5 (any aspect, 16 px steps)",),
     compile=True, image_tasks=("x2i",))
 HINT = ("an Emu3.5 folder holds BAAI/Emu3.5-Image (or BAAI/Emu3.5), the authors' tokenizer files "

@@ -621,7 +621,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     cfg = config_from_state_dict(state, image_size // vq.config.downsample, n_head, str(gpt_path))
     if cfg.vocab_size != vq.config.codebook_size:
         raise ModelLoadError(f"{gpt_path.name} predicts {cfg.vocab_size} codes but the VQ "
-                             f"{settings['vq_checkpoint'].name} has {vq.config.codebook_size}; they do not belong together")
+                             f"{settings['vq_checkpoint'].name} has {vq.config.codebook_size}; they do not belong "
+                             "together")
     gpt = gpt_from_state_dict(state, cfg, str(gpt_path))
     del state
     # before the cast: each layer is read from the (memory-mapped) checkpoint and quantised on its own
