@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import platform
@@ -44,7 +43,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .. import compiled_regions, cuda_graphs
+from .. import auto_window, compiled_regions, cuda_graphs
 from ..config import SamplerConfig
 from ..engine import generate
 from ..models.memory import release_memory
@@ -175,7 +174,6 @@ def bit_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool, c
     position by position, and the time of one call of each TIMED_WIDTHS width (CFG: twice its rows), under
     `calls` (`invariant_calls(rows)`)."""
     from .device_check import ShapeModel, build
-    from .device_compiled import _median_seconds
 
     model, head = build(shape, device, dtype, tiny)
     cached = 0 if tiny else BIT_CACHED
@@ -186,37 +184,41 @@ def bit_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool, c
         network = ShapeModel(shape, model, head, num_tokens=ids.shape[1])
         network.compiled, network.compiled_layer = static, None  # the static row attention, run eagerly
         with invariant_calls(rows):
-            session = network.start(None, 1)
-            session.prefill()
-            if cached:
-                session.forward(ids[:, :cached])
-            logits = {}
-            for width in (*BIT_WIDTHS, "8 again"):
-                step = 8 if width == "8 again" else width
-                chunks = [session.forward(ids[:, cached + at:cached + at + step]) for at in range(0, BIT_SPAN, step)]
-                session.rewind(BIT_SPAN)
-                logits[width] = torch.cat([torch.stack(call) for call in chunks], dim=2).float()  # (2, 1, S, V)
-            call_ms = {}
-            for width in TIMED_WIDTHS:
-                one_call = functools.partial(_call_and_rewind, session, ids[:, cached:cached + width])
-                one_call()  # warm-up
-                call_ms[f"ms_width_{width}"] = 1000 * _median_seconds(one_call, device)
+            logits, seconds = _widths_measured(network, ids, cached)
         for a, b in ((1, 8), (1, 32), (8, 32), (8, "8 again")):
             same = sum(bool(torch.equal(logits[a][:, :, p], logits[b][:, :, p])) for p in range(BIT_SPAN))
+            timed = {f"ms_width_{width}": 1000 * s for width, s in seconds.items()} if (a, b) == (1, 8) else {}
             out.append(dict(dtype=str(dtype).replace("torch.", ""), calls=calls,
                             backbone="static row attention" if static else "transformers layers",
                             widths=f"{a} vs {b}", positions_bit_equal=f"{same}/{BIT_SPAN}",
-                            max_abs_diff=float((logits[a] - logits[b]).abs().max()),
-                            **(call_ms if (a, b) == (1, 8) else {})))
-        del session
+                            max_abs_diff=float((logits[a] - logits[b]).abs().max()), **timed))
     del model, head
     release_memory()
     return out
 
 
-def _call_and_rewind(session: Any, tokens: torch.Tensor) -> None:
-    session.forward(tokens)
-    session.rewind(tokens.shape[1])
+def _widths_measured(network: Any, ids: torch.Tensor, cached: int
+                     ) -> tuple[dict[Any, torch.Tensor], dict[int, float]]:
+    """Over one session with `cached` of `ids` cached: the logits (cond/uncond, 1, BIT_SPAN, V) of the next
+    BIT_SPAN positions by the width of the calls computing them, and the seconds of one call of each TIMED_WIDTHS
+    width (`auto_window.measure_costs`)."""
+    session = network.start(None, 1)
+    session.prefill()
+    if cached:
+        session.forward(ids[:, :cached])
+    logits = {}
+    for width in (*BIT_WIDTHS, "8 again"):
+        step = 8 if width == "8 again" else width
+        chunks = [session.forward(ids[:, cached + at:cached + at + step]) for at in range(0, BIT_SPAN, step)]
+        session.rewind(BIT_SPAN)
+        logits[width] = torch.cat([torch.stack(call) for call in chunks], dim=2).float()
+
+    def call(width: int) -> torch.Tensor:
+        result = session.forward(ids[:, cached:cached + width])[0]
+        session.rewind(width)
+        return result
+
+    return logits, auto_window.measure_costs(call, TIMED_WIDTHS)
 
 
 def bits_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
