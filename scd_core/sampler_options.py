@@ -64,22 +64,25 @@ def _cfg_tooltip(families: Sequence[Any]) -> str:
             f"(more than {FAR_CFG_FACTOR:g}x) images turn to noise: the status line warns. {notes}").rstrip()
 
 
+def _declared(families: Sequence[Any], field: str, then: str) -> str:
+    """The families' declarations of `field` ("; " between them), followed by `then`; "" where none declares."""
+    declared = "; ".join(getattr(family, field) for family in families if getattr(family, field))
+    return declared + then if declared else ""
+
+
 def _temperature_tooltip(families: Sequence[Any]) -> str:
-    declared = "; ".join(family.temperature for family in families if family.temperature)
     return ("Divides the model's logits before sampling; -1 uses the model's recommended value "
-            f"({declared + ', ' if declared else ''}else 1: the model as trained). Lower gives plainer images, "
+            f"({_declared(families, 'temperature', ', ')}else 1: the model as trained). Lower gives plainer images, "
             f"higher more varied ones and soon noise (above {FAR_TEMPERATURE_FACTOR:g}x the model's value the "
             "status line warns).")
 
 
 def _top_k_tooltip(families: Sequence[Any]) -> str:
-    declared = "; ".join(family.top_k for family in families if family.top_k)
-    return f"0 uses the model's recommended value ({declared + '; ' if declared else ''}else none: every token)."
+    return f"0 uses the model's recommended value ({_declared(families, 'top_k', '; ')}else none: every token)."
 
 
 def _top_p_tooltip(families: Sequence[Any]) -> str:
-    declared = "; ".join(family.top_p for family in families if family.top_p)
-    return f"0 uses the model's recommended value ({declared + ', ' if declared else ''}else 1: no top-p)."
+    return f"0 uses the model's recommended value ({_declared(families, 'top_p', ', ')}else 1: no top-p)."
 
 
 OPTIONS = (
