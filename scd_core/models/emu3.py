@@ -24,6 +24,7 @@ import torch
 
 from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import ModelLoadError
+from .code_rows import code_cells, forced_tokens, with_row_ends
 from .family import Family
 from .generate_defaults import generate_sampling
 from .generation_only import code_rows_head
@@ -144,10 +145,7 @@ class Emu3Model(Compilable):
         self.size = (rows, cols)
         self.grid = (rows, cols + 1)  # the row-end column included, so `above` lands on the same column
         self.num_tokens = rows * (cols + 1) + 3
-        forced = {row * (cols + 1) + cols: self._row_end for row in range(rows)}
-        closing = (self._frame_end, self._image_end, self._eos)
-        forced.update({self.num_tokens - 3 + i: token for i, token in enumerate(closing)})
-        self.forced_tokens = forced
+        self.forced_tokens = forced_tokens(rows, cols, self._row_end, (self._frame_end, self._image_end, self._eos))
         self.image_shape = (rows * DOWNSAMPLE, cols * DOWNSAMPLE)
 
     def encode(self, prompt: str, negative_prompt: Optional[str] = None, *, quality_suffix: bool = True
@@ -186,8 +184,7 @@ class Emu3Model(Compilable):
         """Token ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1 via Emu3's VQ decoder."""
         check_tokens(tokens, self.num_tokens, self._code_of.numel())
         rows, cols = self.size
-        grid = tokens[:, : rows * (cols + 1)].reshape(-1, rows, cols + 1)[..., :cols]
-        codes = self._code_of[grid.cpu()].to(self.device)
+        codes = self._code_of[code_cells(tokens, rows, cols).cpu()].to(self.device)
         images = self.module.model.vqmodel.decode(codes)
         return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
 
@@ -199,10 +196,8 @@ class Emu3Model(Compilable):
         if self.image_encoder is None:
             raise no_image_encoder(self)
         codes = self.image_encoder.codes(images, self.image_shape, self.device)
-        batch, rows = codes.shape[0], self.size[0]
-        row_ends = torch.full((batch, rows, 1), self._row_end)
-        closing = torch.tensor([self._frame_end, self._image_end, self._eos]).expand(batch, 3)
-        return torch.cat([torch.cat([self.code_ids[codes], row_ends], dim=2).flatten(1), closing], dim=1)
+        closing = torch.tensor([self._frame_end, self._image_end, self._eos]).expand(codes.shape[0], 3)
+        return torch.cat([with_row_ends(self.code_ids[codes], self._row_end), closing], dim=1)
 
 
 class Emu3ImageCodes(torch.nn.Module):

@@ -45,6 +45,7 @@ import torch
 
 from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import ModelLoadError
+from .code_rows import code_cells, forced_tokens, with_row_ends
 from .family import Family
 from .generation_only import code_rows_head
 from .hf_folders import check_safetensors_weights
@@ -199,9 +200,7 @@ class Emu3p5Model(Compilable):
         self.size = (rows, cols)
         self.grid = (rows, cols + 1)  # the row-end column included, so `above` lands on the same column
         self.num_tokens = rows * (cols + 1)
-        forced = {row * (cols + 1) + cols: self._row_end for row in range(rows - 1)}
-        forced[self.num_tokens - 1] = self._image_end
-        self.forced_tokens = forced
+        self.forced_tokens = forced_tokens(rows, cols, self._row_end, (self._image_end,), last_row_end=False)
         self.image_shape = (rows * DOWNSAMPLE, cols * DOWNSAMPLE)
 
     def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> Emu3p5Prompt:
@@ -255,8 +254,7 @@ class Emu3p5Model(Compilable):
         encoder = self.vq.encoder().to(self.vq.decoder.post_quant_conv.weight.device)
         rows, cols = height // DOWNSAMPLE, width // DOWNSAMPLE
         codes = self.code_ids[encoder.encode(prepared.pixels).cpu()].view(rows, cols)
-        row_end = torch.full((rows, 1), self._row_end)
-        body = torch.cat([codes, row_end], dim=1).flatten()[:-1]  # no EOL after the last row
+        body = with_row_ends(codes[None], self._row_end)[0, :-1]  # no EOL after the last row
         return (*self._with_header([], (rows, cols)), *body.tolist(), self._image_end)
 
     def start(self, cond: Emu3p5Prompt, batch_size: int) -> CFGSession:
@@ -276,7 +274,7 @@ class Emu3p5Model(Compilable):
         """Token ids (batch, num_tokens) -> codes (batch, rows * cols), the row-end column dropped."""
         check_tokens(tokens, self.num_tokens, self._code_of.numel())
         rows, cols = self.size
-        return self._code_of[tokens.cpu().reshape(-1, rows, cols + 1)[..., :cols].flatten(1)]
+        return self._code_of[code_cells(tokens.cpu(), rows, cols).flatten(1)]
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,7 @@ import torch
 from ..model import check_start, check_tokens, compute_device
 from .cfg_session import CFGSession, cfg_prefix, check_positions
 from .checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_weights
+from .code_rows import code_cells, forced_tokens, with_row_ends
 from .family import Family
 from .generation_only import code_rows_head
 from .hf_folders import load_or_refuse
@@ -207,9 +208,7 @@ class LuminaModel:
         self.size = (rows, cols)
         self.grid = (rows, cols + 1)  # the row-end column included, so `above` lands on the same image column
         self.num_tokens = rows * (cols + 1) + 1
-        forced = {row * (cols + 1) + cols: self._row_end for row in range(rows)}
-        forced[self.num_tokens - 1] = self._eoi
-        self.forced_tokens = forced
+        self.forced_tokens = forced_tokens(rows, cols, self._row_end, (self._eoi,))
 
     def cfg_schedule(self, scale: float) -> Optional[torch.Tensor]:
         """The guidance at each position for a configured `scale`: 2.0's decays as its authors' sampler does
@@ -269,9 +268,7 @@ class LuminaModel:
 
     def _code_grid_ids(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes (B, rows, cols) to the engine's ids (B, rows * (cols + 1)): each row's code ids, then a row-end."""
-        ids = self.code_ids[codes]
-        row_ends = torch.full((*ids.shape[:2], 1), self._row_end, dtype=ids.dtype)
-        return torch.cat((ids, row_ends), dim=2).flatten(1)
+        return with_row_ends(self.code_ids[codes], self._row_end)
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """ComfyUI IMAGE (B, H, W, 3) in 0..1 -> (B, num_tokens) ids at the current size, row-ends and end-of-image
@@ -343,8 +340,7 @@ class LuminaModel:
         """Token ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1."""
         check_tokens(tokens, self.num_tokens, self._code_of.numel())
         rows, cols = self.size
-        grid = tokens.cpu().long()[:, : rows * (cols + 1)].reshape(-1, rows, cols + 1)[..., :cols]
-        codes = self._code_of[grid]
+        codes = self._code_of[code_cells(tokens.cpu().long(), rows, cols)]
         if codes.numel() and int(codes.min()) < 0:
             raise ValueError("an image position holds a token that is not an image code")
         vq = self.module["vq"]  # float32 for 2.0 whatever the model's dtype, as its authors decode
