@@ -302,17 +302,18 @@ def whole_generate(shape: Shape, device: torch.device, dtype: torch.dtype, tiny:
     model, head = build(shape, device, dtype, tiny)
     eager, compiled = ShapeModel(shape, model, head), ShapeModel(shape, model, head, compile=True)
     config = SamplerConfig(seed=0, coupler="maximal", window=GENERATE_WINDOW)
+    holder = cuda_graphs.kept_graphs(compiled)
     with torch.no_grad():
         runs = dict(eager=generate(eager, None, config), compiled_first=generate(compiled, None, config))
-        kept = cuda_graphs.kept_graphs(compiled).kept
+        kept = holder.kept
         runs["compiled"] = generate(compiled, None, config)
     failures = runs["compiled_first"].eager_fallbacks + runs["compiled"].eager_fallbacks
     graphs = "CUDA graphs" if cuda_graphs.graphs_available(device) else f"no CUDA graphs on {device.type}"
     status = ("compile=True unavailable: this torch is older than the tested ones" if not compiled.compiled
               else f"ran eagerly: {failures[0][:100]}" if failures else f"compiled, {graphs}")
-    graphs_kept = "none kept" if kept is None else "yes" if cuda_graphs.kept_graphs(compiled).kept is kept else "no"
-    cuda_graphs.kept_graphs(compiled).forget()
-    del model, head, eager, compiled, kept
+    graphs_kept = "none kept" if kept is None else "yes" if holder.kept is kept else "no"
+    holder.forget()
+    del model, head, eager, compiled, kept, holder
     release_memory()
     return dict(model=shape.name, window=GENERATE_WINDOW, status=status,
                 same_tokens=all(torch.equal(runs["eager"].tokens, r.tokens) for r in runs.values()),

@@ -87,11 +87,12 @@ def kept_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) 
 
     model, head = build(shape, device, dtype, tiny)
     compiled = ShapeModel(shape, model, head, compile=True)
+    holder = cuda_graphs.kept_graphs(compiled)
     rows, tokens = [], {}
     for step, config in KEPT_CONFIGS:
         if step.startswith("B again"):
-            cuda_graphs.kept_graphs(compiled).forget()
-        before = cuda_graphs.kept_graphs(compiled).kept
+            holder.forget()
+        before = holder.kept
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             started = time.perf_counter()
@@ -101,14 +102,14 @@ def kept_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) 
             seconds = time.perf_counter() - started
         tokens[step] = result.tokens
         rows.append(dict(step=step, seconds=seconds, calls=result.nfe, ms_per_call=1000 * seconds / result.nfe,
-                         took_kept=before is not None and cuda_graphs.kept_graphs(compiled).kept is before,
-                         kept_mib=cuda_graphs.kept_graphs(compiled).kept_bytes() / 2**20,
+                         took_kept=before is not None and holder.kept is before,
+                         kept_mib=holder.kept_bytes() / 2**20,
                          allocated_mib=torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else "-",
                          allocator_warnings=sum("free" in str(w.message) for w in caught),
                          eager_fallbacks="; ".join(result.eager_fallbacks)[:160] or "-"))
     for row in rows:
         row["tokens_vs_captured_anew"] = int((tokens[row["step"]] != tokens[KEPT_CONFIGS[-1][0]]).sum())
-    cuda_graphs.kept_graphs(compiled).forget()
+    holder.forget()
     return rows
 
 
@@ -143,8 +144,8 @@ def async_table(rows: list[dict[str, Any]], backend: Optional[str]) -> str:
             + markdown(rows, list(rows[0])))
 
 
-# the calls a bits row runs: today's (each at its own shape), and the window-invariant tiles of 32 rows (the
-# default) and of the wider tiles a GPU may want (weight-bound calls re-read the weights once per tile)
+# the calls a bits row runs: today's (each at its own shape), and window-invariant tiles of 32 rows (the CPU's)
+# to 128 (CUDA's, unmeasured: weight-bound calls re-read the weights once per tile)
 BIT_CALLS = (("today's", None), ("tiles of 32", 32), ("tiles of 64", 64), ("tiles of 128", 128))
 TIMED_WIDTHS = (1, 8, 32, 64)
 
