@@ -197,3 +197,23 @@ def test_tiles_give_each_row_its_own_bits_where_the_plain_kernels_do_not():
                        each(invariant.tiled_attention))
     assert not torch.equal(F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask),
                            each(F.scaled_dot_product_attention))
+
+
+def test_a_network_whose_embed_context_gives_ids_is_refused():
+    """The compute dtype that turns the fixed shapes on is read from `embed_context`'s output: ids there (as
+    Cosmos's network gave before) would leave them off without a word, so the prefill refuses them."""
+    from scd_core.models.row_session import RowSession
+
+    class IdsNetwork:
+        def embed_context(self, context: torch.Tensor) -> torch.Tensor:
+            return context
+
+        embed_tokens = embed_context
+
+        def __call__(self, *args):
+            raise AssertionError("the prefill must stop before the network runs")
+
+    session = RowSession(torch.zeros(2, 3, dtype=torch.long), 4, IdsNetwork())
+    with pytest.raises(TypeError, match=r"IdsNetwork\.embed_context must return embeddings \(floating point\), "
+                                        r"got torch\.int64"):
+        session.prefill()
