@@ -4,8 +4,8 @@ from pathlib import Path
 
 import folder_paths
 from comfy_api.latest import ComfyExtension, io
-from scd_core import window_memory
-from scd_core.capture_scope import set_capture_scope
+from scd_core.windows import window_memory
+from scd_core.compiled.capture_scope import set_capture_scope
 
 from .core_compat import outside_malloc_graph
 from .decode import SCDVQDecode

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import comfy.model_management as mm
 import torch
 from comfy_api.latest import io
-from scd_core.models.quantize import module_bytes
+from scd_core.models.weights.quantize import module_bytes
 
 from .checks import check_same_model, check_tokens
 from .core_compat import classic_patcher_class

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 from comfy_api.latest import io
-from scd_core.image_prompt import CONTINUE, MASKED, add_image
+from scd_core.images.image_prompt import CONTINUE, MASKED, add_image
 from scd_core.models.family import families
 from server import PromptServer
 

@@ -13,9 +13,9 @@ from comfy_api.latest import io
 from scd_core import load_model
 from scd_core.models.family import compilable, families
 from scd_core.models.loading import estimate_memory, pick_device
-from scd_core.models.checkpoints import ModelLoadError
-from scd_core.models.memory import auto_precision
-from scd_core.models.quantize import NF4_DEVICES, NF4_PACKAGE, PRECISIONS, check_precision, module_bytes
+from scd_core.models.weights.checkpoints import ModelLoadError
+from scd_core.models.weights.memory import auto_precision
+from scd_core.models.weights.quantize import NF4_DEVICES, NF4_PACKAGE, PRECISIONS, check_precision, module_bytes
 from server import PromptServer
 
 from .checks import CheckedCombo, choice_error

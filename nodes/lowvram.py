@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import comfy.ops
 import comfy.patcher_extension
-from scd_core import cuda_graphs
+from scd_core.compiled import cuda_graphs
 import torch
 from torch import nn
 

@@ -7,12 +7,13 @@ import logging
 import comfy.model_management as mm
 from comfy_api.latest import io
 from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate
-from scd_core import couplers, window_policies
-from scd_core.config import DEFAULT_COUPLER, MAX_CANDIDATES, MAX_SEED
-from scd_core.window_policies import AUTO_WINDOW, MAX_WINDOW
+from scd_core.decoding import couplers
+from scd_core.windows import window_policies
+from scd_core.decoding.config import DEFAULT_COUPLER, MAX_CANDIDATES, MAX_SEED
+from scd_core.windows.window_policies import AUTO_WINDOW, MAX_WINDOW
 from scd_core.model import unusual_settings
 from scd_core.models.family import families
-from scd_core.sampler_options import OPTIONS, Option
+from scd_core.decoding.sampler_options import OPTIONS, Option
 
 from .checks import CheckedCombo, check_same_model
 from .progress import ProgressReporter

@@ -7,7 +7,9 @@ from typing import Any
 
 import comfy.model_management as mm
 from comfy_api.latest import io
-from scd_core import GenerationResult, SamplerConfig, cuda_graphs, window_policies
+from scd_core import GenerationResult, SamplerConfig
+from scd_core.compiled import cuda_graphs
+from scd_core.windows import window_policies
 
 SCDModel = io.Custom("SCD_MODEL")
 SCDCond = io.Custom("SCD_COND")

@@ -6,7 +6,7 @@ import comfy.model_management as mm
 import numpy as np
 import torch
 from comfy_api.latest import io
-from scd_core import window_policies
+from scd_core.windows import window_policies
 
 from .chart import committed_chart
 from .sockets import SamplingStats, SCDStats

@@ -3,10 +3,10 @@ for autoregressive image models.  ComfyUI-free; the node pack is a thin layer on
 
 __version__ = "0.1.0"  # the release; pyproject.toml's [project] version must match (tests/test_registry.py)
 
-from .batching import generate_many
-from .models.checkpoints import ModelLoadError
-from .config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
-from .engine import GenerationCancelled, GenerationResult, IterationStats, ModelOutputError, generate
+from .jobs.batching import generate_many
+from .models.weights.checkpoints import ModelLoadError
+from .decoding.config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
+from .decoding.engine import GenerationCancelled, GenerationResult, IterationStats, ModelOutputError, generate
 from .models.loading import load_model
 from .model import Session, TokenModel
 

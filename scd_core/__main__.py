@@ -1,7 +1,7 @@
-"""`python -m scd_core ...`: see scd_core/cli.py."""
+"""`python -m scd_core ...`: see scd_core/frontends/cli.py."""
 
 import sys
 
-from .cli import main
+from .frontends.cli import main
 
 sys.exit(main())

@@ -47,7 +47,7 @@ def unlearned_auto_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """For tests that compare two automatic runs on one model: their widths agree only if the first run taught
     the chooser nothing, so the runs' own call costs are not learned and no call explores (both are tested on
     their own in tests/test_auto_window.py), and no run starts from the last one's commit law."""
-    from scd_core import auto_window
+    from scd_core.windows import auto_window
 
     monkeypatch.setattr(auto_window.CallCosts, "learn", lambda self, width, seconds: None)
     monkeypatch.setattr(auto_window.CallCosts, "explores", lambda self, neighbours: False)

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from llamagen_fixture import write_tiny_t5
-from scd_core.models.cosmos import TOKENIZER_FOLDER, CosmosTransformer, config_for
+from scd_core.models.families.cosmos import TOKENIZER_FOLDER, CosmosTransformer, config_for
 
 # head_dim 12 splits into 4 time / 4 height / 4 width channels; 4 latent frames of 2 x 3 codes, 2 generated.
 TINY = {"dim": 48, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 12, "ffn_hidden_size": 64,

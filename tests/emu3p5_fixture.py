@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from scd_core.models.taming import DecoderSpec, VQDecoder
-from scd_core.models.taming_encoder import EncoderSpec, VQEncoder
+from scd_core.models.tokenizers.taming import DecoderSpec, VQDecoder
+from scd_core.models.tokenizers.taming_encoder import EncoderSpec, VQEncoder
 
 IMAGE_CODES = 64
 EMBED_DIM, Z_CHANNELS, WIDTH = 4, 4, 32  # GroupNorm(32) needs widths of 32 or more

@@ -19,8 +19,8 @@ from typing import Optional
 
 import torch
 
-from scd_core.models.llamagen import GPT, GPTConfig
-from scd_core.models.vq16 import VQConfig, VQModel
+from scd_core.models.families.llamagen import GPT, GPTConfig
+from scd_core.models.tokenizers.vq16 import VQConfig, VQModel
 
 # The GPT-B preset has 12 heads; width 48 gives 4-wide heads, enough for the 2-D rotation.
 TINY_GPT = dict(dim=48, n_layer=2, n_head=12, n_kv_head=12, ffn_hidden=128, vocab_size=64, grid_size=4)

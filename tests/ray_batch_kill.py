@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scd_core.cli import main  # noqa: E402
+from scd_core.frontends.cli import main  # noqa: E402
 
 WAIT_S = 300
 

@@ -34,7 +34,7 @@ from test_browser import CHART, CHROMIUM_FLAGS, EXTENSION_NAME, GRAPH_BOUNDS, qu
 
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from tests/: the package sits at the repository root
 from scd_core import SamplerConfig, generate, load_model  # noqa: E402
-from scd_core.image_prompt import add_image  # noqa: E402
+from scd_core.images.image_prompt import add_image  # noqa: E402
 
 OUT = REPO_ROOT / "web" / "readme"
 WORKFLOWS = REPO_ROOT / "workflows"

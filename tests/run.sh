@@ -17,7 +17,7 @@ PYTHON=${PYTHON:-python3}
 OLDEST_TRANSFORMERS=4.52.1  # keep in step with requirements.txt
 NEWEST_TRANSFORMERS=5.25.0  # the newest release tested, within requirements.txt's range; the README states it
 NEWEST_TORCH=2.14.1  # the newest torch tested (torchvision: the release made for it); the README states it
-OLDEST_TORCH=2.11.0  # keep in step with OLDEST_TESTED_TORCH in scd_core/compiled_regions.py (compile=True)
+OLDEST_TORCH=2.11.0  # keep in step with OLDEST_TESTED_TORCH in scd_core/compiled/compiled_regions.py (compile=True)
 
 pip_install() { "$1/bin/pip" install --quiet --disable-pip-version-check "${@:2}"; }
 

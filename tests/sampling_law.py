@@ -8,8 +8,8 @@ from typing import Optional
 import torch
 
 from scd_core import SamplerConfig
-from scd_core.run_settings import sampling_settings
-from scd_core.sampling import to_probs
+from scd_core.decoding.run_settings import sampling_settings
+from scd_core.decoding.sampling import to_probs
 
 
 def spread_logits(vocab: int, seed: int = 0) -> torch.Tensor:

@@ -10,8 +10,10 @@ import types
 import pytest
 import torch
 
-from scd_core import SamplerConfig, auto_window, couplers, engine, generate, load_model
-from scd_core.auto_window import WindowChooser, measure_costs
+from scd_core import SamplerConfig, generate, load_model
+from scd_core.windows import auto_window
+from scd_core.decoding import couplers, engine
+from scd_core.windows.auto_window import WindowChooser, measure_costs
 from scd_core.bench.synthetic import GridModel
 from toy_models import TablePrefixModel
 

@@ -18,8 +18,8 @@ import pytest
 from ray_sandbox import run_sandboxed
 
 from scd_core import ModelOutputError, SamplerConfig, generate, load_model
-from scd_core.batch_job import MANIFEST, RAY_EXTRA, RUN_FILE, Job, Renderer, png_bytes, png_in_place
-from scd_core.cli import main
+from scd_core.frontends.batch_job import MANIFEST, RAY_EXTRA, RUN_FILE, Job, Renderer, png_bytes, png_in_place
+from scd_core.frontends.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = ("--model", "demo", "--device", "cpu", "--window", "16", "--slots", "2")

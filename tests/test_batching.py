@@ -20,9 +20,10 @@ from lumina_fixture import tiny_lumina_dir  # noqa: F401
 from pace import _cat, _sequential, assert_each_row_matches
 from toy_models import TablePrefixModel
 
-from scd_core import SamplerConfig, couplers, generate, generate_many, load_model
+from scd_core import SamplerConfig, generate, generate_many, load_model
+from scd_core.decoding import couplers
 from scd_core.bench.synthetic import GridModel
-from scd_core.config import MAX_SEED
+from scd_core.decoding.config import MAX_SEED
 
 # every coupler at two windows, and the options that draw on streams of their own
 SETTINGS = [dict(coupler=coupler, window=window) for coupler in couplers.NAMES

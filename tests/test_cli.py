@@ -14,13 +14,15 @@ from PIL import Image
 
 from janus_fixture import IMAGE_SIZE
 from scd_core import SamplerConfig, generate, load_model
-from scd_core.config import MAX_SEED
-from scd_core.engine import GenerationResult
+from scd_core.decoding.config import MAX_SEED
+from scd_core.decoding.engine import GenerationResult
 from scd_core.models.loading import DTYPES
-from scd_core import cli, compiled_regions, couplers
+from scd_core.frontends import cli
+from scd_core.compiled import compiled_regions
+from scd_core.decoding import couplers
 from scd_core.bench import cli as bench
-from scd_core.cli import (CAPTION_SIZE, LINE_HEIGHT, MIN_PANEL, PADDING, SHOWN_SEEDS, commit_histogram,
-                          compile_seconds, main)
+from scd_core.frontends.cli import (CAPTION_SIZE, LINE_HEIGHT, MIN_PANEL, PADDING, SHOWN_SEEDS, commit_histogram,
+                                    compile_seconds, main)
 
 TINY_TOKENS = 16  # the tiny Janus grid is 4 x 4
 COMPARE_LABELS = ("AR", "SCD-faithful", "SJD", "SCD-maximal", "SCD-gumbel")

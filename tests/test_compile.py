@@ -1,5 +1,5 @@
-"""compile=True (scd_core.compiled_regions, scd_core.cuda_graphs): the eager tokens, no graph break, one
-compilation per width bucket, fixed tensor addresses, clear refusals.
+"""compile=True (scd_core.compiled.compiled_regions, scd_core.compiled.cuda_graphs): the eager tokens, no graph
+break, one compilation per width bucket, fixed tensor addresses, clear refusals.
 
 Most tests trace with dynamo's "eager" backend: the same graphs, traced with `fullgraph=True` and the same
 guards, without inductor's code generation (minutes per graph on a shared CPU); `test_inductor_*` runs the
@@ -28,12 +28,14 @@ from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_safetensors_c2i, write_t2i
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
-from scd_core import (GenerationCancelled, ModelLoadError, SamplerConfig, auto_window, generate, generate_many,
-                      compiled_regions, cuda_graphs, graph_state, load_model, sampling)
-from scd_core.auto_window import candidate_widths
-from scd_core.config import AUTO_WINDOW
-from scd_core.given import GivenCells, continuation, from_cell_mask
-from scd_core.models.row_session import PROMPT_BUCKET
+from scd_core import GenerationCancelled, ModelLoadError, SamplerConfig, generate, generate_many, load_model
+from scd_core.windows import auto_window
+from scd_core.compiled import compiled_regions, cuda_graphs, graph_state
+from scd_core.decoding import sampling
+from scd_core.windows.auto_window import candidate_widths
+from scd_core.decoding.config import AUTO_WINDOW
+from scd_core.decoding.given import GivenCells, continuation, from_cell_mask
+from scd_core.models.sessions.row_session import PROMPT_BUCKET
 
 COUPLINGS = [dict(coupler="maximal"), dict(coupler="gumbel"), dict(coupler="independent"),
              dict(coupler="faithful"), dict(coupler="independent", verification="block"),

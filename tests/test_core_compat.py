@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 import torch
-from scd_core.capture_scope import outside_host_graphs
+from scd_core.compiled.capture_scope import outside_host_graphs
 
 from test_nodes import comfy, node_classes, pack  # noqa: F401  (fixtures)
 

@@ -14,8 +14,9 @@ from pace import assert_each_row_matches, tree_logits
 from cosmos_fixture import (CONTEXT_DIM, FRAME_SIZE, TINY, context_frames, write_cosmos, write_nvidia_config,
                             write_tokenizer)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
-from scd_core.models.cosmos import (TOKENIZER_FOLDER, VideoContext, config_for, detect, official_keys,
-                                    read_state_dict, rope_table_3d, sincos_table_3d, yarn_factors, BASE_12B, SIZES)
+from scd_core.models.families.cosmos import (TOKENIZER_FOLDER, VideoContext, config_for, detect, official_keys,
+                                             read_state_dict, rope_table_3d, sincos_table_3d, yarn_factors, BASE_12B,
+                                             SIZES)
 
 FRAME_TOKENS = TINY["video_latent_shape"][1] * TINY["video_latent_shape"][2]
 NUM_TOKENS = TINY["generated_frames"] * FRAME_TOKENS
@@ -400,7 +401,7 @@ def test_rows_rewound_by_different_counts_match_fresh_sessions(folders):
 
 @pytest.mark.parametrize("size, billions", [("4B", 4), ("12B", 12), ("5B-Video2World", 5), ("13B-Video2World", 13)])
 def test_published_sizes_have_their_parameter_counts(size, billions):
-    from scd_core.models.cosmos import SIZES, CosmosTransformer
+    from scd_core.models.families.cosmos import SIZES, CosmosTransformer
 
     with torch.device("meta"):
         net = CosmosTransformer(SIZES[size])

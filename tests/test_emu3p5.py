@@ -15,9 +15,10 @@ from pace import assert_own_pace_gives_ar_tokens
 from test_lossless import P_MIN, chi_square_pvalue
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
-from scd_core.models import emu3, emu3p5, ibq
+from scd_core.models.families import emu3, emu3p5
+from scd_core.models.tokenizers import ibq
 from scd_core.models.loading import detect_family
-from scd_core.sampling import Sampling, to_probs
+from scd_core.decoding.sampling import Sampling, to_probs
 
 PROMPT = "a red cube on the table, 3 times"
 WIDTH, HEIGHT, ROWS, COLS = 48, 32, 2, 3  # 2 rows of 3 codes: 2 * (3 + 1) = 8 positions
@@ -120,7 +121,7 @@ def test_tokenizer_is_tiktoken(tiny_emu3p5_dir: Path, model64: emu3p5.Emu3p5Mode
 
     import tiktoken
 
-    from scd_core.models.tiktoken_bpe import PATTERN, read_ranks
+    from scd_core.models.text.tiktoken_bpe import PATTERN, read_ranks
 
     tokenizer = model64._tokenizer
     encoding = tiktoken.Encoding("emu3-tiny", pat_str=PATTERN.pattern,
@@ -233,7 +234,7 @@ def test_x2i_through_the_image_prompt_and_its_bad_input(x2i_model: emu3p5.Emu3p5
                                                         tiny_emu3p5_dir: Path, tmp_path: Path) -> None:
     """The SCD Image Prompt's path (task "x2i"): a resized image is noted; a batch, a fourth image, another task,
     a mask and image_cfg are refused in one line each, the conditioning given left as it was."""
-    from scd_core.image_prompt import add_image, image_tasks
+    from scd_core.images.image_prompt import add_image, image_tasks
 
     assert image_tasks(x2i_model) == ("x2i",)
     cond = x2i_model.encode(PROMPT)
@@ -357,7 +358,7 @@ def test_unsafe_vq_checkpoint_is_refused_with_the_converter_command(tiny_emu3p5_
     with pytest.raises(ModelLoadError) as refused:
         load_model(folder, device="cpu")
     message = str(refused.value)
-    command = f"python -m scd_core.models.ibq {checkpoint} --allow test_emu3p5.TrainingHyperParameters"
+    command = f"python -m scd_core.models.tokenizers.ibq {checkpoint} --allow test_emu3p5.TrainingHyperParameters"
     assert "\n" not in message and "was refused" in message and message.endswith(command)
     assert not (checkpoint.parent / "model.safetensors").exists()
     ibq.main([str(checkpoint), "--allow", "test_emu3p5.TrainingHyperParameters"])  # what the user runs

@@ -18,7 +18,7 @@ from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture)
 from test_server import output_images
 
 from scd_core import SamplerConfig, generate, load_model
-from scd_core.image_prompt import add_image
+from scd_core.images.image_prompt import add_image
 
 WIDTH, HEIGHT = 48, 32  # 2 rows of 3 codes and their row ends: 8 positions
 PROMPT = "A red fox sitting in fresh snow under a pine tree at sunrise, soft golden light, detailed photograph"

@@ -20,8 +20,8 @@ from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from llamagen_fixture import IMAGE_SIZE, TINY_VQ, write_original_c2i, write_safetensors_c2i
 
 from scd_core import SamplerConfig, generate, load_model
-from scd_core.image_input import encode_images, fit_note, no_image_encoder, prepare_images
-from scd_core.models import janus as janus_family
+from scd_core.images.image_input import encode_images, fit_note, no_image_encoder, prepare_images
+from scd_core.models.families import janus as janus_family
 
 ROWS, COLS = 3, 4  # the Emu3 test size: 32 x 24 px
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scd_core import GenerationCancelled, ModelOutputError, SamplerConfig, engine, generate
+from scd_core import GenerationCancelled, ModelOutputError, SamplerConfig, generate
+from scd_core.decoding import engine
 from scd_core.bench.synthetic import GridModel
 from toy_models import TablePrefixModel
 
@@ -184,7 +185,7 @@ def test_drafting_only_a_calls_width_equals_drafting_the_whole_window(coupler, d
     """A call drafts only its own width's slots and a wider call drafts the rest (`_Decoder.grow`); with widths
     that move every few calls (a fixed cost profile, explorations) the tokens equal drafting every slot of the
     widest window after every call."""
-    from scd_core import auto_window
+    from scd_core.windows import auto_window
 
     model = grid_model(sharpness=0.5)
     config = SamplerConfig(coupler=coupler, draft_init=draft_init, seed=6, window="auto")

@@ -13,15 +13,15 @@ from typing import Iterator
 import pytest
 
 from scd_core import ModelLoadError, load_model
-from scd_core.cli_shared import add_model_arguments
+from scd_core.frontends.cli_shared import add_model_arguments
 from scd_core.models import family as registry
 from scd_core.models.family import Family, compilable, families, hooks, joined
 from scd_core.models.loading import detect_family, download_hint, estimate_memory, unrecognised_message
 
 REPO = Path(__file__).resolve().parents[1]
 # what reads the declarations instead of naming families
-DERIVED = ("nodes/sampler.py", "nodes/loader.py", "nodes/encode.py", "scd_core/cli_shared.py",
-           "scd_core/compiled_regions.py", "scd_core/cuda_graphs.py")
+DERIVED = ("nodes/sampler.py", "nodes/loader.py", "nodes/encode.py", "scd_core/frontends/cli_shared.py",
+           "scd_core/compiled/compiled_regions.py", "scd_core/compiled/cuda_graphs.py")
 TOY = Family(label="Toy-GPT", holds="a Toy-GPT folder (toy.json)", downloads=(("toy-gpt", "the toy repository"),),
              roots=("Toy-GPT",), cfg="Toy-GPT 2", sizes=("Toy-GPT (any size)",), quantize=False)
 

@@ -16,10 +16,12 @@ import torch
 from test_lossless import P_MIN, SAMPLES, chi_square_pvalue
 from toy_models import TablePrefixModel
 
-from scd_core import SamplerConfig, auto_window, couplers, generate, generate_many
+from scd_core import SamplerConfig, generate, generate_many
+from scd_core.windows import auto_window
+from scd_core.decoding import couplers
 from scd_core.bench.synthetic import GridModel
-from scd_core.given import GivenCells, continuation, from_cell_mask
-from scd_core.run_settings import sampling_settings
+from scd_core.decoding.given import GivenCells, continuation, from_cell_mask
+from scd_core.decoding.run_settings import sampling_settings
 
 BATCH = SAMPLES - SAMPLES % 6
 

@@ -21,8 +21,8 @@ from packaging.version import Version
 from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits
 
 from scd_core import ModelLoadError, SamplerConfig, TokenModel, generate, load_model
-from scd_core.models import glm_image
-from scd_core.run_settings import start_session
+from scd_core.models.families import glm_image
+from scd_core.decoding.run_settings import start_session
 
 HAS_GLM_IMAGE = Version(transformers.__version__) >= Version(glm_image.TRANSFORMERS_NEEDED)
 needs_glm_image = pytest.mark.skipif(not HAS_GLM_IMAGE, reason="GLM-Image needs transformers >= 5 (oldest tier)")
@@ -166,9 +166,9 @@ def test_unset_sampling_settings_sample_as_generate_reads_the_folder(model: glm_
     top-k 50: the tokens of those values set by hand."""
     import argparse
 
-    from scd_core.cli_shared import add_sampler_arguments, sampler_config
-    from scd_core.run_settings import sampling_settings
-    from scd_core.sampling import Sampling
+    from scd_core.frontends.cli_shared import add_sampler_arguments, sampler_config
+    from scd_core.decoding.run_settings import sampling_settings
+    from scd_core.decoding.sampling import Sampling
 
     parser = argparse.ArgumentParser()
     add_sampler_arguments(parser)

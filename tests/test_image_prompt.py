@@ -1,4 +1,4 @@
-"""scd_core.image_prompt, without ComfyUI: which cells a mask regenerates, and that a continuation is encoded at
+"""scd_core.images.image_prompt, without ComfyUI: which cells a mask regenerates, and that a continuation is encoded at
 the size its conditioning was made for (the nodes' side is in test_nodes.py)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 
 from scd_core import SamplerConfig, generate, load_model
-from scd_core.given import GivenCells
-from scd_core.image_prompt import add_image, fitted_mask, regenerated_cells
+from scd_core.decoding.given import GivenCells
+from scd_core.images.image_prompt import add_image, fitted_mask, regenerated_cells
 
 
 def test_a_cell_is_regenerated_where_any_of_its_pixels_is_masked() -> None:

@@ -1,7 +1,7 @@
 """In bfloat16 a position's logits do not depend on the width of the call that computes it: every family's window
 calls over the same cached prefix give each position the same bits at widths 1, 8 and 32
-(scd_core.models.invariant), and so the seed decides the image at any window.  Each check compares whole logits
-bit for bit.  Each check's power is shown under stand-in kernels whose rounding depends on the call's row count
+(scd_core.models.sessions.invariant), and so the seed decides the image at any window.  Each check compares
+whole logits bit for bit.  Each check's power is shown under stand-in kernels whose rounding depends on the call's row count
 on every machine (row_count_kernels.py, as CUDA's kernels do): there the same check passes with the invariant
 calls and fails with them off (`SCD_INVARIANT_CALLS=off`, today's calls).  The machine's own CPU kernels cannot
 show it everywhere: whether they round apart by row count depends on the instruction set."""
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture, one checkpoint per session)
 
 from scd_core import SamplerConfig, generate, load_model
-from scd_core.cli import main
-from scd_core.models import invariant
+from scd_core.frontends.cli import main
+from scd_core.models.sessions import invariant
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
 from row_count_kernels import RowCountKernels
 
@@ -212,7 +212,7 @@ def test_tiles_give_each_row_its_own_bits_where_the_plain_kernels_do_not():
 def test_a_network_whose_embed_context_gives_ids_is_refused():
     """The compute dtype that turns the fixed shapes on is read from `embed_context`'s output: ids there (as
     Cosmos's network gave before) would leave them off without a word, so the prefill refuses them."""
-    from scd_core.models.row_session import RowSession
+    from scd_core.models.sessions.row_session import RowSession
 
     class IdsNetwork:
         def embed_context(self, context: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ from pace import (assert_each_row_matches, assert_own_pace_gives_ar_tokens, stag
                   window_and_stepwise_logits)
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
-from scd_core.models import janus
-from scd_core.models.tokenizer_files import TextTokenizer
+from scd_core.models.families import janus
+from scd_core.models.weights.tokenizer_files import TextTokenizer
 
 CPU = torch.device("cpu")
 PROMPT = "a red cube on a wooden table"

@@ -11,11 +11,11 @@ import torch
 from janus_fixture import BOI, BOS, CFG_PAD, EOI, IMAGE_PLACEHOLDER
 
 from scd_core import SamplerConfig, generate, load_model
-from scd_core.image_input import prepare_images
-from scd_core.image_prompt import add_image
-from scd_core.models import janus
-from scd_core.models.hf_cache import cache_keyword, new_cache
-from scd_core.run_settings import start_session
+from scd_core.images.image_input import prepare_images
+from scd_core.images.image_prompt import add_image
+from scd_core.models.families import janus
+from scd_core.models.sessions.hf_cache import cache_keyword, new_cache
+from scd_core.decoding.run_settings import start_session
 
 PROMPT = "Turn the image into a nighttime scene."
 

@@ -16,9 +16,9 @@ from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, stagg
 from llamagen_fixture import (IMAGE_SIZE, TINY_GPT, original_gpt_keys, write_original_c2i, write_safetensors_c2i,
                               write_t2i, write_training_c2i)
 from scd_core import ModelLoadError, SamplerConfig, generate, load_model
-from scd_core.models.captions import clean_caption
-from scd_core.models.checkpoints import read_weights
-from scd_core.models.llamagen import Caption, ClassLabel, GPTConfig, detect, rope_table_2d
+from scd_core.models.text.captions import clean_caption
+from scd_core.models.weights.checkpoints import read_weights
+from scd_core.models.families.llamagen import Caption, ClassLabel, GPTConfig, detect, rope_table_2d
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,10 @@ import pytest
 import torch
 from scipy import stats
 
-from scd_core import SamplerConfig, auto_window, couplers, engine, generate
-from scd_core.sampling import sample
+from scd_core import SamplerConfig, generate
+from scd_core.windows import auto_window
+from scd_core.decoding import couplers, engine
+from scd_core.decoding.sampling import sample
 from toy_models import TablePrefixModel
 
 SAMPLES = 200_000

@@ -15,8 +15,8 @@ from typing import Any, Iterator, Optional
 import pytest
 import torch
 from scd_core import SamplerConfig, generate
-from scd_core.auto_window import cost_key
-from scd_core.cuda_graphs import KeptGraphs
+from scd_core.windows.auto_window import cost_key
+from scd_core.compiled.cuda_graphs import KeptGraphs
 
 from cosmos_fixture import context_frames, write_cosmos
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)

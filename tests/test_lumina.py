@@ -15,8 +15,8 @@ from lumina_fixture import (BOI, CODES_1, CODES_2, END_OF_TURN, EOI, HEAD_DIM, H
 from pace import assert_each_row_matches, staggered_logits, tree_logits, window_and_stepwise_logits
 
 from scd_core import COUPLERS, ModelLoadError, SamplerConfig, TokenModel, generate, load_model
-from scd_core.models import lumina
-from scd_core.models.tokenizer_files import TextTokenizer
+from scd_core.models.families import lumina
+from scd_core.models.weights.tokenizer_files import TextTokenizer
 
 PROMPT = "a red cube on a wooden table"
 CPU = torch.device("cpu")
@@ -291,7 +291,7 @@ def test_lumina2_command_line_at_64_by_32(tiny_lumina2_dir: Path, model2: lumina
     import numpy as np
     from PIL import Image
 
-    from scd_core.cli import main
+    from scd_core.frontends.cli import main
 
     output = tmp_path / "wide.png"
     code = main(["generate", "--model", str(tiny_lumina2_dir), "--prompt", PROMPT, "--width", "64", "--height",
@@ -499,7 +499,7 @@ def test_taming_decoder_equals_llamagens_vq_decoder_of_the_same_design() -> None
     """An independent implementation of the same structure (vq16, other key names) computes the same pixels."""
     import re
 
-    from scd_core.models import taming, vq16
+    from scd_core.models.tokenizers import taming, vq16
 
     cfg = vq16.VQConfig(codebook_size=16, codebook_embed_dim=4, z_channels=8, ch=32, ch_mult=(1, 2, 2),
                         num_res_blocks=1, with_encoder=False)
@@ -523,7 +523,7 @@ def test_taming_decoder_equals_llamagens_vq_decoder_of_the_same_design() -> None
 
 def test_spatial_norms_sit_where_the_group_norms_do() -> None:
     """MoVQ's norm with scale 1 and shift 0 from the latent is GroupNorm: same pixels as the plain decoder."""
-    from scd_core.models import taming
+    from scd_core.models.tokenizers import taming
 
     common = dict(codebook_size=16, embed_dim=4, z_channels=4, widths=(32, 64), num_res_blocks=1,
                   attn_levels=frozenset({1}))

@@ -13,10 +13,10 @@ from lumina_fixture import (BOI, CHAMELEON_VQ, END_OF_TURN, EOI, MOVQ_OFFSET, MO
                             tiny_lumina_dir)  # noqa: F401
 
 from scd_core import SamplerConfig, generate, load_model
-from scd_core.given import GivenCells
-from scd_core.models import lumina
-from scd_core.models.checkpoints import read_weights
-from scd_core.models.tokenizer_files import TextTokenizer
+from scd_core.decoding.given import GivenCells
+from scd_core.models.families import lumina
+from scd_core.models.weights.checkpoints import read_weights
+from scd_core.models.weights.tokenizer_files import TextTokenizer
 
 PROMPT = "a rubber basketball on a sunlit court"
 

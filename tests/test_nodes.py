@@ -25,12 +25,12 @@ from typing import Any, Iterator
 
 import pytest
 import torch
-from scd_core.cuda_graphs import KeptGraphs
-from scd_core.graph_state import State
-from scd_core.models.checkpoints import ModelLoadError
-from scd_core import window_policies
-from scd_core.config import COUPLERS
-from scd_core.sampler_options import OPTIONS
+from scd_core.compiled.cuda_graphs import KeptGraphs
+from scd_core.compiled.graph_state import State
+from scd_core.models.weights.checkpoints import ModelLoadError
+from scd_core.windows import window_policies
+from scd_core.decoding.config import COUPLERS
+from scd_core.decoding.sampler_options import OPTIONS
 
 from comfy_server import REPO_ROOT, comfyui_main
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
@@ -184,7 +184,7 @@ def test_loader_schema(node_classes: dict[str, Any]) -> None:
                                                                reason="bitsandbytes (tests/requirements.txt)"))])
 def test_loader_quantized_reports_the_real_bytes_and_the_cache_to_comfyui(
         node_classes: dict[str, Any], janus: Any, fake_server: FakeServer, precision: str, layer: str) -> None:
-    from scd_core.models.quantize import module_bytes
+    from scd_core.models.weights.quantize import module_bytes
 
     (loaded,) = run_node(node_classes["SCDModelLoader"], model="tiny-janus", device="cpu", dtype="float32",
                          quantize=precision)
@@ -458,7 +458,7 @@ def test_window_0_picks_the_width_per_call_and_the_summary_lists_the_widths(node
 def test_the_automatic_window_keeps_its_costs_in_comfyui_s_user_directory(
         pack: ModuleType, node_classes: dict[str, Any], janus: Any, comfy: SimpleNamespace, fake_server: FakeServer,
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from scd_core import window_memory
+    from scd_core.windows import window_memory
 
     monkeypatch.delenv(window_memory.ENV)  # the tests' "off"
     monkeypatch.setattr(window_memory, "_folder", None)  # restored after the test
@@ -764,7 +764,7 @@ def test_image_prompt_continues_a_half_kept_digit(node_classes: dict[str, Any], 
     """The top 8 of 16 token rows of the demo's digit come back unchanged, the rest is sampled; the kept cells
     are counted as forced in the events and the Stats chart, and cost no calls of their own."""
     import numpy as np
-    from scd_core.given import GivenCells
+    from scd_core.decoding.given import GivenCells
 
     cond, _, image = demo_digit(node_classes, demo)
     fake_server.events.clear()
@@ -911,7 +911,7 @@ def test_glm_image_decode_loads_its_own_stage(pack: ModuleType, node_classes: di
     sized by the decoding-stage estimate, and decodes the same pixels as the model's own decode."""
     from glm_image_fixture import HEIGHT, WIDTH
     from scd_core import load_model
-    from scd_core.models import glm_image
+    from scd_core.models.families import glm_image
 
     loader, folder, loaded = tiny_glm_image(pack, tmp_path, torch.device("cpu"))
     model, mm = loaded.model, loader.mm
@@ -935,7 +935,7 @@ def test_glm_image_stages_evict_each_other_through_comfyuis_model_management(
     for the other: Decode evicts the AR stage, the next sampling evicts the decoding stage.  ComfyUI frees
     nothing for the plain "cpu" device, so both stages load on "cpu:0" (the same memory, another device to its
     model management) and its free memory is what a budget leaves after the models it holds there."""
-    from scd_core.models import glm_image
+    from scd_core.models.families import glm_image
 
     device = torch.device("cpu", 0)
     loader, folder, loaded = tiny_glm_image(pack, tmp_path, device)

@@ -26,12 +26,13 @@ from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture)
 from llamagen_fixture import write_original_c2i, write_t2i, write_tiny_t5
 from lumina_fixture import tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
 from scd_core import SamplerConfig, generate, load_model
-from scd_core.models import cosmos, llamagen, quantize
+from scd_core.models.families import cosmos, llamagen
+from scd_core.models.weights import quantize
 from scd_core.models.loading import estimate_memory
-from scd_core.models.memory import t5_folder_estimate
-from scd_core.models.llamagen import GPT, ClassLabel, GPTConfig, LlamaGenSession
-from scd_core.models.t5_encoder import load_t5_encoder
-from scd_core.sampling import Sampling, to_probs
+from scd_core.models.weights.memory import t5_folder_estimate
+from scd_core.models.families.llamagen import GPT, ClassLabel, GPTConfig, LlamaGenSession
+from scd_core.models.text.t5_encoder import load_t5_encoder
+from scd_core.decoding.sampling import Sampling, to_probs
 from test_lossless import chi_square_pvalue
 
 # bitsandbytes is optional for the library and installed by tests/requirements.txt; without it only the int8
@@ -320,7 +321,7 @@ def test_janus_read_tensor_by_tensor_holds_what_from_pretrained_loads(tiny_janus
     """Every parameter and buffer the streamed loader keeps equals transformers' own from_pretrained load."""
     from transformers import JanusForConditionalGeneration
 
-    from scd_core.models.hf_folders import dtype_keyword
+    from scd_core.models.weights.hf_folders import dtype_keyword
 
     ours = load_model(tiny_janus_dir, device="cpu", dtype="float32").module
     reference = JanusForConditionalGeneration.from_pretrained(str(tiny_janus_dir),
@@ -409,7 +410,7 @@ def test_t5_read_tensor_by_tensor_holds_what_from_pretrained_loads(tmp_path: Pat
     float32 in float16 as there; a whole T5 checkpoint (decoder, LM head) gives just its encoder."""
     from transformers import T5EncoderModel
 
-    from scd_core.models.hf_folders import dtype_keyword
+    from scd_core.models.weights.hf_folders import dtype_keyword
 
     folder = write_tiny_t5(tmp_path / "t5", caption_dim=16, full=full)
     ours = load_t5_encoder(folder, dtype, "none", "google/flan-t5-xl")

@@ -18,10 +18,10 @@ from PIL import Image
 from ray_sandbox import run_sandboxed
 
 from scd_core import SamplerConfig, generate, generate_many, load_model
-from scd_core.auto_window import remember_costs
-from scd_core.batch_job import png_bytes
-from scd_core.cli import main
-from scd_core.cli_shared import to_pil
+from scd_core.windows.auto_window import remember_costs
+from scd_core.frontends.batch_job import png_bytes
+from scd_core.frontends.cli import main
+from scd_core.frontends.cli_shared import to_pil
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "7"

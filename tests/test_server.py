@@ -12,8 +12,8 @@ from typing import Any, Optional
 import pytest
 import requests
 from PIL import Image
-from scd_core import window_policies
-from scd_core.config import COUPLERS
+from scd_core.windows import window_policies
+from scd_core.decoding.config import COUPLERS
 
 from comfy_server import REPO_ROOT, ComfyServer, PromptRejected
 from lumina_fixture import RESOLUTION_1, tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
@@ -191,7 +191,7 @@ def test_demo_continuation_keeps_the_top_half_and_samples_the_rest(comfy_server:
     import numpy as np
     import torch
     from scd_core import SamplerConfig, generate, load_model
-    from scd_core.image_prompt import add_image
+    from scd_core.images.image_prompt import add_image
 
     graph = json.loads((WORKFLOWS / "scd_demo_continuation_api.json").read_text())
     graph["3"]["inputs"]["seed"], graph["11"]["inputs"]["seed"] = 4242, 611  # not a cached run's

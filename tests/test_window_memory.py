@@ -1,4 +1,4 @@
-"""The automatic window's costs saved for the next process (scd_core.window_memory): a run saves what it learned
+"""The automatic window's costs saved for the next process (scd_core.windows.window_memory): a run saves what it learned
 when it finishes; a new process (a subprocess, or a new model object in this one) starts from the saved costs
 without timing calls, its first call at the width they make best; writers merge; a corrupt file is ignored with
 one warning and replaced, a foreign or unreadable one ignored with one warning and left alone; "off" reads and
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from scd_core import SamplerConfig, auto_window, generate, generate_many, window_memory
+from scd_core import SamplerConfig, generate, generate_many
+from scd_core.windows import auto_window, window_memory
 from scd_core.bench.synthetic import GridModel
 
 COSTS = {1: 0.010, 2: 0.011, 4: 0.012, 8: 0.015, 16: 0.02, 32: 0.03}

@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import torch
 
-from scd_core.models.janus import edit_guidance
-from scd_core.sampling import Sampling, to_probs
+from scd_core.models.families.janus import edit_guidance
+from scd_core.decoding.sampling import Sampling, to_probs
 from scd_core.bench.synthetic import admitted, feed_tokens, kept_branch
 
 

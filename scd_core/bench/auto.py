@@ -28,11 +28,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .. import auto_window
+from ..windows import auto_window
 from .nfe import SHARPNESS
 from .tables import markdown
-from ..config import SamplerConfig
-from ..engine import generate
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
 from .synthetic import GridModel
 
 PINNED: tuple = (8, 16, 32, 64)  # the windows an automatic image is held against
@@ -56,7 +56,7 @@ class ShapedGridModel(GridModel):
     def __init__(self, size: str = "1B", layers: int = 4, context: int = 352, device: str = "cpu",
                  dtype: Optional[torch.dtype] = None, side: int = 24) -> None:
         from .shapes import JANUS_SHAPES, _build_backbone
-        from ..models.hf_cache import cache_keyword, new_cache
+        from ..models.sessions.hf_cache import cache_keyword, new_cache
 
         super().__init__(rows=side, cols=side, vocab_size=16384, sharpness=MEDIUM_SHARPNESS, device=device)
         self.dtype = dtype or torch.float32

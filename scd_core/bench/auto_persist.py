@@ -1,8 +1,8 @@
 """The automatic window across processes: fresh processes on the demo sharing one saved-costs file.
 
 `python -m scd_core.bench auto-persist` starts `processes` fresh interpreters one after the other on the demo,
-all keeping the automatic window's costs in one new file (`scd_core.window_memory`, $SCD_WINDOW_COSTS): the first
-starts from a cold cache (a timed pass), each later one from what the ones before it saved.  Each process makes,
+all keeping the automatic window's costs in one new file (`scd_core.windows.window_memory`,
+$SCD_WINDOW_COSTS): the first starts from a cold cache (a timed pass), each later one from what the ones before it saved.  Each process makes,
 for seeds 0 .. images - 1, an automatic image and then one at each pinned window, seed for seed (so load from
 elsewhere falls on all windows alike); its first image is the automatic image of seed 0.  One process (the second
 by default, the first that starts from saved costs) runs its seed-0 images under a burst of load (a busy loop
@@ -32,9 +32,9 @@ from typing import Any, Optional
 
 import torch
 
-from .. import auto_window, window_memory
-from ..config import SamplerConfig
-from ..engine import generate
+from ..windows import auto_window, window_memory
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
 from .auto import BURST_S, HERE, PINNED, bench_model, busy_loop, fastest_pinned
 from .tables import markdown
 

@@ -30,9 +30,9 @@ from typing import Sequence
 
 import torch
 
-from ..config import SamplerConfig
-from ..engine import generate
-from ..sampling import Sampling, gumbel_argmax, to_probs
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
+from ..decoding.sampling import Sampling, gumbel_argmax, to_probs
 from .tables import markdown
 
 WINDOW = 32
@@ -86,7 +86,7 @@ def stand_in_layouts(widths: Sequence[int]) -> dict[str, list[int]]:
     import itertools
     import math
 
-    from .. import auto_window
+    from ..windows import auto_window
     from .faithful import MEDIUM_SHARPNESS, STAND_IN_PROFILE
     from .synthetic import GridModel
 
@@ -184,14 +184,14 @@ def _call_ms(model, cond, width: int, repeats: int) -> float:
 
 
 def invariant_cost_table(widths: Sequence[int], repeats: int, seeds: Sequence[int], stand_in: bool) -> str:
-    """What the window-invariant calls (scd_core.models.invariant) cost in bfloat16 against today's calls, the
+    """What the window-invariant calls (scd_core.models.sessions.invariant) cost in bfloat16 against today's calls, the
     two interleaved in one process: one call of each width on the demo (and the Janus-Pro-1B stand-in), and the
     demo's whole images (faithful) at windows 1, 32 and auto."""
     import os
     import time
     from unittest import mock
 
-    from ..models import invariant
+    from ..models.sessions import invariant
     from ..models.loading import load_model
     from .device_check import SHAPES, ShapeModel, build
 

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 from .nfe import SHARPNESS
 from .tables import markdown
-from ..config import SamplerConfig
-from ..engine import generate
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
 from .synthetic import GridModel
 
 MODES = (("SCD-maximal", {}), ("cand2", dict(candidates=2)), ("cand3", dict(candidates=3)),

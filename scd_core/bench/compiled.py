@@ -20,12 +20,13 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .. import compiled_regions, cuda_graphs, engine
-from ..config import SamplerConfig
-from ..engine import generate
+from ..compiled import compiled_regions, cuda_graphs
+from ..decoding import engine
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
 from ..models.loading import load_model, pick_device, pick_dtype
-from ..models.row_attention import RowAttentionBackbone, attention_layer
-from ..models.row_cache import RowCache
+from ..models.sessions.row_attention import RowAttentionBackbone, attention_layer
+from ..models.sessions.row_cache import RowCache
 from .synthetic import GridModel
 from .tables import markdown
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import SamplerConfig
-from ..engine import generate
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
 from ..models.loading import load_model
 from .train_demo import load_digits_ink, render
 

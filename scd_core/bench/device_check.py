@@ -9,7 +9,7 @@ measures, with the prompt and half the image already in the KV cache and the CFG
 
   - cost(L) / cost(1) of one call for L = 1, 2, 4, ..., 64 as the engine makes it: the family's own session
     (`ShapeModel`: the CFG rows over the engine's RowCache, the image head), timed like the automatic window
-    times them (scd_core.auto_window.measure_costs);
+    times them (scd_core.windows.auto_window.measure_costs);
   - the sampling and verification time per call (the engine on a synthetic grid model with the family's
     vocabulary of codes, whose own call is nearly free) and its share of a call;
   - peak memory;
@@ -47,19 +47,20 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .. import auto_window, cuda_graphs
-from ..compilable import Compilable
+from ..windows import auto_window
+from ..compiled import cuda_graphs
+from ..compiled.compilable import Compilable
 from .device_compiled import COMPILE_BUDGET_S, COMPILE_WIDTHS, TINY_WIDTHS, compiled_phase
 from .tables import markdown
 from .shapes import peak_memory_mb, quantized_cost_rows
-from ..config import SamplerConfig
-from ..engine import generate
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
 from ..models.loading import pick_device, pick_dtype
-from ..models.cfg_session import CFGSession
-from ..models.janus import RowBackbone
-from ..models.memory import release_memory
-from ..models.row_attention import RowAttentionBackbone, attention_layer
-from ..models.row_cache import RowCache
+from ..models.sessions.cfg_session import CFGSession
+from ..models.families.janus import RowBackbone
+from ..models.weights.memory import release_memory
+from ..models.sessions.row_attention import RowAttentionBackbone, attention_layer
+from ..models.sessions.row_cache import RowCache
 from .synthetic import GridModel
 
 WIDTHS = auto_window.CANDIDATES
@@ -112,7 +113,7 @@ def build(shape: Shape, device: torch.device, dtype: torch.dtype, tiny: bool) ->
     """(transformers causal LM with random weights, image head over the codes) at `shape`'s sizes."""
     import transformers
 
-    from ..models.hf_folders import dtype_keyword
+    from ..models.weights.hf_folders import dtype_keyword
 
     if shape.family == "llama":
         cls, config = transformers.LlamaForCausalLM, transformers.LlamaConfig(**shape.config)
@@ -344,7 +345,7 @@ def int8_kernel_rows(device: torch.device, dtype: torch.dtype, tiny: bool) -> li
     whether the layer should use the kernel on this device (`quantize.FUSED_INT8_DEVICES`)."""
     import torch.nn.functional as F
 
-    from ..models.quantize import Int8Linear, fused_int8_runs
+    from ..models.weights.quantize import Int8Linear, fused_int8_runs
     from .device_compiled import _median_seconds
 
     out_features, in_features = (128, 64) if tiny else INT8_LAYER
@@ -378,7 +379,7 @@ def int8_kernel_rows(device: torch.device, dtype: torch.dtype, tiny: bool) -> li
 def precision_phase(device: torch.device, dtype: torch.dtype, tiny: bool) -> dict[str, Any]:
     """Weights, peak memory and cost per call per precision on the Janus-Pro shapes (or a tiny one); a precision
     this device or installation cannot run is skipped with the reason."""
-    from ..models.quantize import PRECISIONS, QuantizationError, check_precision
+    from ..models.weights.quantize import PRECISIONS, QuantizationError, check_precision
 
     started = time.perf_counter()
     precisions, skipped = [], []

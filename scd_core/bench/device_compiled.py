@@ -3,7 +3,7 @@ layers, against the weight-read floor measured on the device.
 
 For each Janus-Pro shape (random weights, the CFG double batch, a prompt and half an image cached) one call
 (backbone through the row attention + image head) over a static RowCache the size a compiled run's is (the
-whole pre-sized cache, a mask built on the device; scd_core.compiled_regions) at widths 1 / 16 / 32 / 64:
+whole pre-sized cache, a mask built on the device; scd_core.compiled.compiled_regions) at widths 1 / 16 / 32 / 64:
 
   - eager: the static call, eager layers;
   - graphs: the same call captured as one CUDA graph per width (cuda_graphs.GraphedSteps) and replayed;
@@ -27,11 +27,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .. import compiled_regions, cuda_graphs
-from ..models.memory import release_memory
-from ..models.row_attention import RowAttentionBackbone, attention_layer
-from ..models.row_cache import RowCache
-from ..models.row_session import PROMPT_BUCKET, prompt_slots
+from ..compiled import compiled_regions, cuda_graphs
+from ..models.weights.memory import release_memory
+from ..models.sessions.row_attention import RowAttentionBackbone, attention_layer
+from ..models.sessions.row_cache import RowCache
+from ..models.sessions.row_session import PROMPT_BUCKET, prompt_slots
 from .long import kv_cache_bytes
 from .tables import markdown
 

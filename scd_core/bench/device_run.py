@@ -17,7 +17,7 @@ it measured, and `parts.md` says how each part ended.  In order of value, on the
      default on NVIDIA): as the library decides (not kept), and kept anyway, with the allocator's warnings
      counted, which tells whether keeping them could be allowed there;
   4. bits: whether a position's logits are bit-identical when its call is 1, 8 or 32 wide (the same prefix
-     cached), in bfloat16 under today's calls and the window-invariant calls (scd_core.models.invariant) in
+     cached), in bfloat16 under today's calls and the window-invariant calls (scd_core.models.sessions.invariant) in
      tiles of 32, 64 and 128 rows, and in float32 with TF32 off, through transformers' layers and through the
      static row attention of compiled models (run eagerly), with each setting's time per call at widths 1-64:
      which tile a GPU wants;
@@ -43,10 +43,11 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from .. import auto_window, compiled_regions, cuda_graphs
-from ..config import SamplerConfig
-from ..engine import generate
-from ..models.memory import release_memory
+from ..windows import auto_window
+from ..compiled import compiled_regions, cuda_graphs
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
+from ..models.weights.memory import release_memory
 from .tables import markdown
 
 LIMIT_S = 540  # the whole run: 9 minutes
@@ -154,7 +155,7 @@ TIMED_WIDTHS = (1, 8, 32, 64)
 def invariant_calls(rows: Optional[int]) -> Iterator[None]:
     """Today's calls (`rows` None) or window-invariant calls in tiles of `rows` rows, for the sessions started
     inside."""
-    from ..models import invariant
+    from ..models.sessions import invariant
 
     saved = os.environ.get(invariant.POLICY_VARIABLE), invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS
     os.environ[invariant.POLICY_VARIABLE] = "off" if rows is None else "on"

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..config import SamplerConfig
-from ..engine import generate
-from ..models.emu3p5 import DEFAULT_SIZE, IMAGE_MODEL
-from ..sampling import Sampling
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
+from ..models.families.emu3p5 import DEFAULT_SIZE, IMAGE_MODEL
+from ..decoding.sampling import Sampling
 from .glm_image import MEDIUM_SHARPNESS, METHODS
 from .nfe import mean_entropy, measure
 from .synthetic import GridModel

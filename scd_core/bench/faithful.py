@@ -22,10 +22,10 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import auto_window
-from ..config import SamplerConfig
-from ..window_policies import AUTO_WINDOW
-from ..engine import generate
+from ..windows import auto_window
+from ..decoding.config import SamplerConfig
+from ..windows.window_policies import AUTO_WINDOW
+from ..decoding.engine import generate
 from .auto import HERE, MEDIUM_SHARPNESS
 from .nfe import SHARPNESS
 from .synthetic import GridModel

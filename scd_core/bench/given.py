@@ -19,9 +19,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..config import SamplerConfig
-from ..engine import generate
-from ..given import GivenCells, continuation, from_cell_mask
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
+from ..decoding.given import GivenCells, continuation, from_cell_mask
 from .nfe import SHARPNESS
 from .synthetic import GridModel
 from .tables import markdown

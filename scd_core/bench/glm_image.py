@@ -17,10 +17,10 @@ from typing import Sequence
 
 import torch
 
-from ..config import SamplerConfig
-from ..engine import generate
-from ..models.glm_image import DECODE_GUIDANCE, DECODE_STEPS, grid_sizes
-from ..sampling import Sampling
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
+from ..models.families.glm_image import DECODE_GUIDANCE, DECODE_STEPS, grid_sizes
+from ..decoding.sampling import Sampling
 from .nfe import mean_entropy
 from .synthetic import GridModel
 from .tables import markdown

@@ -15,8 +15,8 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from ..config import SamplerConfig
-from ..engine import IterationStats, generate
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import IterationStats, generate
 from ..models.loading import pick_device, pick_dtype
 
 # Emu3-Gen's text vocabulary and special ids; the image codes are the last 32768 ids.
@@ -45,7 +45,7 @@ def small_emu3(device: torch.device, dtype: torch.dtype, hidden: int = 128, laye
     """A random Emu3Model with the real vocabulary layout and a small backbone."""
     from transformers import Emu3Config, Emu3ForConditionalGeneration
 
-    from ..models.emu3 import Emu3Model
+    from ..models.families.emu3 import Emu3Model
 
     text = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=9216,
@@ -80,7 +80,7 @@ def long_benchmark(device: Union[str, torch.device, None] = None, dtype: Union[s
                    seed: int = 0, image_area: int = 720 * 720) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows (method, position, calls, forward_ms, sample_ms, call_ms) and a memory summary for one square image."""
     from .shapes import _reset_peak, peak_memory_mb
-    from ..models.emu3 import Emu3Prompt
+    from ..models.families.emu3 import Emu3Prompt
 
     device = pick_device(device)
     dtype = pick_dtype(dtype, device)

@@ -8,9 +8,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-from ..config import SamplerConfig
-from ..engine import generate
-from ..sampling import Sampling, to_probs
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
+from ..decoding.sampling import Sampling, to_probs
 from .synthetic import GridModel
 from .tables import markdown
 

@@ -22,8 +22,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy
 import torch
 
-from ..config import SamplerConfig
-from ..engine import generate
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
 
 PACES = ("shared", "per-row", "regrouped")
 
@@ -139,8 +139,8 @@ def row_cache_call_cost(size: str, batches: Sequence[int], window: int,
     """
     from .shapes import JANUS_SHAPES, _build_backbone, _sync
     from ..models.loading import pick_device, pick_dtype
-    from ..models.janus import RowBackbone
-    from ..models.row_cache import RowCache
+    from ..models.families.janus import RowBackbone
+    from ..models.sessions.row_cache import RowCache
 
     shape = JANUS_SHAPES[size]
     device = pick_device(device)

@@ -18,11 +18,11 @@ from typing import Any, Iterable, Optional, Union
 
 import torch
 
-from ..config import SamplerConfig
-from ..engine import generate
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
 from ..models.loading import load_model, pick_device, pick_dtype
-from ..models.memory import release_memory
-from ..models.quantize import module_bytes, normalize_precision, quantize_linears
+from ..models.weights.memory import release_memory
+from ..models.weights.quantize import module_bytes, normalize_precision, quantize_linears
 
 DEFAULT_PROMPT = "A portrait of young girl. masterpiece, film grained, best quality."
 
@@ -121,7 +121,7 @@ def _build_backbone(shape: dict[str, int], layers: int, device: torch.device, dt
     from transformers import LlamaConfig, LlamaModel
     from transformers.models.janus.modeling_janus import JanusVQVAEConfig, JanusVQVAEHead
 
-    from ..models.hf_folders import dtype_keyword
+    from ..models.weights.hf_folders import dtype_keyword
 
     config = LlamaConfig(**dict(shape, num_hidden_layers=layers), vocab_size=16, max_position_embeddings=16384)
     with torch.device(device):
@@ -136,7 +136,7 @@ def _build_chameleon(shape: dict[str, int], layers: int, device: torch.device, d
     """A random Chameleon backbone plus a head over Lumina-mGPT's image codes, with the published layer sizes."""
     from transformers import ChameleonConfig, ChameleonModel
 
-    from ..models.hf_folders import dtype_keyword
+    from ..models.weights.hf_folders import dtype_keyword
 
     # the image encoder inside ChameleonModel is never run here: keep it tiny
     vq = dict(embed_dim=4, num_embeddings=16, latent_channels=4, base_channels=32, channel_multiplier=[1],
@@ -152,10 +152,10 @@ def _build_chameleon(shape: dict[str, int], layers: int, device: torch.device, d
 def _window_timings(backbone: Any, head: Any, embeds: torch.Tensor, prefix: int, windows: list[int], repeats: int,
                     device: torch.device) -> dict[int, float]:
     """Median seconds of one window call (backbone and head) of each width after `prefix` cached embeddings,
-    run as the families run it (scd_core.models.janus.RowBackbone over the engine's RowCache), each call
+    run as the families run it (scd_core.models.families.janus.RowBackbone over the engine's RowCache), each call
     rewound from the cache again."""
-    from ..models.janus import RowBackbone
-    from ..models.row_cache import RowCache
+    from ..models.families.janus import RowBackbone
+    from ..models.sessions.row_cache import RowCache
 
     rows = RowCache(embeds.shape[0], prefix + max(windows), prefix, device)
     run = RowBackbone(backbone, rows)
@@ -264,7 +264,7 @@ def _emu3p5_shapes() -> dict[str, tuple[int, ...]]:
 def _lumina_shapes() -> dict[str, tuple[int, ...]]:
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
-    from ..models.taming import DecoderSpec, VQDecoder
+    from ..models.tokenizers.taming import DecoderSpec, VQDecoder
 
     with torch.device("meta"):  # transformers' defaults are Chameleon-7B's sizes; the VQGAN as chameleon_vqgan.py
         shapes = _meta_shapes(ChameleonForConditionalGeneration(ChameleonConfig(vocabulary_map={})))
@@ -275,7 +275,7 @@ def _lumina_shapes() -> dict[str, tuple[int, ...]]:
 
 
 def _cosmos_shapes(size: str) -> dict[str, tuple[int, ...]]:
-    from ..models.cosmos import SIZES, CosmosTransformer
+    from ..models.families.cosmos import SIZES, CosmosTransformer
 
     with torch.device("meta"):
         return _meta_shapes(CosmosTransformer(SIZES[size]))  # plus the DV8x16x16 tokenizer (TorchScript), not counted
@@ -301,8 +301,8 @@ def _sliced(shapes: dict[str, tuple[int, ...]], head: str, rows: int) -> dict[st
 def published_memory_rows() -> list[dict[str, Any]]:
     """Weights (bf16 / int8 / nf4) and KV cache with CFG at each family's published shape and default image,
     after generation-only loading, and the most precise weights that fit each card (weights + cache, 20% more)."""
-    from ..models import cosmos, emu3, emu3p5, janus, lumina
-    from ..models.memory import estimate_from_shapes, fitting_precision, t5_encoder_estimate
+    from ..models.families import cosmos, emu3, emu3p5, janus, lumina
+    from ..models.weights.memory import estimate_from_shapes, fitting_precision, t5_encoder_estimate
 
     families = [  # name, shapes as published, shapes loaded, dropped prefixes, cached tokens, CFG rows, T5
         ("Janus-Pro-1B", _janus_shapes("1B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2, None),
@@ -346,7 +346,7 @@ def memory_table() -> str:
     from .tables import markdown
 
     return ("Bytes at the published shapes (transformers' classes and ours built on the meta device, counted "
-            "by `scd_core.models.memory`, the loader's own estimate), compute dtype bf16. `published`: every "
+            "by `scd_core.models.weights.memory`, the loader's own estimate), compute dtype bf16. `published`: every "
             "weight of the checkpoint; the others: what generation-only loading keeps, the backbone's linear "
             "layers at bf16 / int8 / nf4. KV cache: keys + values of every layer for `tokens` positions (prompt "
             "and image) and both CFG rows (Cosmos: one row), batch 1. A card column names the most precise "

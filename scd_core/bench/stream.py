@@ -25,9 +25,9 @@ from typing import Any, Optional, Sequence
 import numpy
 import torch
 
-from ..batching import generate_many
-from ..config import SamplerConfig
-from ..engine import generate
+from ..jobs.batching import generate_many
+from ..decoding.config import SamplerConfig
+from ..decoding.engine import generate
 
 
 class CallCounter:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from ..models.row_cache import tree_layout
+from ..models.sessions.row_cache import tree_layout
 
 Logits = tuple[torch.Tensor, Optional[torch.Tensor]]
 

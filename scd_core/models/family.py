@@ -1,7 +1,7 @@
 """What each model family declares about itself, and the list of family modules.
 
-A family module (`scd_core/models/<name>.py`) holds `FAMILY = Family(...)` near its top, `detect(folder) -> bool`,
-`load(folder, device, dtype, quantize)` and `CACHE_TOKENS`, and optionally the other hooks `FamilyHooks` lists.
+A family module (`scd_core/models/families/<name>.py`) holds `FAMILY = Family(...)` near its top,
+`detect(folder) -> bool`, `load(folder, device, dtype, quantize)` and `CACHE_TOKENS`, and optionally the other hooks `FamilyHooks` lists.
 Loading, the loader's folder lists and messages, the node tooltips and the CLI's help are made from the
 declarations, so a family that fits the shared session is its module plus its name in MODULES.
 """
@@ -56,7 +56,7 @@ class Family:
 def family_modules() -> tuple[ModuleType, ...]:
     """The family modules in MODULES' order, imported on first use (this module imports nothing heavy; a family
     module imports torch but not transformers)."""
-    return tuple(importlib.import_module(f"{__package__}.{name}") for name in MODULES)
+    return tuple(importlib.import_module(f"{__package__}.families.{name}") for name in MODULES)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..sampling import Sampling
-from .checkpoints import ModelLoadError
-from .tokenizer_files import read_json
+from ..decoding.sampling import Sampling
+from .weights.checkpoints import ModelLoadError
+from .weights.tokenizer_files import read_json
 
 GENERATION_CONFIG = "generation_config.json"
 

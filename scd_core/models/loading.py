@@ -12,10 +12,10 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .checkpoints import ModelLoadError
+from .weights.checkpoints import ModelLoadError
 from .family import compilable, families, family_modules, hooks, joined
-from .memory import MemoryEstimate, folder_estimate, t5_folder_estimate
-from .quantize import check_precision, normalize_precision
+from .weights.memory import MemoryEstimate, folder_estimate, t5_folder_estimate
+from .weights.quantize import check_precision, normalize_precision
 
 DEMO_DIR = Path(__file__).parents[1] / "demo"
 
@@ -80,8 +80,8 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
     `dtype` is the compute dtype; `quantize` ("int8" or "nf4"; None or "none" for full precision) stores the
     backbone's linear layers in fewer bits (heads, embeddings and image decoders stay at `dtype`).
     `compile=True` runs the window calls at static shapes through torch.compile (and on CUDA as CUDA graphs,
-    one per window width; see scd_core.compiled_regions); the first call of each width compiles.  Families without
-    static-shape calls refuse it.
+    one per window width; see scd_core.compiled.compiled_regions); the first call of each width compiles.
+    Families without static-shape calls refuse it.
     """
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be True or False, got {compile!r}")

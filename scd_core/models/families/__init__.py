@@ -1,0 +1,5 @@
+"""The seven families, one module each: janus, llamagen, lumina (1 and 2.0), emu3, emu3p5, cosmos, glm_image.
+Each declares `FAMILY = Family(...)` and the hooks `family.FamilyHooks` lists; `family.MODULES` names them.
+
+Imports any part of models/ and the layers below it; families import each other only where one is built on
+another (lumina on janus's RowBackbone, cosmos on llamagen's layers and T5 captioner)."""
