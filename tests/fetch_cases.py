@@ -92,6 +92,7 @@ def case_interrupted(source: Path, work: Path) -> dict[str, Any]:
     partial = work / "models" / ".Janus-Pro-1B.partial"
     kept = sum(path.stat().st_size for path in partial.rglob("*.incomplete"))
     arrived = sorted(path.name for path in partial.iterdir() if path.is_file())
+    assert hub.stopped.wait(30), "the stand-in hub did not stop"
     hub = FakeHub({REPO_ID: work / "served"}, port=hub.port).start()  # the network is back
     folder = fetch_model(REPO_ID, work / "models")
     model = load_model(folder, device="cpu", dtype="float32")

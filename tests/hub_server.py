@@ -61,6 +61,7 @@ class FakeHub:
         self.cut: dict[str, int] = {}  # file -> how many more GETs stop early
         self.halt: Optional[str] = None  # a file whose GET shuts the server down early
         self.server: Optional[ThreadingHTTPServer] = None
+        self.stopped = threading.Event()  # set once the port is free again
 
     @property
     def url(self) -> str:
@@ -83,6 +84,7 @@ class FakeHub:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+        self.stopped.set()
 
     def gets(self, name: str) -> list[dict[str, Any]]:
         return [entry for entry in self.requests if entry["method"] == "GET" and entry.get("file") == name]

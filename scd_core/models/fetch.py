@@ -2,8 +2,9 @@
 loader node's download option).
 
 Only the repositories the family declarations name (`Family.repos`) are fetched.  The files arrive in a hidden
-`.<name>.partial` folder next to the target (huggingface_hub keeps an interrupted file as `.incomplete` there, and
-the next fetch resumes it with a range request), are checked against the hub's file list (every file there,
+`.<name>.partial` folder next to the target (a dropped connection is resumed with a range request; after a fetch
+that failed for good the next one keeps the files that arrived, and resumes the one cut short where
+huggingface_hub < 2 kept it as `.incomplete`), are checked against the hub's file list (every file there,
 each of its size and, for LFS files, its sha256; every safetensors header parses), and only then is the folder
 renamed into place, so a folder under its model's name is always whole.  Code (.py, ...) and pickles are never
 downloaded, and nothing from the repository is run.  HF_ENDPOINT and HF_HUB_OFFLINE work as for any hub client.
@@ -27,6 +28,9 @@ from .weights.hf_folders import check_safetensors_weights
 SKIPPED_SUFFIXES = (".py", ".pyc", ".pyd", ".so", ".sh", ".ipynb", ".pickle", *PICKLE_SUFFIXES)
 HUB_BOOKKEEPING = ".cache"  # huggingface_hub's metadata and .incomplete files inside a local_dir
 POLL_S = 0.5  # how often the bytes that arrived are counted for progress
+# tries per file on a transport error: huggingface_hub >= 2 resumes a dropped connection itself, < 2 raises and
+# resumes from its .incomplete file on the next try
+ATTEMPTS = 3
 HASH_CHUNK = 1 << 24
 
 Progress = Callable[[int, int, str], None]  # (bytes arrived, bytes in all, file being fetched)
@@ -72,7 +76,7 @@ def _connection_errors() -> tuple[type[BaseException], ...]:
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     found: list[type[BaseException]] = [OfflineModeIsEnabled, ConnectionError, TimeoutError]
-    for module, names in (("requests.exceptions", ("ConnectionError", "Timeout")),
+    for module, names in (("requests.exceptions", ("ConnectionError", "Timeout", "ChunkedEncodingError")),
                           ("httpx", ("TransportError",)), ("httpx2", ("TransportError",))):
         try:
             imported = __import__(module, fromlist=list(names))
@@ -165,20 +169,30 @@ def check_arrived(folder: Path, files: list[RepoFile]) -> None:
             raise FetchError(str(err)) from err
 
 
-def _download(repo_id: str, commit: str, files: list[RepoFile], partial: Path, progress: Optional[Progress]) -> None:
+def _download_file(repo_id: str, commit: str, name: str, partial: Path) -> None:
+    """One file into `partial`, tried ATTEMPTS times over transport errors."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError
 
+    transport = _connection_errors()
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            hf_hub_download(repo_id, name, revision=commit, local_dir=partial)
+            return
+        except (*transport, HfHubHTTPError, OSError) as err:  # OSError: the client's size check
+            if attempt < ATTEMPTS and isinstance(err, transport):
+                continue
+            detail = (str(err).strip().splitlines() or [""])[0]
+            raise FetchError(f"the download of {repo_id} stopped at {name} ({type(err).__name__}: {detail}); "
+                             f"fetch again to resume (what arrived is kept in {partial})") from err
+
+
+def _download(repo_id: str, commit: str, files: list[RepoFile], partial: Path, progress: Optional[Progress]) -> None:
     poller = _Poller(partial, files, progress or (lambda done, total, name: None))
     with poller:
         for file in files:
             poller.current = file.name
-            try:
-                hf_hub_download(repo_id, file.name, revision=commit, local_dir=partial)
-            except (*_connection_errors(), HfHubHTTPError, OSError) as err:  # OSError: the client's size check
-                detail = (str(err).strip().splitlines() or [""])[0]
-                raise FetchError(f"the download of {repo_id} stopped at {file.name} ({type(err).__name__}: "
-                                 f"{detail}); fetch again to resume (what arrived is kept in {partial})") from err
+            _download_file(repo_id, commit, file.name, partial)
         poller.current = ""
         poller.report()
 
