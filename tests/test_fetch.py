@@ -118,8 +118,13 @@ def test_the_command_line_fetches(tiny_janus_dir: Path, tmp_path: Path) -> None:
     assert seen["files"] == sorted(name for name in seen["served"] if name not in LEFT_OUT)
 
 
-def test_a_refused_repository_says_what_to_download_instead() -> None:
+def test_a_refused_repository_says_what_to_download_instead(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    from scd_core.frontends.cli import main
     from scd_core.models.fetch import FetchError, check_repo
+
+    assert main(["fetch", "BAAI/Emu3.5-Image", "--to", str(tmp_path)]) == 2  # before anything is asked of the hub
+    assert capsys.readouterr().err.startswith("error: BAAI/Emu3.5-Image is not fetched: the loader needs BAAI/Emu3.5")
+    assert list(tmp_path.iterdir()) == []
 
     with pytest.raises(FetchError, match="needs the Hugging Face repository Alpha-VLLM/Lumina-mGPT-2.0 plus "
                                          "MoVQGAN's movqgan_270M.ckpt; download those by hand"):
