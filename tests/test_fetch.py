@@ -115,6 +115,7 @@ def test_the_command_line_fetches(tiny_janus_dir: Path, tmp_path: Path) -> None:
     seen = run_case("cli", tiny_janus_dir, tmp_path)
     assert seen["code"] == 0, seen["stderr"]
     assert seen["stdout"].strip().endswith(f"into {tmp_path / 'models' / 'Janus-Pro-1B'}")
+    assert seen["stderr"].strip().splitlines()[-1].startswith("Janus-Pro-1B: 100%|")  # the bar, in bytes
     assert seen["files"] == sorted(name for name in seen["served"] if name not in LEFT_OUT)
 
 
