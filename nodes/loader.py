@@ -21,6 +21,7 @@ from server import PromptServer
 from .checks import CheckedCombo, choice_error
 from .core_compat import classic_patcher_class, core_note, is_dynamic_patcher, reclaimable_bytes
 from .lowvram import follow_loads, make_streamable
+from .model_download import DOWNLOAD_CHOICES, OFF, download_tooltip, fetched_folder
 from .model_folders import DEMO, MODEL_ROOTS, model_choices, unknown_model_message
 from .sockets import LoadedModel, SCDModel
 
@@ -149,6 +150,8 @@ class SCDModelLoader(io.ComfyNode):
                                  tooltip="Static-shape window calls through torch.compile (CUDA graphs on "
                                          "CUDA); the first call of each window width compiles (minutes on "
                                          f"CPU). {compilable()}; candidates must be 1."),
+                CheckedCombo("download", options=list(DOWNLOAD_CHOICES), default=OFF, optional=True,
+                             tooltip=download_tooltip()),
             ],
             outputs=[SCDModel.Output(display_name="model")],
             hidden=[io.Hidden.unique_id],
@@ -164,15 +167,20 @@ class SCDModelLoader(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: str, device: str, dtype: str, quantize: str = "auto",
-                compile: bool = False) -> io.NodeOutput:
-        choices = model_choices()
-        if model not in choices:  # e.g. the folder was removed after validation
-            raise ModelLoadError(unknown_model_message(model, choices))
+                compile: bool = False, download: str = OFF) -> io.NodeOutput:
         problem = (choice_error("device", device, DEVICES) or choice_error("dtype", dtype, DTYPES)
-                   or choice_error("quantize", quantize, QUANTIZE))
+                   or choice_error("quantize", quantize, QUANTIZE)
+                   or choice_error("download", download, DOWNLOAD_CHOICES))
         if problem:
             raise ValueError(problem)
-        path = DEMO if choices[model] is None else choices[model]
+        node_id = getattr(getattr(cls, "hidden", None), "unique_id", None)
+        if download != OFF:
+            model, path = fetched_folder(download, None if node_id is None else str(node_id))
+        else:
+            choices = model_choices()
+            if model not in choices:  # e.g. the folder was removed after validation
+                raise ModelLoadError(unknown_model_message(model, choices))
+            path = DEMO if choices[model] is None else choices[model]
         load_device = compute_device(device)
         offload_device = load_device if load_device.type == "cpu" else mm.unet_offload_device()
         compute_dtype = weight_dtype(dtype, load_device)
@@ -195,7 +203,6 @@ class SCDModelLoader(io.ComfyNode):
         fit = "" if load_device.type == "cpu" else fit_note(weights, cache, available_memory(load_device), streamable)
         note = " | ".join(filter(None, [memory_note(loaded, precision, weights, cache),
                                         decoding_note(loaded, compute_dtype), fit, core_note(load_device)]))
-        node_id = getattr(getattr(cls, "hidden", None), "unique_id", None)
         if node_id is not None:
             PromptServer.instance.send_progress_text(note, str(node_id))
         return io.NodeOutput(result)

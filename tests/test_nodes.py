@@ -165,7 +165,12 @@ def inputs_of(node: Any) -> dict[str, tuple[str, dict[str, Any]]]:
 
 def test_loader_schema(node_classes: dict[str, Any]) -> None:
     inputs = inputs_of(node_classes["SCDModelLoader"])
-    assert list(inputs) == ["model", "device", "dtype", "quantize", "compile"]
+    assert list(inputs) == ["model", "device", "dtype", "quantize", "compile", "download"]
+    # nothing is downloaded unless asked, and old workflows (without the input) load as before
+    assert inputs["download"][1]["default"] == "off" and inputs["download"][1]["options"] == [
+        "off", "deepseek-community/Janus-Pro-1B", "deepseek-community/Janus-Pro-7B", "BAAI/Emu3-Gen-hf",
+        "zai-org/GLM-Image"]
+    assert "download" in node_classes["SCDModelLoader"].GET_NODE_INFO_V1()["input"]["optional"]
     assert inputs["quantize"][0] == inputs["quantize"][1]["options"] == ["auto", "none", "int8", "nf4"]
     assert inputs["quantize"][1]["default"] == "auto"
     assert "quantize" in node_classes["SCDModelLoader"].GET_NODE_INFO_V1()["input"]["optional"]  # old workflows

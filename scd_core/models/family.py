@@ -32,6 +32,9 @@ class Family:
     holds: str  # what its folder holds and how it is recognised, for the unrecognised-folder message
     # (a word of a folder's name, lower case; what to download into it): the first match names the download
     downloads: tuple[tuple[str, str], ...] = ()
+    # the published repositories that are a whole model folder on their own (`python -m scd_core fetch` and the
+    # loader's download option take these; a family needing files from several repositories declares none)
+    repos: tuple[str, ...] = ()
     roots: tuple[str, ...] = ()  # folders of its own under ComfyUI's models/ (models/scd/ takes any family)
     also: str = ""  # another name its models go by in lists of what supports a feature: "demo"
     cfg: str = ""  # its recommended CFG scales, as the tooltip lists them: "Janus-Pro 5"; "" means no CFG
@@ -100,6 +103,11 @@ def hooks(module: ModuleType) -> FamilyHooks:
 
 def families() -> tuple[Family, ...]:
     return tuple(module.FAMILY for module in family_modules())
+
+
+def published_repos() -> dict[str, Family]:
+    """Each repository that fetch downloads whole, and its family."""
+    return {repo: family for family in families() for repo in family.repos}
 
 
 def compilable() -> str:

@@ -43,6 +43,7 @@ MODEL_TYPE = "emu3"
 FAMILY = Family(
     label="Emu3", holds="an Emu3-Gen folder (BAAI/Emu3-Gen-hf: model_type 'emu3')",
     downloads=(("emu3", "the Hugging Face repository BAAI/Emu3-Gen-hf (the transformers format)"),),
+    repos=("BAAI/Emu3-Gen-hf",),
     roots=("Emu3",), cfg="Emu3 3", top_k="Emu3 2048",
     top_p="Emu3 its generation_config.json's, if it sets one", temperature="Emu3 its generation_config.json's, if any",
     sizes=("Emu3 (any aspect, 8 px steps)",), compile=True)

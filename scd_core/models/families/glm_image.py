@@ -45,6 +45,7 @@ FAMILY = Family(
     holds="a GLM-Image folder (zai-org/GLM-Image as published: model_index.json naming GlmImagePipeline, "
           "vision_language_encoder/ with model_type 'glm_image')",
     downloads=(("glm", "the Hugging Face repository zai-org/GLM-Image (all of its subfolders)"),),
+    repos=("zai-org/GLM-Image",),
     roots=("GLM-Image",), top_k="GLM-Image its generation_config.json's (as published: none, so generate's 50)",
     top_p="GLM-Image its generation_config.json's (0.75 as published)",
     temperature="GLM-Image its generation_config.json's (0.9 as published)",

@@ -52,6 +52,7 @@ FAMILY = Family(
           "tokenizer.json)",
     downloads=(("janus", "the Hugging Face repository deepseek-community/Janus-Pro-1B or "
                          "deepseek-community/Janus-Pro-7B (the transformers format)"),),
+    repos=("deepseek-community/Janus-Pro-1B", "deepseek-community/Janus-Pro-7B"),
     roots=("Janus-Pro",), cfg="Janus-Pro 5", compile=True, image_tasks=("edit",))
 # The deepseek-ai repositories hold the original code's layout (config model_type "multi_modality").
 ORIGINAL_MODEL_TYPE = "multi_modality"
