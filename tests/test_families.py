@@ -48,7 +48,7 @@ def test_joined() -> None:
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
     """A family module registered as a new family is: its module plus its name in MODULES."""
-    module = types.ModuleType(f"{registry.__package__}.toy")
+    module = types.ModuleType(f"{registry.__package__}.families.toy")  # where family_modules imports from
     module.FAMILY = TOY
     module.detect = lambda folder: (Path(folder) / "toy.json").is_file()
     module.load = lambda folder, device, dtype, quantize="none": ("toy model", folder, quantize)
