@@ -746,6 +746,24 @@ def demo_digit(node_classes: dict[str, Any], demo: Any) -> tuple[Any, torch.Tens
     return cond, tokens, image
 
 
+def test_vq_decode_gives_a_batch_the_pixels_each_image_has_alone(node_classes: dict[str, Any], demo: Any,
+                                                                 fake_server: FakeServer) -> None:
+    """A batch decoded on two threads: each row the pixels of its image decoded alone on one thread, as
+    `python -m scd_core batch` writes them (the decoder's sums otherwise follow the threads and the batch)."""
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=demo, prompt="7")
+    tokens, _ = run_node(node_classes["SCDSampler"], **sampler_inputs(demo, cond, coupler="faithful", window=32,
+                                                                      seed=0, batch_size=4))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (images,) = run_node(node_classes["SCDVQDecode"], model=demo, tokens=tokens)
+        torch.set_num_threads(1)
+        alone = [demo.model.decode(row) for row in tokens.split(1)]
+    finally:
+        torch.set_num_threads(before)
+    assert [torch.equal(image, row[0]) for image, row in zip(images, alone)] == [True] * 4
+
+
 def test_image_prompt_schema_says_what_a_raster_model_sees(node_classes: dict[str, Any], omni: Any) -> None:
     node = node_classes["SCDImagePrompt"]
     inputs = inputs_of(node)

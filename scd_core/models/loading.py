@@ -14,6 +14,7 @@ import torch
 
 from .weights.checkpoints import ModelLoadError
 from .family import compilable, families, family_modules, hooks, joined
+from .pixels import steady_decode
 from .weights.memory import MemoryEstimate, folder_estimate, t5_folder_estimate
 from .weights.quantize import check_precision, normalize_precision
 
@@ -99,6 +100,7 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
         raise ModelLoadError(f"quantize={precision!r} is not available for {folder} ({name} family) yet: load it "
                              "at full precision (quantize='none')")
     model = family.load(folder, device, dtype, quantize=precision)
+    model.decode = steady_decode(model.decode)  # an image's bytes then depend on its tokens alone
     if compile:
         model.enable_compile()
     return model
