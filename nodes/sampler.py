@@ -35,8 +35,8 @@ def sampler_config(coupler: str, window: int, seed: int, draft_init: str, candid
     """Widget values -> SamplerConfig; `options` are the sampler options' widgets by name, whose "recommended"
     values become None; a window policy's value its name."""
     if candidates > 1 and coupler in couplers.names_where("candidates", False):
-        raise ValueError(f"candidates must be 1 with the {coupler} coupler, which {couplers.coupler(coupler).help}; "
-                         f"set candidates to 1 or choose another coupler (got {candidates})")
+        raise ValueError(f"candidates must be 1 with the {coupler} coupler (got {candidates}): set candidates to 1 or "
+                         "choose another coupler")
     try:
         return SamplerConfig(coupler=coupler, window=window_policies.from_widget(window), seed=seed,
                              draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init, candidates=candidates,

@@ -631,8 +631,8 @@ def test_errors_name_what_the_sampler_node_shows(node_classes: dict[str, Any], j
                                  "model 'tiny-janus' makes single images; choose auto, above, left or random")
     with pytest.raises(ValueError) as caught:
         run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, coupler="faithful", candidates=2))
-    assert str(caught.value).startswith("candidates must be 1 with the faithful coupler, which reproduces plain "
-                                        "autoregressive sampling")
+    assert str(caught.value) == ("candidates must be 1 with the faithful coupler (got 2): set candidates to 1 or "
+                                 "choose another coupler")  # one short sentence, not the coupler's description
     assert "verification" not in str(caught.value) and not fake_server.events  # refused before sampling
 
 

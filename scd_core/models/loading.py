@@ -27,7 +27,8 @@ def pick_device(device: Union[str, torch.device, None]) -> torch.device:
         try:
             chosen = torch.device(device)
         except RuntimeError as err:
-            raise ValueError(f"device {str(device)!r} is not a torch device ({err})") from err
+            raise ValueError(f"device {str(device)!r} is not a torch device: use cuda (cuda:1 for a second GPU), "
+                             "mps or cpu") from err
         if chosen.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r}: CUDA is not available on this machine")
         if chosen.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
