@@ -116,8 +116,8 @@ class SCDSampler(io.ComfyNode):
                 io.Int.Input("candidates", default=1, min=1, max=MAX_CANDIDATES, optional=True,
                              tooltip="Candidates for the first draft of each call (1 = off). k feeds k chains per "
                                      "call, k times the tokens, for 5-8% fewer calls: worth it only where a wider "
-                                     "call costs about the same (a GPU). Not with the "
-                                     f"{' or '.join(couplers.names_where('candidates', False))} coupler."),
+                                     "call costs about the same (a GPU). "
+                                     f"{couplers.candidates_refused(DEFAULT_COUPLER).capitalize()}."),
                 *(option_widget(option, optional=True) for option in OPTIONS[SAVED_OPTIONS:]),
             ],
             outputs=[SCDTokens.Output(display_name="tokens"), SCDStats.Output(display_name="stats")],

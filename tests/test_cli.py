@@ -61,7 +61,9 @@ def test_generate_writes_the_sampled_batch_side_by_side(tiny_janus_dir, tmp_path
 
     nfe = int(re.search(r"(\d+) model calls for 16 tokens", out).group(1))
     assert nfe == result.nfe
-    assert f"{TINY_TOKENS / nfe:.2f}x fewer calls" in out
+    # the random tiny model may reject every draft: then the line says so instead of "1.00x fewer calls"
+    assert (f"{TINY_TOKENS / nfe:.2f}x fewer calls" if nfe < TINY_TOKENS else
+            "16 model calls for 16 tokens: one call per token, as plain AR sampling") in out
     assert histogram_total(out) == nfe
     assert re.search(r"prefill [\d.]+ s, forward [\d.]+ s, sampling [\d.]+ s, decode [\d.]+ s$", out,
                      flags=re.MULTILINE)  # no compile time: the model is not compiled

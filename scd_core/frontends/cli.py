@@ -70,7 +70,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     where the help names it already."""
 
     def _get_help_string(self, action: argparse.Action) -> Optional[str]:
-        if action.default is None or action.default is False or "default" in (action.help or ""):
+        if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 

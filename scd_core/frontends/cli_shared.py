@@ -99,7 +99,7 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
                          help="token: draft by draft; block: a joint rule over the window (independent coupler)")
     sampler.add_argument("--candidates", type=int, default=DEFAULTS.candidates,
                          help="candidates for the first draft of each call, each with a chain of the later drafts "
-                              "(1..8; 1 = just the draft)")
+                              f"(1..8; 1 = just the draft); {couplers.candidates_refused(DEFAULTS.coupler)}")
     return sampler
 
 
