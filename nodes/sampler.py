@@ -35,8 +35,8 @@ def sampler_config(coupler: str, window: int, seed: int, draft_init: str, candid
     """Widget values -> SamplerConfig; `options` are the sampler options' widgets by name, whose "recommended"
     values become None; a window policy's value its name."""
     if candidates > 1 and coupler in couplers.names_where("candidates", False):
-        raise ValueError(f"candidates must be 1 with the {coupler} coupler, which {couplers.coupler(coupler).help}; "
-                         f"set candidates to 1 or choose another coupler (got {candidates})")
+        raise ValueError(f"candidates must be 1 with the {coupler} coupler (got {candidates}): set candidates to 1 or "
+                         "choose another coupler")
     try:
         return SamplerConfig(coupler=coupler, window=window_policies.from_widget(window), seed=seed,
                              draft_init=None if draft_init == MODEL_DRAFT_INIT else draft_init, candidates=candidates,
@@ -116,8 +116,8 @@ class SCDSampler(io.ComfyNode):
                 io.Int.Input("candidates", default=1, min=1, max=MAX_CANDIDATES, optional=True,
                              tooltip="Candidates for the first draft of each call (1 = off). k feeds k chains per "
                                      "call, k times the tokens, for 5-8% fewer calls: worth it only where a wider "
-                                     "call costs about the same (a GPU). Not with the "
-                                     f"{' or '.join(couplers.names_where('candidates', False))} coupler."),
+                                     "call costs about the same (a GPU). "
+                                     f"{couplers.candidates_refused(DEFAULT_COUPLER).capitalize()}."),
                 *(option_widget(option, optional=True) for option in OPTIONS[SAVED_OPTIONS:]),
             ],
             outputs=[SCDTokens.Output(display_name="tokens"), SCDStats.Output(display_name="stats")],

@@ -636,8 +636,8 @@ def test_errors_name_what_the_sampler_node_shows(node_classes: dict[str, Any], j
                                  "model 'tiny-janus' makes single images; choose auto, above, left or random")
     with pytest.raises(ValueError) as caught:
         run_node(node_classes["SCDSampler"], **sampler_inputs(janus, cond, coupler="faithful", candidates=2))
-    assert str(caught.value).startswith("candidates must be 1 with the faithful coupler, which reproduces plain "
-                                        "autoregressive sampling")
+    assert str(caught.value) == ("candidates must be 1 with the faithful coupler (got 2): set candidates to 1 or "
+                                 "choose another coupler")  # one short sentence, not the coupler's description
     assert "verification" not in str(caught.value) and not fake_server.events  # refused before sampling
 
 
@@ -749,6 +749,24 @@ def demo_digit(node_classes: dict[str, Any], demo: Any) -> tuple[Any, torch.Tens
                                                                       seed=42))
     (image,) = run_node(node_classes["SCDVQDecode"], model=demo, tokens=tokens)
     return cond, tokens, image
+
+
+def test_vq_decode_gives_a_batch_the_pixels_each_image_has_alone(node_classes: dict[str, Any], demo: Any,
+                                                                 fake_server: FakeServer) -> None:
+    """A batch decoded on two threads: each row the pixels of its image decoded alone on one thread, as
+    `python -m scd_core batch` writes them (the decoder's sums otherwise follow the threads and the batch)."""
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=demo, prompt="7")
+    tokens, _ = run_node(node_classes["SCDSampler"], **sampler_inputs(demo, cond, coupler="faithful", window=32,
+                                                                      seed=0, batch_size=4))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (images,) = run_node(node_classes["SCDVQDecode"], model=demo, tokens=tokens)
+        torch.set_num_threads(1)
+        alone = [demo.model.decode(row) for row in tokens.split(1)]
+    finally:
+        torch.set_num_threads(before)
+    assert [torch.equal(image, row[0]) for image, row in zip(images, alone)] == [True] * 4
 
 
 def test_image_prompt_schema_says_what_a_raster_model_sees(node_classes: dict[str, Any], omni: Any) -> None:

@@ -24,6 +24,18 @@ def test_bring_your_own_model_example_runs():
     assert sum(result.committed) == 64 and result.nfe < 64
 
 
+def test_the_library_example_prints_one_short_line_per_call(capsys):
+    """`callback=print` shows each call's pace in a line, not the tensors it carries (about 110 KB once)."""
+    section = README.read_text().split("## Library", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "callback=print" in code
+    namespace: dict = {}
+    exec(compile(code, "README library example", "exec"), namespace)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == namespace["result"].nfe + 1  # a line per call, then the example's own print
+    assert max(map(len, lines)) <= 100 and lines[0].startswith("call 1: committed ")
+
+
 def test_readme_commands_point_at_existing_entry_points():
     text = README.read_text()
     assert "bash tests/run.sh" in text

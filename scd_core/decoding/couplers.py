@@ -81,6 +81,14 @@ def names_where(flag: str, value: bool = True) -> tuple[str, ...]:
     return tuple(c.name for c in COUPLERS if getattr(c, flag) == value)
 
 
+def candidates_refused(default: str) -> str:
+    """Which couplers refuse candidates, for `--help` and a tooltip: "refused with faithful, the default coupler
+    (choose maximal, gumbel or independent)", `default` being the settings' default coupler."""
+    refused, allowed = names_where("candidates", False), names_where("candidates")
+    named = " or ".join(f"{name}, the default coupler" if name == default else name for name in refused)
+    return f"refused with {named} (choose {', '.join(allowed[:-1])} or {allowed[-1]})"
+
+
 def help_text(separator: str = "; ") -> str:
     """Every coupler and what it does, for a tooltip or `--help`."""
     return separator.join(f"{c.name}: {c.help}" for c in COUPLERS)

@@ -22,6 +22,13 @@ class IterationStats:
     forced: int = 0  # of `committed`, the tokens that were forced (given cells, row-ends), not sampled
     forced_total: int = 0  # of `total`, the forced tokens: plain AR needs one call per other token
 
+    def __str__(self) -> str:
+        """One line (`callback=print` shows the run's pace, not its tensors)."""
+        drafts = len(self.acceptance)
+        accepted = f"mean acceptance {sum(self.acceptance) / drafts:.0%} ({drafts} drafts)" if drafts else "no drafts"
+        return f"call {self.nfe}: committed {self.committed}, {self.total} / {self.num_tokens} tokens done, {accepted}"
+
+
 
 @dataclass
 class GenerationResult:

@@ -20,7 +20,7 @@ import math
 import os
 import re
 import sys
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from time import perf_counter
@@ -322,21 +322,10 @@ class OutFolder:
 
 # ---------------------------------------------------------------- workers
 
-@contextmanager
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def png_bytes(model: Any, tokens: torch.Tensor) -> bytes:
-    """One image's PNG, the same bytes wherever it is made: decoded alone and on one CPU thread (the decoder's
-    float sums, and with them some rounded pixels, change with the thread count), saved without a timestamp."""
-    with one_thread():
-        images = model.decode(tokens)
+    """One image's PNG, the same bytes wherever it is made (a loaded model decodes each image alone on one CPU
+    thread: `models.pixels`), saved without a timestamp."""
+    images = model.decode(tokens)
     buffer = io.BytesIO()
     to_pil(images).save(buffer, format="PNG")
     return buffer.getvalue()

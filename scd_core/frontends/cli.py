@@ -63,7 +63,8 @@ class UsageError(ValueError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line instead of usage + message, see main()
-        raise UsageError(f"{message} (see '{self.prog} --help')")
+        # "argument --dtype: ..." as the other errors name an option: "--dtype: ..."
+        raise UsageError(f"{message.removeprefix('argument ')} (see '{self.prog} --help')")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -71,7 +72,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     where the help names it already."""
 
     def _get_help_string(self, action: argparse.Action) -> Optional[str]:
-        if action.default is None or action.default is False or "default" in (action.help or ""):
+        if action.default is None or action.default is False or "(default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -221,11 +222,12 @@ def run_summary(run: Run) -> str:
         f"images of seeds {config.seed}-{config.seed + rows - 1} (row i: seed + i)"
     promise = (f" - the plain-AR {seeds} at any window, batch, worker or resume"
                if couplers.coupler(config.coupler).width_free else "")
+    saved = (f" (AR: {tokens}): {run.speedup:.2f}x fewer calls, mean acceptance {_percent(run.acceptance)}"
+             if result.nfe < tokens else ": one call per token, as plain AR sampling")
     return "\n".join([
         f"{run.label}: coupler {config.coupler}, window {window_policies.report(config.window, result.windows)}, "
         f"seed {config.seed}, batch {rows}{promise}",
-        f"{result.nfe} model calls for {tokens} tokens (AR: {tokens}): {run.speedup:.2f}x fewer calls, "
-        f"mean acceptance {_percent(run.acceptance)}",
+        f"{result.nfe} model calls for {tokens} tokens{saved}",
         "model calls by tokens committed:",
         commit_histogram(result.committed),
         timing_line(run),

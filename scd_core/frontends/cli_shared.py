@@ -46,6 +46,13 @@ def _window(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _dtype(text: str) -> str:
+    """A --dtype name; a weight precision there is pointed at --quantize (the dtype stays the compute dtype)."""
+    if text in PRECISIONS and text != "none":
+        raise argparse.ArgumentTypeError(f"{text} is a weight precision, not a compute dtype: use --quantize {text}")
+    return text
+
+
 def dtype_names() -> str:
     """Every name --dtype takes, each type once with its short names after it: "float32 (fp32), ... or float64"."""
     names: dict[torch.dtype, list[str]] = {}
@@ -59,7 +66,7 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
     """The model and where it runs: what `generate` and `batch` share."""
     group.add_argument("--model", required=True, help='"demo" (the embedded digit model) or a model folder')
     group.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the best available)")
-    group.add_argument("--dtype", choices=DTYPES, metavar="DTYPE",
+    group.add_argument("--dtype", type=_dtype, choices=DTYPES, metavar="DTYPE",
                        help=f"{dtype_names()} (default: bfloat16 on CUDA, else float32)")
     group.add_argument("--quantize", choices=PRECISIONS, default="none",
                        help="store the backbone's weights in 8 or 4 bits (nf4 needs bitsandbytes); exact either way")
@@ -92,7 +99,7 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
                          help="token: draft by draft; block: a joint rule over the window (independent coupler)")
     sampler.add_argument("--candidates", type=int, default=DEFAULTS.candidates,
                          help="candidates for the first draft of each call, each with a chain of the later drafts "
-                              "(1..8; 1 = just the draft)")
+                              f"(1..8; 1 = just the draft); {couplers.candidates_refused(DEFAULTS.coupler)}")
     return sampler
 
 

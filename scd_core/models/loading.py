@@ -14,6 +14,7 @@ import torch
 
 from .weights.checkpoints import ModelLoadError
 from .family import compilable, families, family_modules, hooks, joined
+from .pixels import steady_decode
 from .weights.memory import MemoryEstimate, folder_estimate, t5_folder_estimate
 from .weights.quantize import check_precision, normalize_precision
 
@@ -26,7 +27,8 @@ def pick_device(device: Union[str, torch.device, None]) -> torch.device:
         try:
             chosen = torch.device(device)
         except RuntimeError as err:
-            raise ValueError(f"device {str(device)!r} is not a torch device ({err})") from err
+            raise ValueError(f"device {str(device)!r} is not a torch device: use cuda (cuda:1 for a second GPU), "
+                             "mps or cpu") from err
         if chosen.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r}: CUDA is not available on this machine")
         if chosen.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
@@ -99,6 +101,7 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
         raise ModelLoadError(f"quantize={precision!r} is not available for {folder} ({name} family) yet: load it "
                              "at full precision (quantize='none')")
     model = family.load(folder, device, dtype, quantize=precision)
+    model.decode = steady_decode(model.decode)  # an image's bytes then depend on its tokens alone
     if compile:
         model.enable_compile()
     return model
