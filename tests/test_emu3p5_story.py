@@ -264,3 +264,24 @@ def test_bad_requests_get_one_line_and_leave_the_model_working(tiny_emu3p5_dir: 
         story_model.set_image_size(1024, 1024)
     assert generate_story(story_model, QUESTION, config, StoryOptions(max_new_tokens=20, size=(1, 2),
                                                                       text_top_k=1)).images
+
+
+def test_command_line_writes_the_images_and_the_markdown(tiny_emu3p5_base_dir: Path, tiny_emu3p5_dir: Path,
+                                                         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from PIL import Image
+
+    from scd_core.frontends.cli import main
+
+    out = tmp_path / "story"
+    args = ["story", "--prompt", QUESTION, "--out", str(out), "--max-new-tokens", "20", "--width", "32",
+            "--height", "16", "--text-top-k", "1", "--dtype", "float64", "--device", "cpu", "--window", "4"]
+    assert main([*args, "--model", str(tiny_emu3p5_base_dir)]) == 0
+    assert (out / "story.md").read_text() == "Q\n\n![image 1](image_01.png)\n\nZ\n\n![image 2](image_02.png)\n\nZ\n"
+    assert Image.open(out / "image_02.png").size == (32, 16)
+    assert "2 images, 20 new tokens (stopped at max_new_tokens)" in capsys.readouterr().out
+    # bad input: one line, exit 2, the folder's story kept
+    assert main([*args, "--model", str(tiny_emu3p5_base_dir)]) == 2
+    assert main([*args[:4], str(tmp_path / "other"), *args[5:], "--model", str(tiny_emu3p5_dir)]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and "already holds story.md" in errors[0] and "Emu3.5-Image" in errors[1]
+    assert (out / "story.md").read_text().startswith("Q\n")

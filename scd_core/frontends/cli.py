@@ -3,6 +3,7 @@
     python -m scd_core generate --model demo --prompt 7 -o out.png
     python -m scd_core generate --model demo --prompt 7 --compare --seeds 0-7 -o compare.png
     python -m scd_core batch jobs.jsonl --model demo --out out/ --seeds 0,1,2   (see batch_job.py)
+    python -m scd_core story --model models/scd/Emu3.5 --prompt "a hedgehog" --out story/   (see story_job.py)
 
 --seeds is a list of seeds in both ("0,1,2", "0-7"): the seeds a comparison averages over, or each job's seeds.
 Each run prints a line when it ends where the progress bar cannot draw (stderr is not a terminal: a log).
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from ..decoding import couplers
 from ..windows import window_policies
 from .batch_job import add_batch_arguments, run_batch, seed_list
+from .story_job import add_story_arguments, run_story
 from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
                          open_model, positive_int, sampler_config, to_pil)
 from ..models.weights.checkpoints import ModelLoadError
@@ -427,6 +429,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "generate": ("generate images with AR, SJD or SCD decoding", add_generate_arguments, run_generate),
     "batch": ("many images from a JOBS.jsonl file into a folder, resumable, optionally on Ray",
               add_batch_arguments, run_batch),
+    "story": ("an interleaved Emu3.5 story, how-to or exploration: text and images into a folder",
+              add_story_arguments, run_story),
 }
 
 
