@@ -285,3 +285,15 @@ def test_command_line_writes_the_images_and_the_markdown(tiny_emu3p5_base_dir: P
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and "already holds story.md" in errors[0] and "Emu3.5-Image" in errors[1]
     assert (out / "story.md").read_text().startswith("Q\n")
+
+
+def test_the_models_positions_cap_the_budget(story_model: emu3p5.Emu3p5Model) -> None:
+    """The authors' 32768 new tokens on a copy of 1024 positions: the story stops where the positions end, every
+    image whole; a prompt that leaves no room for one image is one line."""
+    result = generate_story(story_model, QUESTION, SamplerConfig(window=16, top_k=1), StoryOptions(text_top_k=1))
+    prompt = len(story_prompts(story_model, QUESTION, "story")[0])
+    room = 1024 - prompt
+    assert result.stop == "positions" and len(result.images) == 4 and len(result.tokens) <= room
+    assert room - 4 * (1 + 1 + 6 + 10 * 21) < 1 + 1 + 6 + 10 * 21  # a fifth image (and its text) did not fit
+    one_line_error(lambda: generate_story(story_model, QUESTION + " x" * 420, SamplerConfig()),
+                   "positions the prompt leaves the model cannot hold one image")

@@ -228,7 +228,7 @@ class StoryRun:
             self._flush_text()
             size = self._header()
             if size is None or not self._image(size, callback, should_cancel):
-                return "positions" if self.budget < self.options.max_new_tokens else "max_new_tokens"
+                break
         return "positions" if self.budget < self.options.max_new_tokens else "max_new_tokens"
 
     def _header(self) -> Optional[tuple[int, int]]:
