@@ -114,7 +114,8 @@ def write_vision_tokenizer(folder: Path, seed: int = 0) -> Path:
 
 
 # The base copy's story (greedy): its answer starts "Q", then an image of 10 x 20 codes it writes the size of ("10*20":
-# bigrams <|image start|> 1, 1 0, * 2, 2 0); after each image "Z" and the next image (or EOS: after_image="eos").
+# bigrams <|image start|> 1, 1 0, * 2, 2 0); after each image "Z" and the next image.  Variants (`plant_story`'s
+# `variant`): "eos" ends with EOS after the first image; "stray_end" writes an <|image end|> as text after "Q".
 STORY_BIGRAMS = {"<|extra_100|>": "Q", "Q": "<|image start|>", "<|image start|>": "1", "1": "0", "*": "2", "2": "0",
                  "<|image end|>": "Z", "Z": "<|image start|>"}
 STORY_SIZE = (10, 20)
@@ -126,11 +127,14 @@ def byte_id(character: str) -> int:
     return byte_order().index(ord(character))
 
 
-def plant_story(network: torch.nn.Module, ids: dict[str, int], after_image: str) -> None:
+VARIANTS = {"text": {}, "eos": {"<|image end|>": "<|extra_204|>"}, "stray_end": {"Q": "<|image end|>"}}
+
+
+def plant_story(network: torch.nn.Module, ids: dict[str, int], variant: str) -> None:
     """Make the random network follow STORY_BIGRAMS greedily: each source token's embedding a long vector of its own
     (orthonormal directions, so the residual stream at its position points there whatever the layers add), each
     target's head row along its sources' directions."""
-    bigrams = dict(STORY_BIGRAMS, **({"<|image end|>": "<|extra_204|>"} if after_image == "eos" else {}))
+    bigrams = {**STORY_BIGRAMS, **VARIANTS[variant]}
     token = lambda name: ids[name] if name in ids else byte_id(name)
     sources = sorted(bigrams)
     directions, _ = torch.linalg.qr(torch.randn(network.config.hidden_size, len(sources)))
@@ -143,7 +147,7 @@ def plant_story(network: torch.nn.Module, ids: dict[str, int], after_image: str)
 
 
 def write_tiny_emu3p5(folder: Path, seed: int = 0, story: str = "") -> Path:
-    """Write the tiny checkpoint into `folder` (created if needed) and return it; `story` "text" or "eos" plants
+    """Write the tiny checkpoint into `folder` (created if needed) and return it; `story` (a VARIANTS key) plants
     the base copy's story (`plant_story`) and gives it STORY_POSITIONS positions."""
     from transformers import Qwen3ForCausalLM
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 import torch
-from emu3p5_fixture import STORY_SIZE, reference_network, write_tiny_emu3p5
+from emu3p5_fixture import STORY_SIZE, byte_id, reference_network, write_tiny_emu3p5
 from emu3p5_fixture import tiny_emu3p5_base_dir, tiny_emu3p5_dir  # noqa: F401  (fixtures)
 from test_lossless import P_MIN, chi_square_pvalue
 
@@ -159,6 +159,19 @@ def test_eos_ends_the_story(tmp_path: Path) -> None:
     expected = authors_loop(reference_network(folder), model, options, 3.0, (1.0, 1, 1.0), greedy)
     assert result.stop == "eos" and result.tokens == expected and result.parts == ["Q", 0]
     assert result.tokens[-1] == model._tokenizer.ids["<|extra_204|>"] and len(result.images) == 1
+
+
+def test_an_image_end_written_as_text_reaches_the_unconditional_context(tmp_path: Path) -> None:
+    """A copy that writes <|image end|> as text before its first image: the authors' exit_image feeds it to the
+    unconditional context, so both images are guided against a context that holds it."""
+    folder = write_tiny_emu3p5(tmp_path / "Emu3.5", story="stray_end")
+    model = load_model(folder, device="cpu", dtype=torch.float64)
+    options = StoryOptions(max_new_tokens=TWO_IMAGES, text_top_k=1)
+    result = generate_story(model, QUESTION, SamplerConfig(window=8, top_k=1), options)
+    expected = authors_loop(reference_network(folder), model, options, 3.0, (1.0, 1, 1.0), greedy)
+    end = model._tokenizer.ids["<|image end|>"]
+    assert result.tokens[:2] == [byte_id("Q"), end] and result.tokens == expected[:len(result.tokens)]
+    assert len(result.images) == 2
 
 
 def test_faithful_window_8_gives_the_window_1_story(story_model: emu3p5.Emu3p5Model) -> None:
