@@ -14,6 +14,7 @@ from .image_prompt import SCDImagePrompt
 from .loader import SCDModelLoader
 from .sampler import SCDSampler
 from .stats import SCDStatsNode
+from .story import SCDEmu3p5Story
 from .video_context import SCDVideoContext
 
 # the compiled path captures its CUDA graphs outside the core's malloc graph (late-2026 ComfyUI's model compiler)
@@ -21,7 +22,8 @@ set_capture_scope(outside_malloc_graph)
 # the automatic window's learned call costs live with the user's ComfyUI data, for the next server start
 window_memory.set_folder(Path(folder_paths.get_user_directory()) / "comfyui-scd")
 
-NODES = [SCDModelLoader, SCDPromptEncode, SCDSampler, SCDVQDecode, SCDStatsNode, SCDVideoContext, SCDImagePrompt]
+NODES = [SCDModelLoader, SCDPromptEncode, SCDSampler, SCDVQDecode, SCDStatsNode, SCDVideoContext, SCDImagePrompt,
+         SCDEmu3p5Story]
 
 
 class SCDExtension(ComfyExtension):

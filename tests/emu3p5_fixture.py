@@ -113,13 +113,50 @@ def write_vision_tokenizer(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def write_tiny_emu3p5(folder: Path, seed: int = 0) -> Path:
-    """Write the tiny checkpoint into `folder` (created if needed) and return it."""
+# The base copy's story (greedy): its answer starts "Q", then an image of 10 x 20 codes it writes the size of ("10*20":
+# bigrams <|image start|> 1, 1 0, * 2, 2 0); after each image "Z" and the next image.  Variants (`plant_story`'s
+# `variant`): "eos" ends with EOS after the first image; "stray_end" writes an <|image end|> as text after "Q".
+STORY_BIGRAMS = {"<|extra_100|>": "Q", "Q": "<|image start|>", "<|image start|>": "1", "1": "0", "*": "2", "2": "0",
+                 "<|image end|>": "Z", "Z": "<|image start|>"}
+STORY_SIZE = (10, 20)
+STORY_POSITIONS = 1024
+
+
+def byte_id(character: str) -> int:
+    """The tiny tokenizer's id of a one-byte character (its rank)."""
+    return byte_order().index(ord(character))
+
+
+VARIANTS = {"text": {}, "eos": {"<|image end|>": "<|extra_204|>"}, "stray_end": {"Q": "<|image end|>"}}
+
+
+def plant_story(network: torch.nn.Module, ids: dict[str, int], variant: str) -> None:
+    """Make the random network follow STORY_BIGRAMS greedily: each source token's embedding a long vector of its own
+    (orthonormal directions, so the residual stream at its position points there whatever the layers add), each
+    target's head row along its sources' directions."""
+    bigrams = {**STORY_BIGRAMS, **VARIANTS[variant]}
+    token = lambda name: ids[name] if name in ids else byte_id(name)
+    sources = sorted(bigrams)
+    directions, _ = torch.linalg.qr(torch.randn(network.config.hidden_size, len(sources)))
+    with torch.no_grad():
+        for i, source in enumerate(sources):
+            network.model.embed_tokens.weight[token(source)] = 40.0 * directions[:, i]
+        for target in set(bigrams.values()):
+            row = sum(directions[:, i] for i, source in enumerate(sources) if bigrams[source] == target)
+            network.lm_head.weight[token(target)] = 4.0 * row
+
+
+def write_tiny_emu3p5(folder: Path, seed: int = 0, story: str = "") -> Path:
+    """Write the tiny checkpoint into `folder` (created if needed) and return it; `story` (a VARIANTS key) plants
+    the base copy's story (`plant_story`) and gives it STORY_POSITIONS positions."""
     from transformers import Qwen3ForCausalLM
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = tiny_config(write_tokenizer(folder))
+    ids = write_tokenizer(folder)
+    config = tiny_config(ids)
+    if story:
+        config["max_position_embeddings"] = STORY_POSITIONS
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     torch.manual_seed(seed)
     network = Qwen3ForCausalLM(qwen3_config(config)).eval()
@@ -129,12 +166,35 @@ def write_tiny_emu3p5(folder: Path, seed: int = 0) -> Path:
                 param.normal_(0.0, 0.2)
             elif name.endswith(("q_norm.weight", "k_norm.weight")):
                 param.uniform_(0.5, 1.5)  # norms that are not all ones, so leaving them out shows
+    if story:
+        plant_story(network, ids, story)
     write_shards({k: v.contiguous() for k, v in network.state_dict().items()}, folder)
     write_vision_tokenizer(folder / "vision_tokenizer", seed)
     return folder
+
+
+def reference_network(folder: Path) -> torch.nn.Module:
+    """transformers' Qwen3ForCausalLM with every lm_head row, filled from the shards apart from load_model, in
+    float64."""
+    from safetensors.torch import load_file
+    from transformers import Qwen3ForCausalLM
+
+    config = json.loads((folder / "config.json").read_text())
+    net = Qwen3ForCausalLM(qwen3_config(config))
+    state = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(shard)))
+    net.load_state_dict(state, strict=True)
+    return net.double().eval()
 
 
 @pytest.fixture(scope="session")
 def tiny_emu3p5_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder named like the published Emu3.5-Image, holding the tiny checkpoint, written once per session."""
     return write_tiny_emu3p5(tmp_path_factory.mktemp("models") / "Emu3.5-Image")
+
+
+@pytest.fixture(scope="session")
+def tiny_emu3p5_base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder named like the published base model (BAAI/Emu3.5) whose copy tells STORY_BIGRAMS' story."""
+    return write_tiny_emu3p5(tmp_path_factory.mktemp("models") / "Emu3.5", story="text")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from emu3p5_fixture import IMAGE_CODES, qwen3_config, vq_state
+from emu3p5_fixture import IMAGE_CODES, reference_network, vq_state
 from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture, one checkpoint per session)
 from pace import assert_own_pace_gives_ar_tokens
 from test_lossless import P_MIN, chi_square_pvalue
@@ -39,16 +39,7 @@ def model64(tiny_emu3p5_dir: Path) -> emu3p5.Emu3p5Model:
 @pytest.fixture(scope="module")
 def reference(tiny_emu3p5_dir: Path) -> torch.nn.Module:
     """transformers' Qwen3ForCausalLM with every lm_head row, filled from the shards apart from load_model."""
-    from safetensors.torch import load_file
-    from transformers import Qwen3ForCausalLM
-
-    config = json.loads((tiny_emu3p5_dir / "config.json").read_text())
-    net = Qwen3ForCausalLM(qwen3_config(config))
-    state = {}
-    for shard in sorted(tiny_emu3p5_dir.glob("*.safetensors")):
-        state.update(load_file(str(shard)))
-    net.load_state_dict(state, strict=True)
-    return net.double().eval()
+    return reference_network(tiny_emu3p5_dir)
 
 
 def authors_scores(net: torch.nn.Module, cond: list[int], uncond: list[int], cfg: float, first_visual: int,

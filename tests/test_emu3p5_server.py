@@ -1,5 +1,6 @@
 """The shipped Emu3.5-Image workflow in a real ComfyUI server, on the tiny folder in the published layout: as
-shipped (text to image), and with an SCD Image Prompt (task x2i) holding a reference image."""
+shipped (text to image), and with an SCD Image Prompt (task x2i) holding a reference image; the shipped story
+workflow on the tiny base copy."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import torch
 from PIL import Image
 
 from comfy_server import REPO_ROOT, ComfyServer
-from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture)
+from emu3p5_fixture import tiny_emu3p5_base_dir, tiny_emu3p5_dir  # noqa: F401  (fixtures)
 from test_server import output_images
 
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.images.image_prompt import add_image
+from scd_core.models.families.emu3p5_story import StoryOptions, decode_images, generate_story
 
 WIDTH, HEIGHT = 48, 32  # 2 rows of 3 codes and their row ends: 8 positions
 PROMPT = "A red fox sitting in fresh snow under a pine tree at sunrise, soft golden light, detailed photograph"
@@ -88,3 +90,27 @@ def test_shipped_emu3p5_workflow_and_x2i_on_the_tiny_folder(comfy_server: ComfyS
     for served, reference in ((t2i, None), (x2i, pixels[None].float() / 255)):
         assert np.abs(served.astype(int) - core_image(server_model, reference).astype(int)).max() <= 1
     assert np.abs(t2i.astype(int) - x2i.astype(int)).max() > 1
+
+
+def test_shipped_story_workflow_on_the_tiny_base_folder(comfy_server: ComfyServer, tiny_emu3p5_base_dir: Path,
+                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The story workflow's API twin (model, budget and size swapped for the tiny copy): the saved images and the
+    text are the core's story with the same settings (faithful, seed 42, CFG 3), and each image had its
+    progress."""
+    folder = Path(shutil.copytree(tiny_emu3p5_base_dir, tmp_path_factory.mktemp("server") / "Emu3.5"))
+    comfy_server.add_model(folder.name, folder)
+    graph = json.loads((REPO_ROOT / "workflows" / "api" / "scd_emu3p5_story_api.json").read_text())
+    graph["1"]["inputs"]["model"] = folder.name
+    graph["2"]["inputs"] |= {"max_new_tokens": 20, "width": 32, "height": 16, "window": 4}
+    run = comfy_server.run(graph, timeout=600)
+    assert run.status == "success", run.events[-3:]
+    served = [np.asarray(image.convert("RGB")) for image in output_images(comfy_server, run, ["3"])]
+    (text,) = run.history()["outputs"]["4"]["text"]
+    model = load_model(folder, device="cpu", dtype="float32")
+    with torch.inference_mode():
+        story = generate_story(model, graph["2"]["inputs"]["prompt"], SamplerConfig(window=4, seed=42, cfg_scale=3.0),
+                               StoryOptions(max_new_tokens=20, size=(1, 2)))
+        expected = [np.clip(255.0 * image.numpy(), 0, 255).astype(np.uint8) for image in decode_images(model, story)]
+    assert text == story.text.strip() and len(served) == len(expected) == 2
+    assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(served, expected))
+    assert any(text.endswith("tokens | image 2") for text in run.texts)

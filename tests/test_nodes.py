@@ -34,6 +34,7 @@ from scd_core.decoding.sampler_options import OPTIONS
 
 from comfy_server import REPO_ROOT, comfyui_main
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
+from emu3p5_fixture import tiny_emu3p5_base_dir  # noqa: F401  (fixture)
 from lumina_fixture import RESOLUTION_2, tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
 
 CONTRACT_NODES = {
@@ -44,6 +45,7 @@ CONTRACT_NODES = {
     "SCDStats": ("SCD Stats", ["IMAGE", "STRING"]),
     "SCDVideoContext": ("SCD Video Context", ["SCD_COND"]),
     "SCDImagePrompt": ("SCD Image Prompt", ["SCD_COND"]),
+    "SCDEmu3p5Story": ("SCD Emu3.5 Story", ["IMAGE", "STRING"]),
 }
 
 
@@ -695,6 +697,23 @@ def test_tiny_emu3_runs_through_the_nodes(node_classes: dict[str, Any], comfy: S
     assert len(fake_server.previews) == stats.result.nfe and fake_server.previews[-1][1].size == (32, 24)
     (image,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
     assert image.shape == (2, 24, 32, 3) and 0.0 <= float(image.min()) <= float(image.max()) <= 1.0
+
+
+def test_tiny_emu3p5_story_runs_through_the_nodes(node_classes: dict[str, Any], comfy: SimpleNamespace,
+                                                  tiny_emu3p5_base_dir: Path, fake_server: FakeServer) -> None:
+    """The story node gives the images as one batch and the text as a string, a progress bar and previews per
+    image and a status line as the text grows; a request it cannot hold is one line."""
+    list_in_comfyui(comfy, "scd", tiny_emu3p5_base_dir, "Emu3.5")
+    (model,) = node_classes["SCDModelLoader"].execute("Emu3.5", "auto", "auto").result
+    inputs = dict(model=model, prompt="a hedgehog", task="story", window=4, cfg_scale=3.0, seed=1,
+                  max_new_tokens=20, width=32, height=16)
+    images, text = run_node(node_classes["SCDEmu3p5Story"], **inputs)
+    assert images.shape == (2, 16, 32, 3) and 0.0 <= float(images.min()) <= float(images.max()) <= 1.0
+    assert text.startswith("Q\n[image 1]\nZ\n[image 2]")
+    assert fake_server.previews[-1][1].size == (32, 16) and len(fake_server.previews) >= 2
+    assert any(text.startswith("story: ") for _, text in fake_server.texts)
+    with pytest.raises(ValueError, match="cannot hold one image"):
+        run_node(node_classes["SCDEmu3p5Story"], **(inputs | dict(max_new_tokens=5)))
 
 
 def test_sampler_reserves_its_batch_before_loading(node_classes: dict[str, Any], janus: Any, comfy: SimpleNamespace,

@@ -22,6 +22,7 @@ M32 = 0xFFFFFFFF
 # image: 8 and 9 belonged to the removed draft_mix and stay unused, so the other streams keep their draws.
 ACCEPT, RESIDUAL, FRESH, ALPHA, INIT, GUMBEL, BLOCK, BLOCK_RESIDUAL = range(8)
 CANDIDATE, CANDIDATE_ACCEPT, CANDIDATE_RESIDUAL = 10, 11, 12
+SEQUENCE = 13  # the tokens an interleaved story samples outside its images (text, size digits)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@
     python -m scd_core generate --model demo --prompt 7 --compare --seeds 0-7 -o compare.png
     python -m scd_core batch jobs.jsonl --model demo --out out/ --seeds 0,1,2   (see batch_job.py)
     python -m scd_core fetch deepseek-community/Janus-Pro-1B --to ComfyUI/models/scd   (see fetch_command.py)
+    python -m scd_core story --model models/scd/Emu3.5 --prompt "a hedgehog" --out story/   (see story_job.py)
 
 --seeds is a list of seeds in both ("0,1,2", "0-7"): the seeds a comparison averages over, or each job's seeds.
 Each run prints a line when it ends where the progress bar cannot draw (stderr is not a terminal: a log).
@@ -31,6 +32,7 @@ from ..decoding import couplers
 from ..windows import window_policies
 from .batch_job import add_batch_arguments, run_batch, seed_list
 from .fetch_command import add_fetch_arguments, run_fetch
+from .story_job import add_story_arguments, run_story
 from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
                          open_model, positive_int, sampler_config, to_pil)
 from ..models.weights.checkpoints import ModelLoadError
@@ -433,6 +435,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
               add_batch_arguments, run_batch),
     "fetch": ("download a published model folder from the Hugging Face hub (resumable, checked, no code run)",
               add_fetch_arguments, run_fetch),
+    "story": ("an interleaved Emu3.5 story, how-to or exploration: text and images into a folder",
+              add_story_arguments, run_story),
 }
 
 

@@ -178,6 +178,8 @@ class Emu3p5Model(Compilable):
         self.default_cfg_scale, self.default_top_k = recommended
         self.code_ids = tokenizer.code_ids
         self.vocab_size = self.code_ids.numel()
+        if recommended == BASE_MODEL:  # the base model writes text too (emu3p5_story): its rows before the codes
+            module.text_head = code_rows_head(module.lm_head, torch.arange(int(self.code_ids[0])))
         # generation samples only the visual rows of lm_head: the others are freed
         module.lm_head = code_rows_head(module.lm_head, self.code_ids)
         self._code_of = torch.zeros(module.config.vocab_size, dtype=torch.long)

@@ -13,6 +13,7 @@ import base64
 import binascii
 import unicodedata
 from pathlib import Path
+from typing import Iterable
 
 import regex
 
@@ -45,6 +46,8 @@ class TiktokenBPE:
 
     def __init__(self, ranks: dict[bytes, int], specials: dict[str, int]) -> None:
         self.ranks, self.specials = ranks, specials
+        self._pieces = {rank: token for token, rank in ranks.items()}  # id -> bytes, for decode
+        self._pieces.update({i: surface.encode("utf-8") for surface, i in specials.items()})
 
     def encode(self, text: str) -> list[int]:
         text, ids, start = unicodedata.normalize("NFC", text), [], 0
@@ -61,6 +64,14 @@ class TiktokenBPE:
             else:
                 at = text.find("<|", at + 1)
         return ids + self.encode_ordinary(text[start:])
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`: their bytes read as UTF-8 (a character cut between ids reads as U+FFFD), specials
+        as their surface forms."""
+        try:
+            return b"".join(self._pieces[int(i)] for i in ids).decode("utf-8", errors="replace")
+        except KeyError as err:
+            raise ValueError(f"id {err.args[0]} is no token of this tokenizer") from None
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Ids of `text` read as plain text (special surface forms too)."""
