@@ -101,7 +101,8 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
         raise ModelLoadError(f"quantize={precision!r} is not available for {folder} ({name} family) yet: load it "
                              "at full precision (quantize='none')")
     model = family.load(folder, device, dtype, quantize=precision)
-    model.decode = steady_decode(model.decode)  # an image's bytes then depend on its tokens alone
+    if callable(getattr(model, "decode", None)):  # an image's bytes then depend on its tokens alone
+        model.decode = steady_decode(model.decode)
     if compile:
         model.enable_compile()
     return model
