@@ -96,7 +96,8 @@ class TokenModel(Protocol):
       decode(tokens (batch, N)) -> images (batch, H, W, 3) float in 0..1.
     Families that generate more than one image size (Emu3, Emu3.5, Lumina-mGPT, GLM-Image) offer
       set_image_size(width, height) in pixels; encode then records the size and `start` switches the model to
-      the size of its `cond`.
+      the size of its `cond`.  One may offer forget_image_size() for "no size asked" (the helper
+      `set_image_size(model, 0, 0)` calls it), where its authors then choose the size themselves.
     Video families (Cosmos) instead take context frames, encode_video(frames (F, H, W, 3), prompt=None),
       return frames (batch * F, H, W, 3) from decode, and with `decodes_context = True` accept
       decode(tokens, cond) to decode the context frames in front of the continuation.
@@ -143,8 +144,12 @@ def model_default(model: Any, name: str, fallback: Any) -> Any:
 
 
 def set_image_size(model: Any, width: int, height: int) -> None:
-    """Ask `model` for width x height pixel images from the next encode on; 0 x 0 keeps its current size."""
+    """Ask `model` for width x height pixel images from the next encode on; 0 x 0 asks for none: the family's
+    `forget_image_size` where it has one (Emu3.5: its authors' own choice), else the current size stays."""
     if (width, height) == (0, 0):
+        forget = getattr(model, "forget_image_size", None)
+        if forget is not None:
+            forget()
         return
     if not all(isinstance(side, int) and side > 0 for side in (width, height)):
         raise ValueError(f"width and height must both be positive pixel counts, or both 0 for the model's own "

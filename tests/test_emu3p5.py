@@ -221,6 +221,99 @@ def test_grid_sides_round_halves_up_and_keep_a_code(pixels: int, codes: int) -> 
     assert emu3p5.reference_size(pixels, pixels, pixels * pixels) == (codes * 16, codes * 16)
 
 
+def authors_reference_string(model: emu3p5.Emu3p5Model, image: torch.Tensor, area: int) -> str:
+    """input_utils.build_image on the picture a ComfyUI IMAGE was loaded from: smart_resize (about `area` px at
+    its aspect, new_height = int(sqrt(area / aspect)), new_width = int(new_height * aspect), each rounded to the
+    nearest 16 px, halves up; Pillow's bicubic straight to it), np.array / 127.5 - 1 in float64, the IBQ encoder,
+    then format_image_string."""
+    import numpy as np
+    from PIL import Image
+
+    picture = Image.fromarray((image[0] * 255).round().to(torch.uint8).numpy(), "RGB")
+    width, height = picture.size
+    aspect = width / height
+    new_height = int((area / aspect) ** 0.5)
+    new_width = int(new_height * aspect)
+    new_height, new_width = ((side + 8) // 16 * 16 for side in (new_height, new_width))
+    resized = picture.resize((new_width, new_height), Image.BICUBIC)
+    pixels = torch.tensor(np.array(resized) / 127.5 - 1.0).float().permute(2, 0, 1)[None]
+    rows, cols = new_height // 16, new_width // 16
+    codes = model.vq.encoder().encode(pixels).view(rows, cols)
+    lines = ["".join(emu3p5.VISUAL_TOKEN.format(int(code)) for code in row) for row in codes]
+    return f"<|image start|>{rows}*{cols}<|image token|>" + emu3p5.EOL.join(lines) + "<|image end|>"
+
+
+def eight_bit_image(height: int, width: int, seed: int) -> torch.Tensor:
+    """A ComfyUI IMAGE as Load Image gives a picture: (1, H, W, 3) levels / 255."""
+    levels = torch.randint(0, 256, (1, height, width, 3), generator=torch.Generator().manual_seed(seed))
+    return levels.float() / 255
+
+
+@pytest.mark.parametrize("height, width", [(40, 60), (30, 50), (70, 20), (32, 48)])
+def test_reference_codes_are_the_authors_smart_resize_and_encoder(x2i_model: emu3p5.Emu3p5Model, height: int,
+                                                                   width: int) -> None:
+    """At about REF_W x REF_H px: a smaller picture of the same aspect (40 x 60), one whose aspect the 16 px
+    rounding changes (30 x 50 -> 32 x 48, stretched, not cropped), a tall one (70 x 20 -> 80 x 16) and one at
+    the size: the reference's ids are the authors' string for it, tokenised (the old path, torch's bicubic after
+    a centre crop, gave other codes)."""
+    image = eight_bit_image(height, width, seed=height)
+    prompt = x2i_model.add_image(x2i_model.encode(PROMPT), image, emu3p5.X2I)
+    expected = authors_reference_string(x2i_model, image, REF_W * REF_H)
+    assert list(prompt.references[0]) == x2i_model._tokenizer.encode(expected)
+
+
+def size_text(model: emu3p5.Emu3p5Model, ids: tuple[int, ...]) -> str:
+    """The text of size-header ids, each a digit or '*' (the tokenizer writes them one id each)."""
+    surface = {model._tokenizer.encode(char)[0]: char for char in "0123456789*"}
+    return "".join(surface[token] for token in ids)
+
+
+def authors_parse_hw(model: emu3p5.Emu3p5Model, uncond: tuple[int, ...]) -> tuple[int, int]:
+    """logits_processor.parse_hw on the uncond ids (the processor's __init__ runs it when they hold an image
+    token): the digits between the last <|image start|> and the last <|image token|>."""
+    ids = model._tokenizer.ids
+    last = max(i for i, token in enumerate(uncond) if token == ids[emu3p5.IMAGE_TOKEN])
+    start = max(i for i, token in enumerate(uncond[:last]) if token == ids[emu3p5.IMAGE_START])
+    rows, cols = size_text(model, uncond[start + 1:last]).split("*")
+    return int(rows), int(cols)
+
+
+def test_x2i_without_a_size_draws_the_last_references_grid(x2i_model: emu3p5.Emu3p5Model) -> None:
+    """Width and height 0 (no size asked): the output grid is the last reference image's, as the authors'
+    processor forces it from their uncond prompt (parse_hw); a size asked wins, as their target size does."""
+    from scd_core.model import set_image_size
+
+    try:
+        set_image_size(x2i_model, 0, 0)
+        prompt = x2i_model.encode(PROMPT)
+        assert not prompt.size_asked and prompt.size == emu3p5.DEFAULT_SIZE
+        prompt = x2i_model.add_image(prompt, eight_bit_image(40, 60, seed=1), emu3p5.X2I)
+        assert prompt.size == (2, 3)
+        prompt = x2i_model.add_image(prompt, eight_bit_image(70, 20, seed=2), emu3p5.X2I)  # the last: 5 x 1 codes
+        uncond_without_header = prompt.uncond[:-5]
+        assert prompt.size == (5, 1) == authors_parse_hw(x2i_model, uncond_without_header)
+        assert size_text(x2i_model, prompt.cond[-4:-1]) == "5*1"  # the header forces 5*1
+        tokens = generate(x2i_model, prompt, SamplerConfig(window=4, seed=1)).tokens
+        assert tokens.shape == (1, 5 * 2) and x2i_model.decode(tokens).shape == (1, 80, 16, 3)
+    finally:
+        at_test_size(x2i_model)
+    asked = x2i_model.add_image(x2i_model.encode(PROMPT), eight_bit_image(70, 20, seed=2), emu3p5.X2I)
+    assert asked.size_asked and asked.size == (ROWS, COLS)
+
+
+def test_a_one_pixel_reference_is_refused_and_nothing_is_lost(x2i_model: emu3p5.Emu3p5Model) -> None:
+    from scd_core.images.image_prompt import add_image
+
+    cond = x2i_model.add_image(x2i_model.encode(PROMPT), eight_bit_image(32, 48, seed=3), emu3p5.X2I)
+    before, size = cond, x2i_model.size
+    for image, message in ((torch.rand(1, 1, 1, 3), "1 x 1 px: give one of at least 16 x 16 px"),
+                           (torch.rand(1, 16, 4000, 3), "rounds to no 16 px code")):
+        with pytest.raises(ValueError, match=message) as err:
+            add_image(x2i_model, cond, image, "x2i")
+        assert "\n" not in str(err.value) and cond == before and x2i_model.size == size
+    assert len(x2i_model.add_image(cond, eight_bit_image(32, 48, seed=4), emu3p5.X2I).references) == 2
+
+
 def test_x2i_through_the_image_prompt_and_its_bad_input(x2i_model: emu3p5.Emu3p5Model,
                                                         tiny_emu3p5_dir: Path, tmp_path: Path) -> None:
     """The SCD Image Prompt's path (task "x2i"): a resized image is noted; a batch, a fourth image, another task,

@@ -11,7 +11,9 @@ import logging
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,10 +28,27 @@ from scd_core.models.families import janus as janus_family
 ROWS, COLS = 3, 4  # the Emu3 test size: 32 x 24 px
 
 
-def ramp(height: int, width: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
-    """Smooth random images (batch, height, width, 3) in 0..1: bicubic resizing keeps them in range."""
+def fine_ramp(height: int, width: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    """Smooth random images (batch, height, width, 3) in 0..1, finer than 8 bits."""
     coarse = torch.rand(batch, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
     return F.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=True).permute(0, 2, 3, 1)
+
+
+def ramp(height: int, width: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    """`fine_ramp` at 8 bits: what ComfyUI's Load Image gives for a picture (its levels / 255)."""
+    return (fine_ramp(height, width, batch, seed) * 255).round() / 255
+
+
+def pil_of(image: torch.Tensor) -> "Image.Image":
+    """One (H, W, 3) IMAGE in 0..1 as the 8-bit PIL picture it was loaded from."""
+    from PIL import Image
+
+    return Image.fromarray((image * 255).round().to(torch.uint8).numpy(), "RGB")
+
+
+def as_image(picture: "Image.Image") -> torch.Tensor:
+    """A PIL picture as a ComfyUI IMAGE of one, (1, H, W, 3) levels / 255."""
+    return torch.from_numpy(np.asarray(picture).copy())[None].float() / 255
 
 
 def module_size(module: torch.nn.Module) -> int:
@@ -38,8 +57,9 @@ def module_size(module: torch.nn.Module) -> int:
 
 # ----------------------------------------------------------------------------- image_input
 
-def test_an_image_at_the_size_is_used_as_given_in_the_value_range() -> None:
-    images = ramp(24, 32, batch=2)
+@pytest.mark.parametrize("make", [ramp, fine_ramp])
+def test_an_image_at_the_size_is_used_as_given_in_the_value_range(make: Any) -> None:
+    images = make(24, 32, batch=2)
     prepared = prepare_images(images, (24, 32))
     assert prepared.note == ""
     torch.testing.assert_close(prepared.pixels, images.permute(0, 3, 1, 2) * 2 - 1, rtol=0, atol=1e-6)
@@ -48,7 +68,7 @@ def test_an_image_at_the_size_is_used_as_given_in_the_value_range() -> None:
 
 def test_crop_covers_the_size_and_keeps_the_middle() -> None:
     images = torch.zeros(1, 40, 80, 3)
-    images[:, :, 20:60] = 1.0  # a white middle half between black sides
+    images[:, :, 10:70] = 1.0  # a white middle between black sides, wider than the cut (bicubic blurs its edges)
     prepared = prepare_images(images, (16, 16), "crop", value_range=(0.0, 1.0))
     assert prepared.pixels.shape == (1, 3, 16, 16)
     assert prepared.pixels.min() > 0.99  # the square cut from the middle is all white
@@ -57,14 +77,14 @@ def test_crop_covers_the_size_and_keeps_the_middle() -> None:
 
 
 def test_pad_fits_inside_and_fills_with_the_background() -> None:
-    images = torch.ones(1, 20, 40, 3)
-    prepared = prepare_images(images, (16, 16), "pad", value_range=(0.0, 1.0), fill=0.25)
+    images = torch.ones(1, 40, 80, 3)
+    prepared = prepare_images(images, (32, 32), "pad", value_range=(0.0, 1.0), fill=64 / 255)
     pixels = prepared.pixels[0]
-    assert pixels.shape == (3, 16, 16)
-    # 40 x 20 -> 16 x 8, centred: rows 4..11 hold the image, the rest is the fill colour
-    assert torch.equal(pixels[:, :4], torch.full((3, 4, 16), 0.25))
-    assert torch.equal(pixels[:, 12:], torch.full((3, 4, 16), 0.25))
-    assert pixels[:, 4:12].min() > 0.99
+    assert pixels.shape == (3, 32, 32)
+    # 80 x 40 -> 32 x 16, centred: rows 8..23 hold the image, the rest is the fill colour
+    assert torch.equal(pixels[:, :8], torch.full((3, 8, 32), 64 / 255))
+    assert torch.equal(pixels[:, 24:], torch.full((3, 8, 32), 64 / 255))
+    assert pixels[:, 8:24].min() > 0.99
     assert "scaled to fit inside it and padded" in prepared.note
 
 
@@ -180,6 +200,34 @@ def test_a_wrong_size_image_is_cropped_with_a_note(caplog: pytest.LogCaptureFixt
     assert torch.equal(codes, model.encode_image(wide[:, :, 16:80]))  # the middle square, as given
 
 
+def adm_centre_crop(picture: "Image.Image", side: int) -> "Image.Image":
+    """LlamaGen's center_crop_arr (github:FoundationVision/LlamaGen, dataset/augmentation.py, ADM's), step by
+    step: box-halved while the shorter side is at least twice `side`, bicubic so the shorter side is `side`
+    (both sides rounded), then the middle square."""
+    from PIL import Image
+
+    while min(picture.size) >= 2 * side:
+        picture = picture.resize(tuple(length // 2 for length in picture.size), resample=Image.BOX)
+    scale = side / min(picture.size)
+    picture = picture.resize(tuple(round(length * scale) for length in picture.size), resample=Image.BICUBIC)
+    levels = np.asarray(picture)
+    top, left = (levels.shape[0] - side) // 2, (levels.shape[1] - side) // 2
+    return Image.fromarray(levels[top:top + side, left:left + side])
+
+
+@pytest.mark.parametrize("height, width", [(150, 200), (64, 100), (40, 30)])
+def test_llamagen_crops_as_center_crop_arr(height: int, width: int) -> None:
+    """Halved by the box filter (150 x 200), only resized (64 x 100), enlarged (40 x 30): the pixels and the
+    codes are those of the authors' crop (torch's crop-then-resize, the old path, gave others)."""
+    model = load_model("demo", "cpu")
+    side = model.image_size
+    image = ramp(height, width, seed=height)
+    expected = as_image(adm_centre_crop(pil_of(image[0]), side))
+    got = prepare_images(image, (side, side), "crop", value_range=(0.0, 1.0)).pixels
+    assert torch.equal(got, expected.permute(0, 3, 1, 2))
+    assert torch.equal(model.encode_image(image), model.encode_image(expected))
+
+
 # ----------------------------------------------------------------------------- Janus-Pro
 
 @pytest.fixture(scope="module")
@@ -231,6 +279,36 @@ def test_janus_codes_and_reconstruction_are_transformers(tiny_janus_dir: Path, t
     torch.testing.assert_close(model.decode(codes), ((reconstruction + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1))
 
 
+def janus_square(picture: "Image.Image", side: int) -> "Image.Image":
+    """The steps of Janus's VLMImageProcessor.resize (github:deepseek-ai/Janus, janus/models/
+    image_processing_vlm.py), which Janus-4o's demo runs: each side scaled by side / longest and truncated, at
+    least min_size 14, Pillow's bicubic (torchvision's resize of a PIL image), then expand2square on the grey
+    int(0.5 * 255) = 127, the image at ((longest - width) // 2, 0) or (0, (longest - height) // 2)."""
+    from PIL import Image
+
+    width, height = picture.size
+    longest = max(width, height)
+    new_h, new_w = max(int(height / longest * side), 14), max(int(width / longest * side), 14)
+    picture = picture.resize((new_w, new_h), Image.BICUBIC)
+    if new_w == new_h:
+        return picture
+    canvas = Image.new("RGB", (max(new_w, new_h),) * 2, (127, 127, 127))
+    canvas.paste(picture, ((new_h - new_w) // 2, 0) if new_h > new_w else (0, (new_w - new_h) // 2))
+    return canvas
+
+
+@pytest.mark.parametrize("height_share, width_share", [(2, 1), (1, 3), (1, 40)])
+def test_janus_pads_as_its_processor_does(janus_pair: tuple, height_share: int, width_share: int) -> None:
+    """Taller, wider, and so wide that the processor's 14 px least side applies: the pixels the VQ gets are
+    the processor's (torch's antialiased bicubic, the old path, is up to a few levels off Pillow's)."""
+    model, _ = janus_pair
+    side = model.image_pixels
+    image = ramp(height_share * side // 2, width_share * side // 2, seed=height_share + width_share)
+    expected = as_image(janus_square(pil_of(image[0]), side))
+    got = prepare_images(image, (side, side), "pad", value_range=(0.0, 1.0), fill=janus_family.PAD_GREY).pixels
+    assert torch.equal(got, expected.permute(0, 3, 1, 2))
+
+
 def test_janus_pads_another_aspect_in_grey_with_a_note(janus_pair: tuple, caplog: pytest.LogCaptureFixture) -> None:
     model, _ = janus_pair
     side = model.image_pixels
@@ -238,10 +316,7 @@ def test_janus_pads_another_aspect_in_grey_with_a_note(janus_pair: tuple, caplog
     with caplog.at_level(logging.WARNING, logger="scd_core"):
         codes = model.encode_image(tall)
     assert "(scaled to fit inside it and padded)" in caplog.text
-    half = F.interpolate(tall.permute(0, 3, 1, 2), size=(side, side // 2), mode="bicubic", antialias=True)
-    square = torch.full((1, 3, side, side), janus_family.PAD_GREY)
-    square[..., side // 4: side // 4 + side // 2] = half.clamp(0, 1)
-    assert torch.equal(codes, model.encode_image(square.permute(0, 2, 3, 1)))
+    assert torch.equal(codes, model.encode_image(as_image(janus_square(pil_of(tall[0]), side))))
 
 
 # ----------------------------------------------------------------------------- Emu3

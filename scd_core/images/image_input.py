@@ -1,11 +1,16 @@
 """Images in the prompt: ComfyUI IMAGE tensors made ready for a family's VQ encoder.
 
 A ComfyUI IMAGE is (B, H, W, 3) float in 0..1.  A tokenizer wants (B, 3, h, w) at its own pixel size, in its
-own value range (every VQ here takes -1..1).  An image of another size is fitted as the family's authors fit
-theirs: "crop" scales it to cover the size and cuts the middle out (LlamaGen's centre crop; Emu3 after its
-resize to a multiple of 8 px), "pad" scales it to fit inside and pads the rest with a fill colour (Janus's
-square padding in grey).  Resampling is bicubic with antialiasing, as PIL's, clamped back to 0..1 as PIL's 8-bit
-result is; an image already at the size is used as given.
+own value range (every VQ here takes -1..1).  Each image is fitted as the family's authors fit theirs, with
+their own tool: 8-bit RGB (a loaded picture's pixels, which a ComfyUI IMAGE holds divided by 255) resized by
+Pillow, then scaled to the value range:
+- "crop": halved with Pillow's box filter while both sides are at least twice the size, resized by Pillow's
+  bicubic to cover it (sides rounded), the middle cut out: ADM's centre crop, which LlamaGen's
+  `center_crop_arr` and Lumina-mGPT's `center_crop` are;
+- "pad" (a square): the longer side resized to the square's (each side rounded down, at least PAD_MIN_SIDE px)
+  by Pillow's bicubic and pasted in the middle of a `fill` square: Janus's `VLMImageProcessor`;
+- "stretch": Pillow's bicubic straight to the size, aspect and all: Emu3.5's `smart_resize`.
+An image already at the size is used as given (Pillow copies it; one finer than 8 bits is not rounded).
 
 `encode_images(model, images)` is what callers use: the family's `encode_image`, or one clear error for a
 family without an image encoder.
@@ -17,11 +22,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 LOG = logging.getLogger("scd_core")
-FITS = ("crop", "pad")
+FITS = ("crop", "pad", "stretch")
+PAD_MIN_SIDE = 14  # Janus's VLMImageProcessor min_size: the shorter side of a padded image, at least
 
 
 @dataclass(frozen=True)
@@ -57,61 +63,83 @@ def fit_note(source: tuple[int, int], size: tuple[int, int], fit: str) -> str:
     if tuple(source) == tuple(size):
         return ""
     (h, w), (th, tw) = source, size
-    how = {"crop": "scaled to cover it and centre-cropped", "pad": "scaled to fit inside it and padded"}[fit]
+    how = {"crop": "scaled to cover it and centre-cropped", "pad": "scaled to fit inside it and padded",
+           "stretch": "stretched to it"}[fit]
     aspect = "" if h * tw == w * th else f" ({how})"
     return f"the {w} x {h} px image was resized to the model's {tw} x {th} px{aspect}"
 
 
-def _resized(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    if tuple(pixels.shape[-2:]) == (height, width):
-        return pixels
-    return F.interpolate(pixels, size=(height, width), mode="bicubic", align_corners=False,
-                         antialias=True).clamp(0, 1)
+def eight_bit(images: torch.Tensor) -> np.ndarray:
+    """(B, H, W, 3) floats in 0..1 -> (B, H, W, 3) uint8: the picture a ComfyUI IMAGE was loaded from."""
+    return (images.clamp(0, 1) * 255).round().to(torch.uint8).numpy()
 
 
-def _centre_crop(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """The middle of `pixels` (B, 3, H, W) at the aspect of height x width, as large as it fits."""
-    h, w = pixels.shape[-2:]
-    if h * width > w * height:  # taller than the target aspect: cut rows
-        keep_h, keep_w = max(1, round(w * height / width)), w
-    else:
-        keep_h, keep_w = h, max(1, round(h * width / height))
-    top, left = (h - keep_h) // 2, (w - keep_w) // 2
-    return pixels[..., top:top + keep_h, left:left + keep_w]
+def centre_crop(picture: Any, width: int, height: int) -> Any:
+    """A PIL image cut to width x height as ADM's centre crop does (box-halved while both sides are at least
+    twice the size, bicubic by the larger scale, sides rounded, the middle kept)."""
+    from PIL import Image
+
+    while picture.size[0] >= 2 * width and picture.size[1] >= 2 * height:
+        picture = picture.resize((picture.size[0] // 2, picture.size[1] // 2), resample=Image.BOX)
+    scale = max(width / picture.size[0], height / picture.size[1])
+    picture = picture.resize(tuple(round(side * scale) for side in picture.size), resample=Image.BICUBIC)
+    left, top = (picture.size[0] - width) // 2, (picture.size[1] - height) // 2
+    return picture.crop((left, top, left + width, top + height))
 
 
-def _padded(pixels: torch.Tensor, height: int, width: int, fill: float) -> torch.Tensor:
-    """`pixels` scaled to fit inside height x width (each side rounded down, as Janus's processor does) and
-    centred on a `fill` background."""
-    h, w = pixels.shape[-2:]
-    scale = min(height / h, width / w)
-    inner_h, inner_w = max(1, min(height, int(h * scale))), max(1, min(width, int(w * scale)))
-    inner = _resized(pixels, inner_h, inner_w)
-    canvas = torch.full((*pixels.shape[:2], height, width), float(fill))
-    top, left = (height - inner_h) // 2, (width - inner_w) // 2
-    canvas[..., top:top + inner_h, left:left + inner_w] = inner
+def padded_square(picture: Any, side: int, fill: int) -> Any:
+    """A PIL image scaled so its longer side is `side` (each side rounded down, at least PAD_MIN_SIDE) and
+    centred on a `side` square of grey level `fill` (0..255), as Janus's processor pads."""
+    from PIL import Image
+
+    width, height = picture.size
+    longest = max(width, height)
+    inner = tuple(max(int(length / longest * side), PAD_MIN_SIDE) for length in (width, height))
+    picture = picture.resize(inner, resample=Image.BICUBIC)
+    if inner == (side, side):
+        return picture
+    canvas = Image.new("RGB", (side, side), (fill,) * 3)
+    canvas.paste(picture, ((side - inner[0]) // 2, (side - inner[1]) // 2))
     return canvas
+
+
+def _fitted(picture: Any, height: int, width: int, fit: str, fill: float) -> Any:
+    from PIL import Image
+
+    if fit == "crop":
+        return centre_crop(picture, width, height)
+    if fit == "pad":
+        return padded_square(picture, width, int(round(fill * 255)))
+    return picture.resize((width, height), resample=Image.BICUBIC)
 
 
 def prepare_images(images: Any, size: tuple[int, int], fit: str = "crop",
                    value_range: tuple[float, float] = (-1.0, 1.0), fill: float = 0.5) -> PreparedImages:
     """ComfyUI IMAGE (B, H, W, 3) in 0..1 -> (B, 3, height, width) float32 pixels in `value_range`, fitted to
-    `size` = (height, width) by `fit` ("crop" or "pad", whose background is `fill` in 0..1 units), with a note
-    when the size changed."""
+    `size` = (height, width) by `fit` (FITS; "pad" takes a square, its background `fill` in 0..1 rounded to 8
+    bits), with a note when the size changed.  Values: the 8-bit level / 255 scaled to the range in float64,
+    then float32 (so -1..1 is level / 127.5 - 1, as Emu3.5's authors compute it); an image finer than 8 bits
+    at the size is scaled as it is, and one to resize is first rounded to 8 bits, as Pillow takes it."""
+    from PIL import Image
+
     if fit not in FITS:
         raise ValueError(f"fit must be one of {', '.join(FITS)}, got {fit!r}")
     height, width = (int(side) for side in size)
     if height < 1 or width < 1:
         raise ValueError(f"size must be positive (height, width) pixels, got {tuple(size)}")
+    if fit == "pad" and height != width:
+        raise ValueError(f"fit 'pad' makes a square, got {width} x {height} px")
     images = check_images(images)
-    pixels = images.permute(0, 3, 1, 2)
-    if fit == "crop":
-        fitted = _resized(_centre_crop(pixels, height, width), height, width)
+    levels = eight_bit(images)
+    if tuple(images.shape[1:3]) == (height, width) and not torch.equal(torch.from_numpy(levels) / 255, images):
+        unit = images.double()  # finer than 8 bits (not a loaded picture) and at the size: used as given
     else:
-        fitted = _padded(pixels, height, width, fill) if tuple(pixels.shape[-2:]) != (height, width) else pixels
+        unit = torch.from_numpy(np.stack([np.asarray(_fitted(Image.fromarray(image, "RGB"), height, width, fit,
+                                                             fill)) for image in levels])).double() / 255
     low, high = value_range
-    scaled = fitted * (high - low) + low
-    return PreparedImages(pixels=scaled.contiguous(), note=fit_note(tuple(images.shape[1:3]), (height, width), fit))
+    pixels = unit.permute(0, 3, 1, 2) * (high - low) + low
+    return PreparedImages(pixels=pixels.float().contiguous(),
+                          note=fit_note(tuple(images.shape[1:3]), (height, width), fit))
 
 
 def log_note(prepared: PreparedImages) -> None:

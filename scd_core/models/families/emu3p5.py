@@ -26,10 +26,11 @@ Each rule, with the authors' file it comes from (github.com/baaivision/Emu3.5):
   for Emu3.5-Image, 2 for Emu3.5 (the configs' comments).
 - X2I (configs/example_config_x2i.py build_unc_and_template with use_image; inference.py; src/utils/input_utils.py):
   the "x2i task" template with <|IMAGE|> before the question, the uncond prompt with <|IMAGE|> and no question; each
-  reference image (at most 3) is resized to about image_area pixels (1024 x 1024 there) at its aspect, each side a
-  multiple of 16 (smart_resize), encoded, and written as <|image start|> "h*w" <|image token|>, its rows of codes
-  with EOL between, <|image end|> in place of <|IMAGE|> in both prompts.  Their loop lets the model write the output
-  size; here the conditioning's size is forced, as their target_height / target_width option does.
+  reference image (at most 3) is stretched to about image_area pixels (1024 x 1024 there) at its aspect, each side
+  a multiple of 16 (smart_resize: Pillow's bicubic on the 8-bit picture, no crop), encoded, and written as
+  <|image start|> "h*w" <|image token|>, its rows of codes with EOL between, <|image end|> in place of <|IMAGE|> in
+  both prompts.  The output: the size asked where one was (their target_height / target_width), else the last
+  reference's grid, which their processor reads from the uncond prompt (parse_hw) and forces.
 - the network (src/emu3p5/modeling_emu3.py): a Llama-style decoder with a per-head RMSNorm on queries and keys
   before the rotary embedding (its flash-attention and eager paths; its SDPA class leaves the norms out), SwiGLU,
   untied head: transformers' Qwen3 layer, whose parameter names are the checkpoint's.
@@ -108,6 +109,7 @@ class Emu3p5Prompt:
     size: tuple[int, int]
     question: str = ""
     references: tuple[tuple[int, ...], ...] = ()  # each reference image's ids, <|image start|> to <|image end|>
+    size_asked: bool = True  # False: no width / height given, so X2I takes the last reference's grid
 
 
 class Emu3p5Tokenizer:
@@ -141,11 +143,15 @@ def checkpoint_kind(folder: Path) -> tuple[float, int]:
 
 
 def reference_size(width: int, height: int, area: int = REFERENCE_AREA) -> tuple[int, int]:
-    """(height, width) in pixels a reference image of width x height is resized to: about `area` pixels at its
-    aspect, each side rounded to the nearest multiple of 16 (the authors' smart_resize)."""
+    """(height, width) in pixels a reference image of width x height is stretched to: about `area` pixels at its
+    aspect, each side rounded to the nearest multiple of 16 (the authors' smart_resize).  An aspect so extreme
+    that a side rounds to no code is refused (their resize would fail on it)."""
     aspect = width / height
     new_height = int((area / aspect) ** 0.5)
     new_width = int(new_height * aspect)
+    if min(new_height, new_width) < DOWNSAMPLE // 2:
+        raise ValueError(f"the reference image is {width} x {height} px: at about {area} px its shorter side "
+                         f"rounds to no {DOWNSAMPLE} px code; crop it to a less extreme aspect")
     return tuple(codes_along(side) * DOWNSAMPLE for side in (new_height, new_width))
 
 
@@ -188,7 +194,7 @@ class Emu3p5Model(Compilable):
         self._image_start, self._image_token, self._image_end, self._row_end = (
             ids[t] for t in (IMAGE_START, IMAGE_TOKEN, IMAGE_END, EOL))
         self._bos = ids[BOS]
-        self._set_grid(*DEFAULT_SIZE)
+        self.forget_image_size()
 
     @property
     def device(self) -> torch.device:
@@ -197,6 +203,13 @@ class Emu3p5Model(Compilable):
     def set_image_size(self, width: int, height: int) -> None:
         """About width x height pixels (each side rounded to 16 px codes) from the next encode on."""
         self._set_grid(*grid_for(width, height))
+        self._size_asked = True
+
+    def forget_image_size(self) -> None:
+        """No size asked (width and height 0): from the next encode on, text-to-image at DEFAULT_SIZE and X2I at
+        the last reference image's grid, as the authors' processor forces it (parse_hw)."""
+        self._set_grid(*DEFAULT_SIZE)
+        self._size_asked = False
 
     def _set_grid(self, rows: int, cols: int) -> None:
         self.size = (rows, cols)
@@ -213,9 +226,9 @@ class Emu3p5Model(Compilable):
         if negative_prompt:
             raise ValueError("Emu3.5 takes no negative prompt (its uncond branch is the template without a "
                              "question); leave it empty")
-        return self._prompt(prompt, ())
+        return self._prompt(prompt, (), self._size_asked)
 
-    def _prompt(self, question: str, references: tuple[tuple[int, ...], ...]) -> Emu3p5Prompt:
+    def _prompt(self, question: str, references: tuple[tuple[int, ...], ...], size_asked: bool) -> Emu3p5Prompt:
         encode = self._tokenizer.encode
         if references:
             images = [token for reference in references for token in reference]
@@ -226,7 +239,7 @@ class Emu3p5Model(Compilable):
         if cond[0] != self._bos:  # inference.py puts a BOS first when the template did not
             cond.insert(0, self._bos)
         return Emu3p5Prompt(cond=self._with_header(cond), uncond=self._with_header(uncond), size=self.size,
-                            question=question, references=references)
+                            question=question, references=references, size_asked=size_asked)
 
     def _with_header(self, ids: list[int], size: Optional[tuple[int, int]] = None) -> tuple[int, ...]:
         rows, cols = size or self.size
@@ -234,7 +247,8 @@ class Emu3p5Model(Compilable):
 
     def add_image(self, cond: Emu3p5Prompt, images: Any, task: str) -> Emu3p5Prompt:
         """X2I: `cond`'s question with one more reference image (a ComfyUI IMAGE of one picture, (1, H, W, 3) in
-        0..1) in the authors' x2i prompts, at most MAX_REFERENCES; the output keeps `cond`'s size."""
+        0..1) in the authors' x2i prompts, at most MAX_REFERENCES; the output at `cond`'s size where one was
+        asked, else at this (the last) reference's grid, as the authors' processor forces it."""
         if task != X2I:
             raise ValueError(f"task {task!r} is not one Emu3.5 takes: it takes {X2I} (reference images)")
         check_start(cond, Emu3p5Prompt, "Emu3p5Model.encode()", 1)
@@ -245,19 +259,24 @@ class Emu3p5Model(Compilable):
         if images.shape[0] != 1:
             raise ValueError(f"give one reference image per SCD Image Prompt (chain up to {MAX_REFERENCES}), got a "
                              f"batch of {images.shape[0]}")
-        self._set_grid(*cond.size)
-        return self._prompt(cond.question, (*cond.references, self._reference_ids(images)))
+        if min(images.shape[1:3]) < DOWNSAMPLE:  # less than one code of picture: surely not the image meant
+            raise ValueError(f"the reference image is {images.shape[2]} x {images.shape[1]} px: give one of at "
+                             f"least {DOWNSAMPLE} x {DOWNSAMPLE} px (Emu3.5 draws {DOWNSAMPLE} px codes)")
+        reference, grid = self._reference_ids(images)
+        self._set_grid(*(cond.size if cond.size_asked else grid))
+        return self._prompt(cond.question, (*cond.references, reference), cond.size_asked)
 
-    def _reference_ids(self, images: torch.Tensor) -> tuple[int, ...]:
-        """One image's tokens as the prompt holds them: the header at its own size, its rows, EOL between."""
+    def _reference_ids(self, images: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, int]]:
+        """One image's tokens as the prompt holds them (the header at its own size, its rows, EOL between) and
+        its grid (rows, cols): stretched as smart_resize does it (Pillow's bicubic on the 8-bit picture)."""
         height, width = reference_size(images.shape[2], images.shape[1], self.reference_area)
-        prepared = prepare_images(images, (height, width), "crop")  # same aspect within a 16 px rounding
+        prepared = prepare_images(images, (height, width), "stretch")
         log_note(prepared)
         encoder = self.vq.encoder().to(self.vq.decoder.post_quant_conv.weight.device)
         rows, cols = height // DOWNSAMPLE, width // DOWNSAMPLE
         codes = self.code_ids[encoder.encode(prepared.pixels).cpu()].view(rows, cols)
         body = with_row_ends(codes[None], self._row_end)[0, :-1]  # no EOL after the last row
-        return (*self._with_header([], (rows, cols)), *body.tolist(), self._image_end)
+        return (*self._with_header([], (rows, cols)), *body.tolist(), self._image_end), (rows, cols)
 
     def start(self, cond: Emu3p5Prompt, batch_size: int) -> CFGSession:
         check_start(cond, Emu3p5Prompt, "Emu3p5Model.encode()", batch_size)

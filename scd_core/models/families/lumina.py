@@ -50,6 +50,7 @@ from typing import Any, Optional
 
 import torch
 
+from ...images.image_input import prepare_images
 from ...model import check_start, check_tokens, compute_device
 from ..sessions.cfg_session import CFGSession, cfg_prefix, check_positions
 from ..weights.checkpoints import PICKLE_SUFFIXES, ModelLoadError, read_weights
@@ -350,13 +351,10 @@ class LuminaModel:
 
 def authors_center_crop(images: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """ComfyUI IMAGE (B, H, W, 3) in 0..1 -> (B, 3, height, width) in [-1, 1], as the authors prepare an image:
-    8-bit RGB; halved with a box filter while both sides are at least twice the target; bicubic resize by the
-    larger of the two scales (sides rounded); the centre cut out.  (Lumina-mGPT 1 trains with a random offset;
-    its centre is used here.)  An image of another size than the target is resized with a warning naming both."""
+    their item processor's center_crop, which is `image_input.centre_crop` (8-bit RGB, box-halved, bicubic, the
+    centre cut out).  (Lumina-mGPT 1 trains with a random offset; its centre is used here.)  An image of another
+    size than the target is resized with a warning naming both."""
     import warnings
-
-    import numpy as np
-    from PIL import Image
 
     if not isinstance(images, torch.Tensor) or images.dim() != 4 or images.shape[-1] != 3 or not images.shape[0]:
         shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
@@ -364,17 +362,7 @@ def authors_center_crop(images: torch.Tensor, width: int, height: int) -> torch.
     if (images.shape[2], images.shape[1]) != (width, height):
         warnings.warn(f"the image is {images.shape[2]} x {images.shape[1]} px; it is resized and center-cropped "
                       f"to {width} x {height} as the authors' preprocessing does", stacklevel=3)
-    out = []
-    for image in (images.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).numpy():
-        pil = Image.fromarray(image, "RGB")
-        while pil.size[0] >= 2 * width and pil.size[1] >= 2 * height:
-            pil = pil.resize((pil.size[0] // 2, pil.size[1] // 2), resample=Image.BOX)
-        scale = max(width / pil.size[0], height / pil.size[1])
-        pil = pil.resize(tuple(round(side * scale) for side in pil.size), resample=Image.BICUBIC)
-        left, top = (pil.size[0] - width) // 2, (pil.size[1] - height) // 2
-        pixels = np.asarray(pil.crop((left, top, left + width, top + height)), dtype=np.float64) / 255.0
-        out.append(torch.from_numpy(pixels * 2 - 1).permute(2, 0, 1))
-    return torch.stack(out).float()
+    return prepare_images(images, (height, width), "crop").pixels
 
 
 # ----------------------------------------------------------------------------- folders
