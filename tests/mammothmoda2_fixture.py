@@ -9,8 +9,8 @@ bytes and a few merges) and mammothu_vision_tokens.txt (<|image start|>, <|image
 tokens); two safetensors shards under the checkpoint's names (llm_model.model.language_model.*, llm_model.lm_head,
 llm_model.gen_head, a vision tower and DiT weights the token stage never reads).  The real ids are kept
 (specials from 151643, EOL 152064, visual codes from 152072), with 24 codes and a 48-id generation vocabulary (200 on
-Dev), so the authors' scope (152072 to the end of the logits, 40 ids; 64 on Dev) and the codes' (24 ids) differ.  Dev's text
-vocabulary is Qwen3-VL's 151936, so the logits' columns 151936.. are gen_head's and a column is not
+Dev), so the authors' scope (152072 to the end of the logits, 40 ids; 64 on Dev) and the codes' (24 ids) differ.
+Dev's text vocabulary is Qwen3-VL's 151936, so the logits' columns 151936.. are gen_head's and a column is not
 152064 + the gen_head row.  Import the fixtures with `from mammothmoda2_fixture import tiny_preview_dir,
 tiny_dev_dir`.
 """
@@ -30,7 +30,9 @@ GEN_VOCAB = {False: 48, True: 200}  # Preview's 48 ids from 152064; Dev's gen_he
 VISUAL_START, EOL = 152072, 152064
 VISION_LINES = ("<|image start|>", "<|image token|>", "<|image end|>",
                 *(f"<|visual token {code:06d}|>" for code in range(CODES)))
-MERGES = (b"as", b"ss", b"is", b"st", b"ist", b"an", b"ant", b"ass", b"assist", b"assistant", b"th", b"the", b"in", b"er")
+# "assistant" one token, as in the published ranks: the uncond row's 10 tokens then span what they span there
+MERGES = (b"as", b"ss", b"is", b"st", b"ist", b"an", b"ant", b"ass", b"assist", b"assistant", b"th", b"the", b"in",
+          b"er")
 GENERATION = dict(visual_token_start_id=VISUAL_START, visual_token_end_id=VISUAL_START + CODES, eol_token_id=EOL,
                   do_sample=True, temperature=0.9, top_k=5, top_p=0.95, transformers_version="4.53.2")
 
@@ -99,7 +101,8 @@ def random_state(config: dict, seed: int) -> dict[str, torch.Tensor]:
                   "llm_model.lm_head.weight": torch.empty(qwen.vocab_size, hidden),
                   "llm_model.gen_head.weight": torch.empty(gen_vocab, hidden),
                   "llm_model.model.visual.patch_embed.proj.weight": torch.empty(16, 3),
-                  "gen_transformer.x_embedder.weight": torch.empty(8, 4), "gen_vae.decoder.conv_in.weight": torch.empty(4)})
+                  "gen_transformer.x_embedder.weight": torch.empty(8, 4),
+                  "gen_vae.decoder.conv_in.weight": torch.empty(4)})
     for name, value in state.items():  # std-0.2 weights: logits far from uniform, so samplers differ visibly
         if value.dim() == 2:
             value.normal_(0.0, 0.2)

@@ -43,7 +43,8 @@ class SplitFFN(torch.nn.Module):
 
 
 class AuthorsNetwork:
-    """The folder's weights in transformers' Qwen2 / Qwen3 model (sdpa: a fully masked query row stays finite, as the authors' attention keeps it), read apart from load_model."""
+    """The folder's weights in transformers' Qwen2 / Qwen3 model, read apart from load_model (sdpa: the uncond row's
+    masked query positions stay finite, as in the authors' attention)."""
 
     def __init__(self, folder: Path) -> None:
         from safetensors.torch import load_file

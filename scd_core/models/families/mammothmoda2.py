@@ -181,7 +181,8 @@ def read_t2i_config(folder: Path) -> T2IConfig:
         raise ModelLoadError(f"{path} sets repetition_penalty {saved['repetition_penalty']}, which this sampler does "
                              "not implement yet (it would change the authors' law)")
     start, end, eol = (saved[name] for name in names)
-    return T2IConfig(start, end, eol, bool(saved.get("do_sample", False)), generate_sampling(folder, {}, GENERATION_FILE))
+    sampling = generate_sampling(folder, {}, GENERATION_FILE)
+    return T2IConfig(start, end, eol, bool(saved.get("do_sample", False)), sampling)
 
 
 def expert_layers(moe_type: str, count: int) -> range:
