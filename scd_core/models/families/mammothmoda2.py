@@ -354,7 +354,9 @@ class MammothModa2Model:
                 self._image_token)
         return MammothPrompt(cond=cond, uncond=cond[-UNCOND_TAIL:], size=self.size)
 
-    def start(self, cond: MammothPrompt, batch_size: int) -> CFGSession:
+    def start(self, cond: MammothPrompt, batch_size: int, guided: bool = True) -> CFGSession:
+        """A session of `batch_size` rows of `cond`; `guided` False leaves the uncond rows out (CFG 1: the authors
+        then run the cond row alone)."""
         check_start(cond, MammothPrompt, "MammothModa2Model.encode()", batch_size)
         if cond.size != self.size:  # the grid the prompt was encoded for wins
             self.set_grid(*cond.size)
@@ -363,7 +365,8 @@ class MammothModa2Model:
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, cond.cond[0], batch_size, self.device)
         net = self.module
         return CFGSession(prefix, mask, self.num_tokens, backbone=lambda cache: RoutedBackbone(net, cache),
-                          embed_prefix=net.embed, embed_image=net.embed, head=partial(net.logits, self.vocab_size))
+                          embed_prefix=net.embed, embed_image=net.embed, head=partial(net.logits, self.vocab_size),
+                          guided=guided)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(DECODER_MISSING)
