@@ -108,6 +108,10 @@ RENAMES = (("llm_model.model.language_model.gen_embed_tokens.", "gen_embed_token
            ("llm_model.model.language_model.", "model."), ("llm_model.model.", "model."))
 
 
+class DecoderMissing(NotImplementedError, ValueError):
+    """`decode` of a token stage without its decoder; a ValueError too, so front ends print it as one line."""
+
+
 @dataclass(frozen=True)
 class Variant:
     """One published checkpoint: its backbone's layers and the authors' branch for it."""
@@ -289,6 +293,7 @@ class MammothModa2Model:
     """A loaded MammothModa2's token stage: TokenModel for the engine, encode for prompts; no decode yet."""
 
     family = "mammothmoda2"
+    decodes = False  # no decoder yet: front ends show no previews, and `decode` says why
     default_cfg_scale = DEFAULT_CFG
     min_tokens_kept = MIN_TOKENS_KEPT
 
@@ -369,7 +374,7 @@ class MammothModa2Model:
                           guided=guided)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(DECODER_MISSING)
+        raise DecoderMissing(DECODER_MISSING)
 
 
 def variant_of(folder: Path, config: dict) -> Variant:
