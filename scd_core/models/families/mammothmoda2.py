@@ -78,7 +78,10 @@ FAMILY = Family(
           "'mammothmoda2', t2i_generation_config.json, mammothu.tiktoken, mammothu_vision_tokens.txt); its token "
           "stage only, the DiT decoder is not implemented yet",
     downloads=(("mammoth", "bytedance-research/MammothModa2-Preview (or MammothModa2-Dev)"),),
-    roots=("MammothModa2",), cfg="MammothModa2 6")
+    roots=("MammothModa2",), cfg="MammothModa2 6",
+    top_k="MammothModa2 its t2i_generation_config.json's, else 50 (1 where it sets do_sample false); at least 3",
+    top_p="MammothModa2 its t2i_generation_config.json's, if it sets one",
+    temperature="MammothModa2 its t2i_generation_config.json's, if any")
 HINT = ("a MammothModa2 folder holds bytedance-research/MammothModa2-Preview or -Dev as published: config.json, "
         "t2i_generation_config.json, mammothu.tiktoken, mammothu_vision_tokens.txt and the *.safetensors shards")
 GENERATION_FILE = "t2i_generation_config.json"
