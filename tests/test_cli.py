@@ -13,11 +13,13 @@ import torch
 from PIL import Image
 
 from janus_fixture import IMAGE_SIZE
+from mammothmoda2_fixture import tiny_preview_dir  # noqa: F401  (fixture)
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.decoding.config import MAX_SEED
 from scd_core.decoding.engine import GenerationResult
 from scd_core.models.loading import DTYPES
 from scd_core.frontends import cli
+from scd_core.models.families import mammothmoda2
 from scd_core.compiled import compiled_regions
 from scd_core.decoding import couplers
 from scd_core.bench import cli as bench
@@ -89,6 +91,14 @@ def test_progress_bar_draws_on_a_terminal(tiny_janus_dir, tmp_path, monkeypatch,
     last = terminal.getvalue().split("\r")[-1]  # tqdm redraws one line in place
     assert f"{TINY_TOKENS}/{TINY_TOKENS}" in last and f"{nfe} calls" in last and "100%" in last
     assert "model calls for" not in terminal.getvalue()  # the bar instead of the log's line
+
+
+def test_a_token_stage_without_decoder_exits_2_with_one_line(tiny_preview_dir, tmp_path, capsys):
+    """MammothModa2 samples its tokens, then says in one line that its DiT decoder is not implemented yet."""
+    code, _, err = run_cli(capsys, "generate", "--model", tiny_preview_dir, "--prompt", "a red cube", "--width", 96,
+                           "--height", 64, "--device", "cpu", "-o", tmp_path / "out.png")
+    assert code == 2 and err.strip().splitlines()[-1] == f"error: {mammothmoda2.DECODER_MISSING}"
+    assert not (tmp_path / "out.png").exists()
 
 
 def test_compare_in_a_log_prints_a_line_as_each_run_ends(tiny_janus_dir, tmp_path, capsys):

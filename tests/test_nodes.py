@@ -36,6 +36,7 @@ from comfy_server import REPO_ROOT, comfyui_main
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
 from emu3p5_fixture import tiny_emu3p5_base_dir  # noqa: F401  (fixture)
 from lumina_fixture import RESOLUTION_2, tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
+from mammothmoda2_fixture import tiny_preview_dir  # noqa: F401  (fixture)
 
 CONTRACT_NODES = {
     "SCDModelLoader": ("SCD Model Loader", ["SCD_MODEL"]),
@@ -399,6 +400,23 @@ def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> N
 
 
 # -- executing the nodes on the tiny Janus --------------------------------------------------------
+def test_a_token_stage_without_decoder_samples_without_previews(node_classes: dict[str, Any], comfy: SimpleNamespace,
+                                                                 tiny_preview_dir: Path,
+                                                                 fake_server: FakeServer) -> None:
+    """MammothModa2 (its DiT not implemented): the sampler runs with no preview, SCD VQ Decode says why in one
+    line."""
+    list_in_comfyui(comfy, "scd", tiny_preview_dir, "tiny-mammothmoda2")
+    model = node_classes["SCDModelLoader"].execute("tiny-mammothmoda2", "auto", "auto").result[0]
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a red square", negative_prompt="",
+                       width=96, height=64)  # one code per 32 px: 2 x 3
+    tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond))
+    assert tokens.shape == (1, 8) and stats.result.nfe == len(fake_server.previews)
+    assert fake_server.previews and not any(fake_server.previews)
+    with pytest.raises(NotImplementedError, match="DiT decoder is not implemented yet") as err:
+        run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
+    assert "\n" not in str(err.value)
+
+
 def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any], janus: Any,
                                                    fake_server: FakeServer) -> None:
     assert janus.patcher.load_device == torch.device("cpu")

@@ -102,5 +102,7 @@ NAMES = tuple(option.name for option in OPTIONS)
 
 
 def resolved(model: Any, config: Any) -> Sampling:
-    """What a run of `config` on `model` samples with: each option as set, else the model's recommended value."""
-    return Sampling(**{option.name: option.resolve(model, getattr(config, option.name)) for option in OPTIONS})
+    """What a run of `config` on `model` samples with: each option as set, else the model's recommended value; top-k
+    and top-p keep at least the model's `min_tokens_kept` tokens (MammothModa2's 3), else one."""
+    return Sampling(**{option.name: option.resolve(model, getattr(config, option.name)) for option in OPTIONS},
+                    keep_at_least=model_default(model, "min_tokens_kept", 1))

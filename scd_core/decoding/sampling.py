@@ -30,6 +30,7 @@ class Sampling:
     temperature: Number = 1.0
     top_k: Union[int, torch.Tensor, None] = None
     top_p: Number = 1.0
+    keep_at_least: int = 1  # the fewest tokens top-k and top-p keep (the model's `min_tokens_kept`)
 
     def with_scale(self, cfg_scale: Number) -> "Sampling":
         """These settings with another guidance scale (a schedule's, per position)."""
@@ -39,6 +40,9 @@ class Sampling:
 def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], sampling: Sampling) -> torch.Tensor:
     """Raw (batch, T, V) logits to float32 probabilities (batch, T, V) under `sampling`."""
     cfg_scale, temperature, top_k, top_p = sampling.cfg_scale, sampling.temperature, sampling.top_k, sampling.top_p
+    keep = sampling.keep_at_least
+    if keep > 1 and top_k is not None:  # transformers' warpers' min_tokens_to_keep: k is at least `keep`
+        top_k = top_k.clamp_min(keep) if isinstance(top_k, torch.Tensor) else max(top_k, keep)
     logits = cond.float()
     if uncond is not None and (isinstance(cfg_scale, torch.Tensor) or cfg_scale != 1.0):
         logits = torch.lerp(uncond.float(), logits, cfg_scale)  # u + s (c - u)
@@ -55,6 +59,8 @@ def to_probs(cond: torch.Tensor, uncond: Optional[torch.Tensor], sampling: Sampl
         # keep the smallest prefix of the sorted tokens whose mass reaches top_p
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         drop_sorted = mass_before >= top_p
+        if keep > 1:
+            drop_sorted[..., :keep] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)

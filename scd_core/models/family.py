@@ -21,7 +21,7 @@ from ..model import joined  # (re-exported: the front ends name families in pros
 # Asked in this order; the first family that recognises a folder loads it (llamagen claims a folder whose
 # llamagen.json it cannot read, so the transformers-format families come first; emu3 claims every model_type
 # "Emu3" folder, to explain the original Emu3-Gen layout, so emu3p5 comes before it).
-MODULES = ("janus", "llamagen", "emu3p5", "emu3", "cosmos", "lumina", "glm_image")
+MODULES = ("janus", "mammothmoda2", "llamagen", "emu3p5", "emu3", "cosmos", "lumina", "glm_image")
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ from .weights.tokenizer_files import read_json
 GENERATION_CONFIG = "generation_config.json"
 
 
-def generate_sampling(folder: Path, given: dict[str, Any]) -> Sampling:
+def generate_sampling(folder: Path, given: dict[str, Any], name: str = GENERATION_CONFIG) -> Sampling:
     """The temperature, top-k (None for none) and top-p that `generate` samples with for the model in `folder` when
     called with `GenerationConfig(**given)` (the reference pipeline's own keys), as the installed transformers
-    builds it."""
+    builds it; `name`: the generation config file it reads (MammothModa2's t2i_generation_config.json)."""
     from transformers import GenerationConfig
 
-    path = Path(folder) / GENERATION_CONFIG
+    path = Path(folder) / name
     saved = read_json(path) if path.is_file() else {}
     try:
         config = GenerationConfig.from_dict({**saved, **given})

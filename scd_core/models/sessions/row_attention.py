@@ -28,6 +28,13 @@ def attention_layer(layer: torch.nn.Module, hidden: torch.Tensor, cos: torch.Ten
                     mask: torch.Tensor, cache: LayerSlots, groups: int) -> torch.Tensor:
     """One decoder layer over its cache tensors: tensors and constants only, so one compiled graph (per width)
     serves every layer."""
+    hidden = attention_block(layer, hidden, cos, sin, mask, cache, groups)
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def attention_block(layer: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    mask: torch.Tensor, cache: LayerSlots, groups: int) -> torch.Tensor:
+    """A decoder layer's attention half over its cache tensors, its residual added: the layer's FFN comes next."""
     attention = layer.self_attn
     batch, width = hidden.shape[:2]
     head_dim = attention.head_dim
@@ -42,8 +49,7 @@ def attention_layer(layer: torch.nn.Module, hidden: torch.Tensor, cos: torch.Ten
     q = (q * cos + rotate_half(q) * sin).reshape(batch, keys.shape[1], groups * width, head_dim)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attention.scaling)
     out = out.reshape(batch, -1, width, head_dim).transpose(1, 2).reshape(batch, width, -1)
-    hidden = hidden + attention.o_proj(out)
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return hidden + attention.o_proj(out)
 
 
 class RowAttentionBackbone:
@@ -51,13 +57,15 @@ class RowAttentionBackbone:
     (`rows.pads`) is subtracted from its slots to give its position ids.
 
     With `compiled_layer` (a compiled `attention_layer`) the window calls after the prefill run through it:
-    with `rows.static` their shapes depend on the width only (scd_core.compiled.compiled_regions).
+    with `rows.static` their shapes depend on the width only (scd_core.compiled.compiled_regions).  `layer_step`:
+    what runs each layer otherwise (`attention_layer`'s arguments; MammothModa2's routes the FFN).
     """
 
     def __init__(self, backbone: torch.nn.Module, rows: RowCache,
-                 compiled_layer: Optional[Callable[..., torch.Tensor]] = None) -> None:
+                 compiled_layer: Optional[Callable[..., torch.Tensor]] = None,
+                 layer_step: Callable[..., torch.Tensor] = attention_layer) -> None:
         config = backbone.config
-        self.backbone, self.rows = backbone, rows
+        self.backbone, self.rows, self.layer_step = backbone, rows, layer_step
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.groups = config.num_attention_heads // config.num_key_value_heads
         self.compiled_layer = compiled_layer
@@ -66,7 +74,7 @@ class RowAttentionBackbone:
         """(rows, T, hidden) input embeddings, each row after its own cached slots -> final-norm hidden states."""
         net = self.backbone
         # the prefill runs eagerly: its one shape per prompt length is not worth a compilation
-        run_layer = self.compiled_layer if self.compiled_layer is not None and self.rows.longest else attention_layer
+        run_layer = self.compiled_layer if self.compiled_layer is not None and self.rows.longest else self.layer_step
         slots, visible = self.rows.begin(hidden.shape[1], branches)
         if not self.rows.keys:
             self.rows.allocate(len(net.layers), net.config.num_key_value_heads, self.head_dim, hidden.dtype)
