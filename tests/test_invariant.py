@@ -1,9 +1,9 @@
 """In bfloat16 a position's logits do not depend on the width of the call that computes it: every family's window
 calls over the same cached prefix give each position the same bits at widths 1, 8 and 32
-(scd_core.models.sessions.invariant), and so the seed decides the image at any window.  Each check compares
-whole logits bit for bit.  Each check's power is shown under stand-in kernels whose rounding depends on the call's row count
-on every machine (row_count_kernels.py, as CUDA's kernels do): there the same check passes with the invariant
-calls and fails with them off (`SCD_INVARIANT_CALLS=off`, today's calls).  The machine's own CPU kernels cannot
+(scd_core.compiled.invariant), and so the seed decides the image at any window.  Each check compares
+whole logits bit for bit.  Each check's power is shown under stand-in kernels whose rounding depends on the
+call's row count on every machine (row_count_kernels.py, as CUDA's kernels do): there the same check passes with
+the invariant calls and fails with them off (`SCD_INVARIANT_CALLS=off`, today's calls).  The machine's own CPU kernels cannot
 show it everywhere: whether they round apart by row count depends on the instruction set."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture, one checkpoint per session)
 
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.frontends.cli import main
-from scd_core.models.sessions import invariant
+from scd_core.compiled import invariant
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
 from row_count_kernels import RowCountKernels
 
@@ -134,10 +135,18 @@ def case(request: pytest.FixtureRequest, tmp_path: Path):
 
 
 def test_bfloat16_logits_do_not_depend_on_the_call_width(case, monkeypatch):
+    """With this machine's kernels, and under kernels whose result depends on the call's row count (CUDA's round
+    apart so: the matrix products, attention and the norms' row reductions), no width differs.  Under the latter
+    the same check fails with today's calls, and with only the norms left as they come (a row's `mean(-1)` on
+    CUDA reduces in another order in a call of 1, 2, 4, 8 or 16+ rows)."""
     model, cond = case
     assert differing_widths(model, cond) == []
-    with RowCountKernels():  # kernels that round by row count: the tiles hide it, today's calls do not
+    with RowCountKernels():
         assert differing_widths(model, cond) == []
+        with monkeypatch.context() as untiled_norms:
+            untiled_norms.setattr(invariant, "ROW_REDUCTIONS", ())
+            untiled_norms.setattr(invariant, "NORMS", ())
+            assert differing_widths(model, cond) != []
         monkeypatch.setenv(invariant.POLICY_VARIABLE, "off")
         assert differing_widths(model, cond) != []
 
@@ -227,3 +236,81 @@ def test_a_network_whose_embed_context_gives_ids_is_refused():
     with pytest.raises(TypeError, match=r"IdsNetwork\.embed_context must return embeddings \(floating point\), "
                                         r"got torch\.int64"):
         session.prefill()
+
+
+class _Recorder(TorchFunctionMode):
+    """Records, for each function in `watched`, the rows of the first argument of every call that reaches it,
+    and the numerics switches as they were during each call."""
+
+    def __init__(self, watched) -> None:
+        super().__init__()
+        self.watched, self.rows, self.switches = watched, [], set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.watched:
+            self.rows.append(args[0].reshape(-1, args[0].shape[-1]).shape[0])
+            self.switches.add(tuple(switch.read() for switch in invariant.PINNED))
+        return func(*args, **(kwargs or {}))
+
+
+def test_quantised_matmuls_run_at_the_tiles_rows(tiny_janus_dir, monkeypatch):
+    """int8's fused kernel (a torch function) and bitsandbytes' 4-bit matmul (a custom op the mode cannot enter,
+    which picks its kernel from the rows it is given, a separate one for 4 rows or fewer) see only tiles of
+    `tile_rows` rows in every call of a bfloat16 session, at widths 1, 8 and 32; without `row_tiled` the 4-bit op
+    sees each call's own rows."""
+    import bitsandbytes  # noqa: F401  (registers its ops)
+    from scd_core.models.weights import quantize
+
+    rows = invariant.tile_rows(torch.device("cpu"))
+    for precision, kernel in (("int8", torch._weight_int8pack_mm),
+                              ("nf4", torch.ops.bitsandbytes.gemm_4bit.default)):
+        model = load_model(tiny_janus_dir, device="cpu", dtype="bfloat16", quantize=precision)
+        with _Recorder({kernel}) as recorder:
+            logits_by_width(model, model.encode("a cat"))
+        assert recorder.rows and set(recorder.rows) == {rows}, (precision, sorted(set(recorder.rows)))
+    monkeypatch.setattr(quantize, "row_tiled", lambda module: module)
+    model = load_model(tiny_janus_dir, device="cpu", dtype="bfloat16", quantize="nf4")
+    with _Recorder({torch.ops.bitsandbytes.gemm_4bit.default}) as recorder:
+        logits_by_width(model, model.encode("a cat"))
+    assert set(recorder.rows) - {rows}
+
+
+def test_the_numerics_switches_hold_their_defaults_inside_and_come_back_after(tiny_janus_dir):
+    """Another node may flip TF32, the reduced-precision reductions, fp16 accumulation, the float32 matmul
+    precision or oneDNN process-wide: inside a bfloat16 session's calls they read torch's defaults (every switch
+    this device's kernels read), and after the call the user's values are back."""
+    model = load_model(tiny_janus_dir, device="cpu", dtype="bfloat16")
+    flipped = {switch: (not switch.default if isinstance(switch.default, bool) else "medium")
+               for switch in invariant.PINNED if switch.read() == switch.default
+               and (isinstance(switch.default, bool) or switch.default == "highest")}
+    assert any("cpu" in switch.devices for switch in flipped)  # oneDNN and the matmul precision at least
+    saved = {switch: switch.read() for switch in flipped}
+    try:
+        for switch, value in flipped.items():
+            switch.write(value)
+        with _Recorder({F.linear}) as recorder:
+            logits_by_width(model, model.encode("a cat"))
+        assert recorder.rows
+        assert recorder.switches == {tuple(switch.default if "cpu" in switch.devices else
+                                           flipped.get(switch, switch.read()) for switch in invariant.PINNED)}
+        assert all(switch.read() == value for switch, value in flipped.items())
+    finally:
+        for switch, value in saved.items():
+            switch.write(value)
+
+
+def test_the_samplers_row_sums_do_not_depend_on_the_calls_rows(monkeypatch):
+    """Top-p's `sum` and `cumsum` over a (rows, V) call: a position's probabilities alone (window 1, one row) are
+    its probabilities among 32 rows, under a row sum that rounds by the call's rows (CUDA's does; the CPU's at
+    V >= 65536 and two threads), through the run's guidance in bfloat16; they differ with the invariant calls off."""
+    from scd_core.decoding.guidance import ScaleGuidance
+    from scd_core.decoding.sampling import Sampling
+
+    logits = torch.randn(1, 32, 4096, generator=torch.Generator().manual_seed(0)).bfloat16()
+    guidance = ScaleGuidance(Sampling(top_p=0.9), torch.device("cpu"))
+    probs = lambda rows: guidance.probs((rows, None), lambda: torch.zeros(1, rows.shape[1], dtype=torch.long))
+    with RowCountKernels():
+        together = probs(logits)
+        assert torch.equal(torch.cat([probs(logits[:, i:i + 1]) for i in range(32)], dim=1), together)
+        monkeypatch.setenv(invariant.POLICY_VARIABLE, "off")
+        assert not torch.equal(torch.cat([probs(logits[:, i:i + 1]) for i in range(32)], dim=1), probs(logits))

@@ -183,15 +183,36 @@ def _call_ms(model, cond, width: int, repeats: int) -> float:
     return 1000 * (time.perf_counter() - start) / repeats
 
 
+PREFILL_TOKENS = 4096  # a long prompt (an image in it): its prefill re-reads the weights once per tile
+PREFILL_LAYERS = 2     # of the stand-in's 24: the ratio is the question, a whole 1B prefill takes minutes here
+
+
+def _prefill_ms() -> float:
+    """ms of one prefill of PREFILL_TOKENS prompt tokens (CFG: twice the rows) at the Janus-Pro-1B shape, with
+    PREFILL_LAYERS of its layers."""
+    import dataclasses
+    import time
+
+    from .device_check import SHAPES, ShapeModel, build
+
+    shape = dataclasses.replace(SHAPES[0], config={**SHAPES[0].config, "num_hidden_layers": PREFILL_LAYERS},
+                                prefix=PREFILL_TOKENS)
+    model = ShapeModel(shape, *build(shape, torch.device("cpu"), torch.bfloat16, tiny=False))
+    with torch.no_grad():
+        start = time.perf_counter()
+        model.start(None, 1).prefill()
+    return 1000 * (time.perf_counter() - start)
+
+
 def invariant_cost_table(widths: Sequence[int], repeats: int, seeds: Sequence[int], stand_in: bool) -> str:
-    """What the window-invariant calls (scd_core.models.sessions.invariant) cost in bfloat16 against today's calls, the
-    two interleaved in one process: one call of each width on the demo (and the Janus-Pro-1B stand-in), and the
-    demo's whole images (faithful) at windows 1, 32 and auto."""
+    """What the window-invariant calls (scd_core.compiled.invariant) cost in bfloat16 against today's calls, the
+    two interleaved in one process: one call of each width on the demo (and the Janus-Pro-1B stand-in, with a
+    prefill of PREFILL_TOKENS tokens), and the demo's whole images (faithful) at windows 1, 32 and auto."""
     import os
     import time
     from unittest import mock
 
-    from ..models.sessions import invariant
+    from ..compiled import invariant
     from ..models.loading import load_model
     from .device_check import SHAPES, ShapeModel, build
 
@@ -210,6 +231,10 @@ def invariant_cost_table(widths: Sequence[int], repeats: int, seeds: Sequence[in
             old, new = (under(policy, lambda: _call_ms(model, cond, width, count)) for policy in ("off", "auto"))
             rows.append({"model": name, "what": f"one call of width {width}", "today_ms": old, "invariant_ms": new,
                          "ratio": new / old})
+    if stand_in:
+        old, new = (under(policy, _prefill_ms) for policy in ("off", "auto"))
+        rows.append({"model": f"Janus-Pro-1B stand-in, {PREFILL_LAYERS} layers", "ratio": new / old,
+                     "what": f"prefill of {PREFILL_TOKENS} tokens", "today_ms": old, "invariant_ms": new})
     cond = models[0][2]
     for window in (1, 32, "auto"):
         def images() -> tuple[float, float]:

@@ -17,11 +17,15 @@ it measured, and `parts.md` says how each part ended.  In order of value, on the
      default on NVIDIA): as the library decides (not kept), and kept anyway, with the allocator's warnings
      counted, which tells whether keeping them could be allowed there;
   4. bits: whether a position's logits are bit-identical when its call is 1, 8 or 32 wide (the same prefix
-     cached), in bfloat16 under today's calls and the window-invariant calls (scd_core.models.sessions.invariant) in
+     cached), in bfloat16 under today's calls and the window-invariant calls (scd_core.compiled.invariant) in
      tiles of 32, 64 and 128 rows, and in float32 with TF32 off, through transformers' layers and through the
      static row attention of compiled models (run eagerly), with each setting's time per call at widths 1-64:
      which tile a GPU wants;
-  5. int8: one int8 layer's kernels (`device_check.int8_kernel_rows`).
+  5. norms: what the bits part cannot see at one shape: RMSNorm (transformers' LlamaRMSNorm) over anchor rows in
+     calls of 1 to 256 rows, rows whose float32 variance and bfloat16 output differ from the 128-row call's, as the
+     norm comes and in the window-invariant tiles; and top-p's row sums (`sampling.to_probs`) at vocabularies of
+     16k to 131k, a position alone against among 32;
+  6. int8: one int8 layer's kernels (`device_check.int8_kernel_rows`).
 
 The dry run runs dynamo's "eager" backend (graphs traced, no code generated: inductor takes minutes per width
 on a CPU); the header says so.
@@ -44,7 +48,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from ..windows import auto_window
-from ..compiled import compiled_regions, cuda_graphs
+from ..compiled import compiled_regions, cuda_graphs, invariant
 from ..decoding.config import SamplerConfig
 from ..decoding.engine import generate
 from ..models.weights.memory import release_memory
@@ -155,8 +159,6 @@ TIMED_WIDTHS = (1, 8, 32, 64)
 def invariant_calls(rows: Optional[int]) -> Iterator[None]:
     """Today's calls (`rows` None) or window-invariant calls in tiles of `rows` rows, for the sessions started
     inside."""
-    from ..models.sessions import invariant
-
     saved = os.environ.get(invariant.POLICY_VARIABLE), invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS
     os.environ[invariant.POLICY_VARIABLE] = "off" if rows is None else "on"
     invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS = {}, rows or invariant.DEFAULT_TILE_ROWS  # on every device
@@ -243,6 +245,76 @@ def bits_table(rows: list[dict[str, Any]], shape: Any) -> str:
             + markdown(rows, columns))
 
 
+NORM_HIDDEN = (2048, 4096)
+NORM_ANCHORS = 4096
+NORM_CALL_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOP_P_VOCABULARIES = (16384, 65536, 131072)
+
+
+def _by_calls(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int, tiled: bool) -> torch.Tensor:
+    """`fn` over `x` in calls of `rows` rows, as they come or inside the window-invariant calls."""
+    from ..compiled.invariant import fixed_shape_calls
+
+    with fixed_shape_calls(tiled, x.device):
+        return torch.cat([fn(chunk) for chunk in x.split(rows)])
+
+
+def norm_rows(device: torch.device, tiny: bool) -> list[dict[str, Any]]:
+    """Per hidden size and rows per call: the share of anchor rows whose RMSNorm variance (float32) and output
+    (bfloat16) differ from the 128-row call's, untiled and tiled."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    generator, out = torch.Generator().manual_seed(0), []
+    for hidden in (64,) if tiny else NORM_HIDDEN:
+        x = torch.randn(64 if tiny else NORM_ANCHORS, hidden, generator=generator)
+        x[:, :8] *= 20  # a few outlier channels, as real activations have
+        x = x.bfloat16().to(device)
+        norm = LlamaRMSNorm(hidden).to(device, torch.bfloat16)
+        norm.weight.data = (1 + 0.1 * torch.randn(hidden, generator=generator)).bfloat16().to(device)
+        variance = lambda rows: rows.float().pow(2).mean(-1)
+        for tiled in (False, True):
+            reference = [_by_calls(f, x, 128, tiled) for f in (variance, norm)]
+            for rows in NORM_CALL_ROWS:
+                measured = [_by_calls(f, x, rows, tiled) for f in (variance, norm)]
+                differ = [float((m != r).reshape(x.shape[0], -1).any(-1).float().mean()) * 100
+                          for m, r in zip(measured, reference)]
+                out.append(dict(hidden=hidden, calls="tiles" if tiled else "as they come", rows_per_call=rows,
+                                variance_rows_differ_pct=differ[0], output_rows_differ_pct=differ[1]))
+    return out
+
+
+def top_p_rows(device: torch.device, tiny: bool) -> list[dict[str, Any]]:
+    """Top-p (0.9) probabilities of 32 positions, each alone against among all 32, by vocabulary."""
+    from ..decoding.guidance import ScaleGuidance
+    from ..decoding.sampling import Sampling
+
+    out = []
+    for vocabulary in (4096,) if tiny else TOP_P_VOCABULARIES:
+        logits = torch.randn(1, 32, vocabulary, generator=torch.Generator().manual_seed(1)).bfloat16().to(device)
+        for policy in ("off", "on"):
+            with invariant_calls(None if policy == "off" else 128 if device.type == "cuda" else 32):
+                guidance = ScaleGuidance(Sampling(top_p=0.9), device)
+                probs = lambda rows: guidance.probs((rows, None), lambda: torch.zeros(1, rows.shape[1]).long())
+                alone = torch.cat([probs(logits[:, i:i + 1]) for i in range(32)], dim=1)
+                together = probs(logits)
+            same = sum(torch.equal(alone[0, p], together[0, p]) for p in range(32))
+            out.append(dict(vocabulary=vocabulary, calls="tiles" if policy == "on" else "as they come",
+                            positions_bit_equal=f"{same}/32"))
+    return out
+
+
+def norms_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
+    norms = norm_rows(device, tiny)
+    text = ("RMSNorm (LlamaRMSNorm, bfloat16) over anchor rows in calls of 1-256 rows: the share of rows whose "
+            "float32 variance and bfloat16 output differ from the 128-row call's, as the norm comes and in the "
+            "window-invariant tiles (which must give 0 everywhere)\n\n" + markdown(norms, list(norms[0])))
+    yield text, dict(norms=norms)
+    sums = top_p_rows(device, tiny)
+    yield (text + "\n\nTop-p 0.9 (`to_probs` through the run's guidance): 32 positions alone against among 32, "
+           "positions whose probabilities are bit-identical\n\n" + markdown(sums, list(sums[0]))), dict(
+        norms=norms, top_p=sums)
+
+
 def int8_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) -> Iterator[tuple[str, Any]]:
     from .device_check import int8_kernel_rows
 
@@ -254,10 +326,11 @@ def int8_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) 
 # name: (cap in seconds on a GPU, the part: its table and data, again each time it has measured more, extra
 # environment)
 PARTS: dict[str, tuple[float, Callable[..., Iterator[tuple[str, Any]]], dict[str, str]]] = {
-    "floor": (170, floor_part, {}),
+    "floor": (150, floor_part, {}),
     "compiled": (150, compiled_part, {}),
     "async": (100, async_part, {"PYTORCH_CUDA_ALLOC_CONF": ASYNC_ALLOCATOR_CONF}),
     "bits": (80, bits_part, {}),
+    "norms": (30, norms_part, {}),
     "int8": (40, int8_part, {}),
 }
 
@@ -273,7 +346,12 @@ def environment(device: str) -> str:
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(torch.device(device))
         lines.append(f"{properties.name}, {properties.total_memory / 2**30:.0f} GiB, "
-                     f"{properties.multi_processor_count} SMs, allocator {cuda_graphs.allocator_backend()}")
+                     f"{properties.multi_processor_count} SMs, allocator {cuda_graphs.allocator_backend()}, "
+                     f"cuBLAS {torch._C._cuda_getCompiledVersion()}, cuDNN {torch.backends.cudnn.version()}, "
+                     f"MIG: {'yes' if 'MIG' in properties.name else 'no'}")
+    lines.append(f"CPU capability {torch.backends.cpu.get_cpu_capability()}; numerics switches (held at these "
+                 "defaults inside the window-invariant calls): "
+                 + ", ".join(f"{switch.name} {switch.read()}" for switch in invariant.PINNED))
     return "\n".join(f"- {line}" for line in lines)
 
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from ..compiled.invariant import fixed_shape_calls, wanted
 from ..model import Logits
 from .sampling import Sampling, branch_weights, to_probs, weighted_logits
 
@@ -20,8 +21,9 @@ class ScaleGuidance:
 
     def probs(self, logits: Logits, positions: Callable[[], torch.Tensor]) -> torch.Tensor:
         cond, uncond = logits
-        return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device),
-                        self.sampler_at(positions))
+        with fixed_shape_calls(wanted(cond.dtype), self.device):  # top-p's row sums at the calls' tiles
+            return to_probs(cond.to(self.device), None if uncond is None else uncond.to(self.device),
+                            self.sampler_at(positions))
 
     def sampler_at(self, positions: Callable[[], torch.Tensor]) -> Sampling:
         return self.sampler
@@ -45,7 +47,8 @@ class BranchGuidance:
         self.sampler, self.weights = sampler.with_scale(1.0), weights
 
     def probs(self, logits: Logits, positions: Callable[[], torch.Tensor]) -> torch.Tensor:
-        return to_probs(weighted_logits(logits, self.weights), None, self.sampler)
+        with fixed_shape_calls(wanted(logits[0].dtype), self.weights.device):
+            return to_probs(weighted_logits(logits, self.weights), None, self.sampler)
 
 
 def guidance_for(model: Any, session_guidance: Optional[Callable[[float], Sequence[float]]], cfg_scale: float,

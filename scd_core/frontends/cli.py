@@ -286,7 +286,7 @@ def compare_table(methods: Sequence[Sequence[Run]]) -> str:
 def same_image_line(methods: Sequence[Sequence[Run]]) -> str:
     """On how many seeds SCD-faithful gave AR's very tokens (the first two of COMPARE_MODES), and the calls each
     took: all of them, in bfloat16 / float16 through the window-invariant calls
-    (scd_core.models.sessions.invariant; with SCD_INVARIANT_CALLS=off a draw on a rounding edge of a logit can fall the other way there)."""
+    (scd_core.compiled.invariant; with SCD_INVARIANT_CALLS=off a draw on a rounding edge of a logit can fall the other way there)."""
     ar, faithful = methods[0], methods[1]
     same = sum(torch.equal(a.result.tokens, f.result.tokens) for a, f in zip(ar, faithful))
     return (f"Same image from AR and {faithful[0].label} on {same} of {len(ar)} seed{'s' * (len(ar) > 1)}: "

@@ -1,6 +1,5 @@
 """Sessions: the row cache (rows at their own pace, candidate trees, dropping finished rows), row attention over
 it, the one row session every family shares and its network for transformers backbones (cfg_session), the
-transformers cache view (hf_cache), calls at fixed shapes (invariant) and rows closed by row-end tokens
-(code_rows).
+transformers cache view (hf_cache) and rows closed by row-end tokens (code_rows).
 
-Imports the adapter protocol (scd_core.model) only."""
+Imports the adapter protocol (scd_core.model) and compiled/ (calls at fixed shapes, compiled/invariant.py)."""

@@ -97,7 +97,7 @@ class RowCache:
     the cache never grows (trees are refused) and rewinding never reads the device.  `lengths` (updated in
     place) is then the only truth: `shortest` / `longest` hold the prefill's length only.
 
-    `full_keys` (bfloat16 / float16 sessions, scd_core.models.sessions.invariant): every call attends to the whole
+    `full_keys` (bfloat16 / float16 sessions, scd_core.compiled.invariant): every call attends to the whole
     capacity, masked, as in static mode, so the key length never depends on the call; all else stays eager.
     """
 
@@ -124,7 +124,7 @@ class RowCache:
         self.last_slot = torch.tensor(self.end - 1, device=device)  # as static calls read `end - 1` (never grown)
         self._key_len = 0
         self.static = False
-        self.full_keys = False  # every call attends to the whole capacity (scd_core.models.sessions.invariant)
+        self.full_keys = False  # every call attends to the whole capacity (scd_core.compiled.invariant)
 
     def allocate(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
         """Allocate every layer's tensors now (else the first `write` of each layer does)."""

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 import torch
 
 from ...model import Logits
-from .invariant import fixed_shape_calls, wanted
+from ...compiled.invariant import fixed_shape_calls, wanted
 from .row_cache import RowCache, joined_call, left_padded, row_order
 
 

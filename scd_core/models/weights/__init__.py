@@ -2,4 +2,4 @@
 settings files, streaming a network in one tensor at a time, what generation never runs, int8 / nf4 layers
 (quantize) and what a folder needs at each precision (memory).
 
-Imports nothing of scd_core."""
+Imports compiled/ only (the window-invariant calls' row tiles, for 4-bit layers)."""

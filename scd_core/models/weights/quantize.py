@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...compiled.invariant import row_tiled
+
 PRECISIONS = ("none", "int8", "nf4")
 NF4_PACKAGE = "bitsandbytes"
 NF4_DEVICES = ("cpu", "cuda", "xpu", "meta")  # where bitsandbytes' 4-bit layers run
@@ -137,7 +139,9 @@ def _nf4_linear(linear: nn.Linear, dtype: torch.dtype) -> nn.Module:
     # bitsandbytes would repack the weight in place on the first CPU call for its AVX512-BF16 kernel, which
     # needs in_features divisible by the block size and leaves a weight that no longer moves to a GPU
     layer.support_avx512bf16_for_cpu = False
-    return layer.to(linear.weight.device if linear.weight.device.type != "meta" else "cpu").eval()
+    # its 4-bit matmul is a custom op that picks its kernel from the rows it is given: the window-invariant calls
+    # give it their tiles' rows
+    return row_tiled(layer.to(linear.weight.device if linear.weight.device.type != "meta" else "cpu").eval())
 
 
 def quantized_linear(linear: nn.Linear, precision: str, dtype: torch.dtype) -> nn.Module:
