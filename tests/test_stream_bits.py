@@ -1,0 +1,152 @@
+"""In bfloat16 a job's logits in a stream are its logits alone, bit for bit, whatever prompts run beside it.
+
+A job's keys sit where its own prompt puts them (`RowSession.layout`: its width rounded up to the session's
+bucket, hidden slots first) and its calls attend over the same key length, alone and in any stream; `admit` joins
+only jobs of one layout, and generate_many runs each layout's jobs together.  Before, a joined cache left-padded
+every row to the widest prompt: a job beside a longer prompt had its keys moved, and the attention reduced them
+in other groups (the tiny Emu3 widened to head_dim 128: 7 of 8 positions had other logits after 560 positions).
+Each check runs with this machine's kernels and with stand-ins whose attention reduces the keys in blocks of
+`KEY_BLOCK` slots (row_count_kernels.py), so that on any machine a moved key changes the bits: the power check
+moves a job's keys (another bucket) and sees its logits change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture, one checkpoint per session)
+from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
+from test_invariant import emu3_case, emu3p5_case, janus_case, llamagen_case, lumina_case
+
+import row_count_kernels
+from row_count_kernels import RowCountKernels
+from scd_core import SamplerConfig, generate, generate_many, load_model
+
+WINDOW = 4
+FED = 40  # teacher-forced positions (fewer where the image is smaller)
+KEY_BLOCK = 16  # the stand-in attention's key blocks here: keys moved by other than a multiple regroup
+
+
+@pytest.fixture(scope="module")
+def emu3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from emu3_fixture import write_tiny_emu3
+
+    return write_tiny_emu3(tmp_path_factory.mktemp("tiny_emu3"))
+
+
+def text_jobs(model, _, prompts=("a red cube", "a red cube on it", "cat"), negative: dict = {"negative_prompt": "x"}):
+    """A job, prompts of its layout longer and shorter than its own, and a prompt of another layout (a short
+    negative prompt: a long default one would give every job its width)."""
+    job, longer, shorter = (model.encode(prompt, **negative) for prompt in prompts)
+    return job, [longer, shorter], model.encode("a small blue sphere on a long wooden table " * 6, **negative)
+
+
+def emu3p5_jobs(model, cond):
+    return text_jobs(model, cond, ("a red", "a red cube", "cat"), {})  # its uncond branch is its template
+
+
+def llamagen_jobs(model, _):
+    """A class label's prompt is one slot wide: every job has one layout, and no prompt is longer or shorter."""
+    return model.encode("3"), [model.encode("5")], None
+
+
+def cosmos_case_and_jobs(root: Path):
+    """A context of one frame beside another of one frame; a context of 9 frames takes other slots (contexts
+    encoded in float32, as `test_invariant.cosmos_case`'s)."""
+    from cosmos_fixture import context_frames, write_cosmos
+
+    folder = write_cosmos(root, "4B")
+    encoder = load_model(folder, "cpu", "float32")
+    one, other, nine = (encoder.encode_video(context_frames(count, seed=seed)) for count, seed in ((1, 0), (1, 3), (9, 1)))
+    return load_model(folder, "cpu", "bfloat16"), one, [other], nine
+
+
+CASES = {"janus": (janus_case, "tiny_janus_dir", text_jobs), "emu3": (emu3_case, "emu3_dir", text_jobs),
+         "emu3p5": (emu3p5_case, "tiny_emu3p5_dir", emu3p5_jobs),
+         "lumina": (lumina_case, "tiny_lumina_dir", text_jobs), "llamagen": (llamagen_case, None, llamagen_jobs)}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread: a row's bits do not depend on the thread count (docs/invariance_review.md, e5), and two threads
+    on this loaded machine ran these tiny calls 50 times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(params=[*CASES, "cosmos"])
+def family(request: pytest.FixtureRequest, tmp_path: Path):
+    """(model in bfloat16, the job, neighbours of its layout, a prompt of another layout or None)."""
+    if request.param == "cosmos":
+        return cosmos_case_and_jobs(tmp_path)
+    load, folder, jobs = CASES[request.param]
+    model, cond = load(request.getfixturevalue(folder) if folder else tmp_path)
+    return (model, *jobs(model, cond))
+
+
+def fed_tokens(model) -> torch.Tensor:
+    """(1, T) random image ids to teacher-force, T a multiple of WINDOW."""
+    fed = min(FED, model.num_tokens - 1) // WINDOW * WINDOW
+    return torch.randint(0, model.vocab_size, (1, fed), generator=torch.Generator().manual_seed(0))
+
+
+def sample(logits, index: int) -> torch.Tensor:
+    """Sample `index`'s rows of a session's (cond, uncond) logits, one tensor."""
+    return torch.cat([part[index:index + 1] for part in logits if part is not None])
+
+
+def alone(model, cond, tokens: torch.Tensor, bucket: int = 0) -> list[torch.Tensor]:
+    """A job's position-0 logits, then its logits of each WINDOW of `tokens`, alone (with `bucket`: its session's
+    prompt bucket set to that)."""
+    session = model.start(cond, 1)
+    if bucket:
+        session.prompt_bucket = bucket
+    logits = [sample(session.prefill(), 0)]
+    return logits + [sample(session.forward(tokens[:, start:start + WINDOW]), 0)
+                     for start in range(0, tokens.shape[1], WINDOW)]
+
+
+def beside(model, live_cond, cond, tokens: torch.Tensor) -> tuple[list, list]:
+    """(the live job's logits, the admitted job's logits), as `alone` lists them: the job `cond` joins the session
+    of the job `live_cond` with the call that feeds that one's first window (or just before it, where the prompt
+    is wider: `admit`), then the two go on, each with its own next window."""
+    live = model.start(live_cond, 1)
+    old = [sample(live.prefill(), 0)]
+    fed, joined = live.admit([model.start(cond, 1)], tokens[:, :WINDOW])
+    old.append(sample(fed, 0))
+    new = [sample(joined, 0)]
+    for start in range(WINDOW, tokens.shape[1], WINDOW):
+        logits = live.forward(torch.cat([tokens[:, start:start + WINDOW], tokens[:, start - WINDOW:start]]))
+        old.append(sample(logits, 0))
+        new.append(sample(logits, 1))
+    return old, new
+
+
+def differing(ours: list[torch.Tensor], theirs: list[torch.Tensor]) -> list[int]:
+    """The calls whose logits are not bit for bit the same (`theirs` may go on further)."""
+    return [index for index, (a, b) in enumerate(zip(ours, theirs)) if not torch.equal(a, b)]
+
+
+def test_a_job_keeps_its_logits_alone_beside_longer_and_shorter_prompts_in_bfloat16(family, monkeypatch):
+    """A job admitted into the session of a longer and of a shorter prompt (and they into its): every job's
+    logits are its logits alone, with this machine's kernels and with kernels that regroup moved keys.  With the
+    left padding of before, under the stand-ins, the job beside a longer prompt differed (checked by hand)."""
+    model, job, neighbours, _ = family
+    tokens = fed_tokens(model)
+    monkeypatch.setattr(row_count_kernels, "KEY_BLOCK", KEY_BLOCK)
+    for kernels in (contextlib.nullcontext, RowCountKernels):
+        with kernels(), torch.no_grad():
+            own = alone(model, job, tokens)
+            for other in neighbours:
+                theirs = alone(model, other, tokens)
+                for first, second, firsts, seconds in ((other, job, theirs, own), (job, other, own, theirs)):
+                    old, new = beside(model, first, second, tokens)
+                    assert (differing(old, firsts), differing(new, seconds)) == ([], []), kernels
+    with RowCountKernels(), torch.no_grad():  # the power: keys moved by other than whole key blocks change them
+        moved = model.start(job, 1).layout + KEY_BLOCK // 2 + 1  # the prompt's slots rounded up to this instead
+        assert differing(alone(model, job, tokens, bucket=moved), alone(model, job, tokens)) != []
