@@ -150,3 +150,39 @@ def test_a_job_keeps_its_logits_alone_beside_longer_and_shorter_prompts_in_bfloa
     with RowCountKernels(), torch.no_grad():  # the power: keys moved by other than whole key blocks change them
         moved = model.start(job, 1).layout + KEY_BLOCK // 2 + 1  # the prompt's slots rounded up to this instead
         assert differing(alone(model, job, tokens, bucket=moved), alone(model, job, tokens)) != []
+
+
+def test_a_job_of_another_layout_is_refused_and_the_session_goes_on_in_bfloat16(family):
+    """A prompt of another layout (wider than the bucket; a context of more frames) is refused with one line, by a
+    live session and by one not prefilled yet, and either goes on as if it had not been asked."""
+    model, job, _, other = family
+    if other is None:  # a class label: every job takes one slot
+        assert {model.start(model.encode(label), 1).layout for label in ("0", "3", "9")} == {1}
+        return
+    tokens = fed_tokens(model)[:, :WINDOW]
+    with torch.no_grad():
+        own = alone(model, job, tokens)
+        live, fresh = model.start(job, 1), model.start(job, 1)
+        live.prefill()
+        for session in (live, fresh):
+            with pytest.raises(ValueError, match=r"slots cannot share a torch.bfloat16 session.*one layout"):
+                session.admit([model.start(other, 1)])
+        assert differing([sample(fresh.prefill(), 0), sample(fresh.forward(tokens), 0)], own) == []
+        assert differing([sample(live.forward(tokens), 0)], own[1:]) == []
+        assert live.batch == fresh.batch == 1
+
+
+@pytest.mark.parametrize("kernels", [contextlib.nullcontext, RowCountKernels], ids=["cpu", "stand-ins"])
+def test_generate_many_gives_every_job_of_mixed_prompts_its_image_alone_in_bfloat16(emu3_dir, kernels, monkeypatch):
+    """The README's faithful stream: jobs of prompts longer and shorter than their neighbours, and of another
+    layout (which run as a group of their own), in 2 slots at window 8: each job's tokens are its window-1
+    tokens alone."""
+    model, cond = emu3_case(emu3_dir)
+    job, (longer, shorter), other = text_jobs(model, cond)
+    jobs = [(job, 0), (longer, 1), (other, 2), (shorter, 3), (other, 4), (job, 5)]
+    monkeypatch.setattr(row_count_kernels, "KEY_BLOCK", KEY_BLOCK)
+    with kernels():
+        results = dict(generate_many(model, jobs, SamplerConfig(coupler="faithful", window=8), slots=2))
+        for index, (cond, seed) in enumerate(jobs):
+            own = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=seed))
+            assert torch.equal(results[index].tokens, own.tokens), index
