@@ -172,6 +172,55 @@ def test_refills_share_a_prefill_call_and_slots_stay_bounded(candidates):
     assert all(rows <= 4 for kind, rows in model.calls if kind == "forward")
 
 
+class LayoutSessions(WrappedModel):
+    """`model` whose sessions have the key layout their conditioning names (`RowSession.layout`), recording each
+    admission as (the live session's layout, the admitted ones')."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.admitted = []
+
+    def start(self, cond, batch_size):
+        session, admitted = self._model.start(cond, batch_size), self.admitted
+
+        class WithLayout:
+            layout = cond
+
+            def __getattr__(self, name):
+                return getattr(session, name)
+
+            def admit(self, fresh, tokens=None):
+                admitted.append((cond, [f.layout for f in fresh]))
+                return session.admit([f._session for f in fresh], tokens)
+
+        wrapped = WithLayout()
+        wrapped._session = session
+        return wrapped
+
+
+def test_a_stream_runs_each_layouts_jobs_together():
+    """Jobs of two layouts, mixed: every admission joins jobs of the live session's layout, both layouts run,
+    every job gets its tokens alone, and the jobs read ahead stay bounded (rows, at most `slots` waiting aside,
+    one looked ahead)."""
+    model = LayoutSessions(TablePrefixModel(vocab_size=8, num_tokens=20, table_rows=4096, scale=2.0,
+                                            rows_per_cache=1))
+    layouts, read, done = "aabbbabaaabb", [], 0
+    config = SamplerConfig(coupler="maximal", window=6)
+
+    def jobs():
+        for seed, layout in enumerate(layouts):
+            read.append(seed)
+            yield layout, seed
+
+    for index, result in generate_many(model, jobs(), config, slots=2, refill_at=1):
+        done += 1
+        assert len(read) - done <= 2 * 2 + 1
+        assert torch.equal(result.tokens, generate(model, layouts[index], dataclasses.replace(config, seed=index)).tokens)
+    assert done == len(layouts)
+    assert all(layout == live for live, fresh in model.admitted for layout in fresh)
+    assert {live for live, _ in model.admitted} == {"a", "b"}
+
+
 def test_stream_edges_empty_fewer_jobs_than_slots_and_lazy_reading():
     model = GridModel(rows=4, cols=6, vocab_size=32)
     config = SamplerConfig(window=6)
