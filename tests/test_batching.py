@@ -120,9 +120,10 @@ class CountingSessions(WrappedModel):
     def __init__(self, model) -> None:
         super().__init__(model)
         self.calls = []
+        self.admitted = []  # (the live session's layout, the admitted sessions'), where they have one
 
     def start(self, cond, batch_size):
-        session, calls = self._model.start(cond, batch_size), self.calls
+        session, calls, admitted = self._model.start(cond, batch_size), self.calls, self.admitted
 
         class Counting:
             def __getattr__(self, name):
@@ -130,6 +131,7 @@ class CountingSessions(WrappedModel):
 
             def admit(self, fresh, tokens=None):
                 calls.append(("prefill" if tokens is None else "prefill+forward", len(fresh)))
+                admitted.append((getattr(self, "layout", None), [getattr(f, "layout", None) for f in fresh]))
                 return session.admit([getattr(f, "_session", f) for f in fresh], tokens)
 
             def forward(self, tokens, *args):
@@ -172,30 +174,13 @@ def test_refills_share_a_prefill_call_and_slots_stay_bounded(candidates):
     assert all(rows <= 4 for kind, rows in model.calls if kind == "forward")
 
 
-class LayoutSessions(WrappedModel):
-    """`model` whose sessions have the key layout their conditioning names (`RowSession.layout`), recording each
-    admission as (the live session's layout, the admitted ones')."""
-
-    def __init__(self, model) -> None:
-        super().__init__(model)
-        self.admitted = []
+class LayoutSessions(CountingSessions):
+    """`model` whose sessions have the key layout their conditioning names (`RowSession.layout`)."""
 
     def start(self, cond, batch_size):
-        session, admitted = self._model.start(cond, batch_size), self.admitted
-
-        class WithLayout:
-            layout = cond
-
-            def __getattr__(self, name):
-                return getattr(session, name)
-
-            def admit(self, fresh, tokens=None):
-                admitted.append((cond, [f.layout for f in fresh]))
-                return session.admit([f._session for f in fresh], tokens)
-
-        wrapped = WithLayout()
-        wrapped._session = session
-        return wrapped
+        session = super().start(cond, batch_size)
+        session.layout = cond
+        return session
 
 
 def test_a_stream_runs_each_layouts_jobs_together():
