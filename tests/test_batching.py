@@ -200,7 +200,8 @@ def test_a_stream_runs_each_layouts_jobs_together():
     for index, result in generate_many(model, jobs(), config, slots=2, refill_at=1):
         done += 1
         assert len(read) - done <= 2 * 2 + 1
-        assert torch.equal(result.tokens, generate(model, layouts[index], dataclasses.replace(config, seed=index)).tokens)
+        own = generate(model, layouts[index], dataclasses.replace(config, seed=index))
+        assert torch.equal(result.tokens, own.tokens)
     assert done == len(layouts)
     assert all(layout == live for live, fresh in model.admitted for layout in fresh)
     assert {live for live, _ in model.admitted} == {"a", "b"}
