@@ -108,7 +108,9 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
     took part in, its prefill included; a refill's prefill is shared by the whole group.  A model whose session
     has no `admit` runs `generate` per group of consecutive jobs with the same conditioning object and consecutive
     seeds (rows at their own pace) or per job; its results then carry their group's statistics.  So does a
-    model loaded with compile=True (static shapes: no row joins a running batch).
+    model loaded with compile=True (static shapes: no row joins a running batch).  Jobs of another key layout
+    than the running rows' (a prompt in another bucket of slots, `RowSession.layout`) wait for a group of their
+    own: in bfloat16 / float16 a job's logits stay its own only beside jobs of its layout.
     """
     if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
         raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
