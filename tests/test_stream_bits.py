@@ -153,8 +153,13 @@ def test_a_job_keeps_its_logits_alone_beside_longer_and_shorter_prompts_in_bfloa
                 for first, second, firsts, seconds in ((other, job, theirs, own), (job, other, own, theirs)):
                     old, new = beside(model, first, second, tokens)
                     assert (differing(old, firsts), differing(new, seconds)) == ([], []), kernels
+    session = model.start(job, 1)
+    if all(model.start(other, 1).context.shape[1] == session.context.shape[1] for other in neighbours):
+        # one width (a class label, contexts of one frame count): no hidden slots, nothing a neighbour could move
+        assert session.layout == session.context.shape[1]
+        return
     with RowCountKernels(), torch.no_grad():  # the power: keys moved by other than whole key blocks change them
-        moved = model.start(job, 1).layout + KEY_BLOCK // 2 + 1  # the prompt's slots rounded up to this instead
+        moved = session.layout + KEY_BLOCK // 2 + 1  # the prompt's slots rounded up to this instead
         assert differing(alone(model, job, tokens, bucket=moved), alone(model, job, tokens)) != []
 
 
@@ -192,3 +197,18 @@ def test_generate_many_gives_every_job_of_mixed_prompts_its_image_alone_in_bfloa
         for index, (cond, seed) in enumerate(jobs):
             own = generate(model, cond, SamplerConfig(coupler="faithful", window=1, seed=seed))
             assert torch.equal(results[index].tokens, own.tokens), index
+
+
+def test_a_session_without_admit_keeps_its_own_layout_in_bfloat16(tmp_path):
+    """GLM-Image's image-to-image session reads its prompt's positions by slot and joins no stream: its cache
+    keeps no hidden slots before the prompt (laid out as a stream's job, its prefill indexed past its positions)."""
+    from glm_image_fixture import write_tiny_glm_image
+    from test_glm_image import PROMPT, loaded, source_picture
+
+    model = loaded(write_tiny_glm_image(tmp_path), "bfloat16")
+    cond = model.encode(PROMPT, "x", image=source_picture())
+    session = model.start(cond, 1)
+    assert session.admit is None and session.context.shape[1] != session.layout
+    session.prefill()
+    assert session.prefix == session.context.shape[1]
+    assert generate(model, cond, SamplerConfig(window=4, seed=0)).tokens.shape == (1, model.num_tokens)

@@ -83,7 +83,8 @@ class RowSession:
     rows_per_cache = 1
     per_generation = frozenset({"context"})  # read by the prefill only (scd_core.compiled.graph_state)
     # a compiled run's prompt slots, and a job's under full keys (`layout`), are rounded up to this (`PROMPT_BUCKET`
-    # for text prompts); prompts of one length (labels, captions of a fixed width) take their own slots
+    # for text prompts); prompts of one length (labels, captions of a fixed width) take their own slots, and so
+    # must a family whose positions count hidden slots (LlamaGen's)
     prompt_bucket = 1
 
     def __init__(self, context: torch.Tensor, num_tokens: int, network: RowNetwork, copies: int = 2,
@@ -156,9 +157,10 @@ class RowSession:
 
     def _lay_out(self) -> None:
         """Before the first call under full keys: the cache laid out by the prompt alone (`layout`), where its
-        width is not a whole bucket (a compiled run's static cache keeps its own layout: it runs no streams)."""
+        width is not a whole bucket.  A session that runs no streams keeps its own layout: a compiled run's static
+        cache, and one without `admit` (GLM-Image's image-to-image, whose prompt positions are read by slot)."""
         width = self.context.shape[1]
-        if self.static_shapes or self.cache.lead or width == self.layout:
+        if self.static_shapes or self.admit is None or self.cache.lead or width == self.layout:
             return
         self.cache = new_cache(self.cache.lengths.shape[0], width, self.num_tokens, self.device,
                                self.cache.real[:, :width], bucket=self.prompt_bucket, lead=True)
@@ -221,7 +223,7 @@ class RowSession:
         if any(not isinstance(session, RowSession) or session.cache.written for session in fresh):
             raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
         group = self._group(list(fresh) if prefilled else [self, *fresh])
-        if prefilled and self.cache.full_keys:
+        if prefilled and self.cache.full_keys and not self.static_shapes:
             _one_layout({self.layout, *(session.layout for session in fresh)}, self.cache.keys[0].dtype)
             group._lay_out()
         if not prefilled:
