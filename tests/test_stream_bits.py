@@ -8,7 +8,7 @@ in other groups (the tiny Emu3 widened to head_dim 128: 7 of 8 positions had oth
 Each check runs with this machine's kernels and with stand-ins whose attention reduces the keys in blocks of
 `KEY_BLOCK` slots (row_count_kernels.py), so that on any machine a moved key changes the bits: the power check
 moves a job's keys (another bucket) and sees its logits change.  (This CPU's kernels gave the tiny checkpoints
-the same bits under the old padding; the stand-ins did not: 4 of 4 text families differed, and one job of the
+the same bits under the old padding; the stand-ins did not: 5 of 5 text families differed, and one job of the
 generate_many stream drew other tokens.)  A class label's prompt is one slot in every job, and a Cosmos context
 of a given number of frames has one width: there each job's layout is its prompt's own width.
 """
@@ -23,7 +23,7 @@ import pytest
 import torch
 from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture, one checkpoint per session)
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
-from test_invariant import emu3_case, emu3p5_case, janus_case, llamagen_case, lumina_case
+from test_invariant import emu3_case, emu3p5_case, glm_case, janus_case, llamagen_case, lumina_case
 
 import row_count_kernels
 from row_count_kernels import RowCountKernels
@@ -39,6 +39,13 @@ def emu3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from emu3_fixture import write_tiny_emu3
 
     return write_tiny_emu3(tmp_path_factory.mktemp("tiny_emu3"))
+
+
+@pytest.fixture(scope="module")
+def glm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from glm_image_fixture import write_tiny_glm_image
+
+    return write_tiny_glm_image(tmp_path_factory.mktemp("tiny_glm_image"))
 
 
 def text_jobs(model, _, prompts=("a red cube", "a red cube on it", "cat"), negative: Optional[str] = "x"):
@@ -72,7 +79,8 @@ def cosmos_case_and_jobs(root: Path):
 
 CASES = {"janus": (janus_case, "tiny_janus_dir", text_jobs), "emu3": (emu3_case, "emu3_dir", text_jobs),
          "emu3p5": (emu3p5_case, "tiny_emu3p5_dir", emu3p5_jobs),
-         "lumina": (lumina_case, "tiny_lumina_dir", text_jobs), "llamagen": (llamagen_case, None, llamagen_jobs)}
+         "lumina": (lumina_case, "tiny_lumina_dir", text_jobs), "glm_image": (glm_case, "glm_dir", text_jobs),
+         "llamagen": (llamagen_case, None, llamagen_jobs)}
 
 
 @pytest.fixture(autouse=True)
