@@ -24,6 +24,7 @@ import torch
 from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture, one checkpoint per session)
 from lumina_fixture import tiny_lumina_dir  # noqa: F401  (fixture)
 from test_invariant import emu3_case, emu3p5_case, glm_case, janus_case, llamagen_case, lumina_case
+from test_invariant import emu3_dir, glm_dir  # noqa: F401  (fixtures)
 
 import row_count_kernels
 from row_count_kernels import RowCountKernels
@@ -32,20 +33,6 @@ from scd_core import SamplerConfig, generate, generate_many, load_model
 WINDOW = 4
 FED = 40  # teacher-forced positions (fewer where the image is smaller)
 KEY_BLOCK = 16  # the stand-in attention's key blocks here: keys moved by other than a multiple regroup
-
-
-@pytest.fixture(scope="module")
-def emu3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from emu3_fixture import write_tiny_emu3
-
-    return write_tiny_emu3(tmp_path_factory.mktemp("tiny_emu3"))
-
-
-@pytest.fixture(scope="module")
-def glm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from glm_image_fixture import write_tiny_glm_image
-
-    return write_tiny_glm_image(tmp_path_factory.mktemp("tiny_glm_image"))
 
 
 def text_jobs(model, _, prompts=("a red cube", "a red cube on it", "cat"), negative: Optional[str] = "x"):
