@@ -120,9 +120,10 @@ class CountingSessions(WrappedModel):
     def __init__(self, model) -> None:
         super().__init__(model)
         self.calls = []
+        self.admitted = []  # (the live session's layout, the admitted sessions'), where they have one
 
     def start(self, cond, batch_size):
-        session, calls = self._model.start(cond, batch_size), self.calls
+        session, calls, admitted = self._model.start(cond, batch_size), self.calls, self.admitted
 
         class Counting:
             def __getattr__(self, name):
@@ -130,6 +131,7 @@ class CountingSessions(WrappedModel):
 
             def admit(self, fresh, tokens=None):
                 calls.append(("prefill" if tokens is None else "prefill+forward", len(fresh)))
+                admitted.append((getattr(self, "layout", None), [getattr(f, "layout", None) for f in fresh]))
                 return session.admit([getattr(f, "_session", f) for f in fresh], tokens)
 
             def forward(self, tokens, *args):
@@ -170,6 +172,39 @@ def test_refills_share_a_prefill_call_and_slots_stay_bounded(candidates):
     refills = [rows for kind, rows in model.calls if kind == "prefill+forward"]
     assert 0 < len(refills) < 12 - 4 and all(rows >= 2 for rows in refills[:-1])  # groups of refill_at or more
     assert all(rows <= 4 for kind, rows in model.calls if kind == "forward")
+
+
+class LayoutSessions(CountingSessions):
+    """`model` whose sessions have the key layout their conditioning names (`RowSession.layout`)."""
+
+    def start(self, cond, batch_size):
+        session = super().start(cond, batch_size)
+        session.layout = cond
+        return session
+
+
+def test_a_stream_runs_each_layouts_jobs_together():
+    """Jobs of two layouts, mixed: every admission joins jobs of the live session's layout, both layouts run,
+    every job gets its tokens alone, and the jobs read ahead stay bounded (rows, at most `slots` waiting aside,
+    one looked ahead)."""
+    model = LayoutSessions(TablePrefixModel(vocab_size=8, num_tokens=20, table_rows=4096, scale=2.0,
+                                            rows_per_cache=1))
+    layouts, read, done = "aabbbabaaabb", [], 0
+    config = SamplerConfig(coupler="maximal", window=6)
+
+    def jobs():
+        for seed, layout in enumerate(layouts):
+            read.append(seed)
+            yield layout, seed
+
+    for index, result in generate_many(model, jobs(), config, slots=2, refill_at=1):
+        done += 1
+        assert len(read) - done <= 2 * 2 + 1
+        own = generate(model, layouts[index], dataclasses.replace(config, seed=index))
+        assert torch.equal(result.tokens, own.tokens)
+    assert done == len(layouts)
+    assert all(layout == live for live, fresh in model.admitted for layout in fresh)
+    assert {live for live, _ in model.admitted} == {"a", "b"}
 
 
 def test_stream_edges_empty_fewer_jobs_than_slots_and_lazy_reading():

@@ -47,9 +47,11 @@ class _Job:
     session: Optional[Session] = None  # started for this job, prefilled once it is admitted
     result: Optional[GenerationResult] = None
     started: float = 0.0
+    layout: Any = None  # its session's `layout`: a stream runs jobs of one layout together (None: any)
 
     def start(self, model: TokenModel, config: SamplerConfig) -> Session:
         self.session = start_session(model, unwrap(self.cond)[0], 1, config)
+        self.layout = getattr(self.session, "layout", None)
         return self.session
 
     def cells(self, model: TokenModel) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
@@ -106,7 +108,9 @@ def generate_many(model: TokenModel, jobs: Iterable[tuple[Any, int]], config: Sa
     took part in, its prefill included; a refill's prefill is shared by the whole group.  A model whose session
     has no `admit` runs `generate` per group of consecutive jobs with the same conditioning object and consecutive
     seeds (rows at their own pace) or per job; its results then carry their group's statistics.  So does a
-    model loaded with compile=True (static shapes: no row joins a running batch).
+    model loaded with compile=True (static shapes: no row joins a running batch).  Jobs of another key layout
+    than the running rows' (a prompt in another bucket of slots, `RowSession.layout`) wait for a group of their
+    own: in bfloat16 / float16 a job's logits stay its own only beside jobs of its layout.
     """
     if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
         raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
@@ -188,7 +192,13 @@ class _Admitting:
 
 
 class _Stream:
-    """Jobs through the rows of one `Run`: finished rows leave after every call, new jobs join through `admit`."""
+    """Jobs through the rows of one `Run`: finished rows leave after every call, new jobs join through `admit`.
+
+    The rows decoding together are jobs of one `layout` (a session's key layout, `RowSession.layout`: in bfloat16
+    and float16 a job's logits stay its own only beside jobs of its layout).  Jobs of another layout read from
+    the queue wait aside, at most `slots` of them, and start a group of their own, oldest first, once no row
+    decodes; while that many wait, the running layout takes no more jobs from the queue.
+    """
 
     def __init__(self, model: TokenModel, session: Session, config: SamplerConfig, slots: int,
                  refill_at: int) -> None:
@@ -197,15 +207,18 @@ class _Stream:
         self.run = Run(model, self.session, config, slots, rows_leave=True)
         self.shape = _image_shape(model)  # a family that takes several sizes switches to each prompt's in start
         self.rows: list[_Job] = []  # the job in each batch row
+        self.layout: Any = None  # the rows' layout
+        self.aside: list[_Job] = []  # started jobs of another layout, in the order read
         self.joining_prefix: Optional[torch.Tensor] = None
         self.joining_cells: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def generate(self, queue: _Queue) -> Iterator[tuple[int, GenerationResult]]:
         try:
-            while queue or self.rows:
+            while queue or self.aside or self.rows:
                 free = self.slots - len(self.rows)
-                if queue and (free >= self.refill_at or not self.rows):
-                    self.session.joining = self._started(queue.take(free))
+                group = self._taken(queue, free) if free >= self.refill_at or not self.rows else []
+                if group:
+                    self.session.joining = self._started(group)
                     if not self.rows or self.run.branches > 1:  # nothing to fold into, or a tree call: its own call
                         started = time.perf_counter()
                         logits = self.session.prefill_joining(bool(self.rows))
@@ -218,16 +231,38 @@ class _Stream:
             self.run.close()
             self.session.session, self.rows = None, []
 
+    def _taken(self, queue: _Queue, free: int) -> list[_Job]:
+        """Up to `free` started jobs of the rows' layout (of the first one's where no row decodes): those waiting
+        aside first, then the queue's, while fewer than `slots` jobs of other layouts wait."""
+        layout = self.layout if self.rows else None
+        taken: list[_Job] = []
+        for job in list(self.aside):
+            if len(taken) < free and layout in (None, job.layout):
+                self.aside.remove(job)
+                taken.append(job)
+                layout = job.layout
+        while queue and len(taken) < free and len(self.aside) < self.slots:
+            job = self._start(queue.take(1)[0])
+            if layout in (None, job.layout):
+                taken.append(job)
+                layout = job.layout
+            else:
+                self.aside.append(job)
+        self.layout = layout
+        return taken
+
+    def _start(self, job: _Job) -> _Job:
+        """`job` with its session, started as it is read (the model takes each prompt's size in `start`)."""
+        if job.session is None:
+            job.start(self.model, self.run.config)
+        if _image_shape(self.model) != self.shape:
+            raise ValueError(f"job {job.index} asks for an image of {_image_shape(self.model)} (tokens, grid) "
+                             f"where the stream makes {self.shape}: give generate_many jobs of one image size")
+        return job
+
     def _started(self, group: list[_Job]) -> list[_Job]:
-        """`group` with a session each, and the tokens before their position 0 (`prefix_tokens`)."""
-        cells = []
-        for job in group:
-            if job.session is None:
-                job.start(self.model, self.run.config)
-            if _image_shape(self.model) != self.shape:
-                raise ValueError(f"job {job.index} asks for an image of {_image_shape(self.model)} (tokens, grid) "
-                                 f"where the stream makes {self.shape}: give generate_many jobs of one image size")
-            cells.append(job.cells(self.model))
+        """`group`, and the tokens before their position 0 (`prefix_tokens`)."""
+        cells = [job.cells(self.model) for job in group]
         self.joining_prefix = _prefixes([job.session for job in group])  # before admit changes the sessions
         self.joining_cells = _stacked_cells(cells, self.model.num_tokens)
         return group

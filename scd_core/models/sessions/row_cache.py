@@ -99,6 +99,10 @@ class RowCache:
 
     `full_keys` (bfloat16 / float16 sessions, scd_core.compiled.invariant): every call attends to the whole
     capacity, masked, as in static mode, so the key length never depends on the call; all else stays eager.
+    Such a cache is laid out by its job's own prompt alone (`row_session.RowSession.prefill`): `lead` hidden slots
+    before the prompt round its slots up to the session's bucket, so that a job's keys sit at the same slots, and
+    its calls attend over the same key length, alone and in any stream; `joined` then never moves a row, as
+    `admit` joins only jobs of one layout (the attention reduces a row's keys in groups that follow their slots).
     """
 
     # what depends on the prompt's length and no static call reads (it reads `last_slot` and `lengths`): a kept
@@ -106,16 +110,18 @@ class RowCache:
     per_generation = frozenset({"prefix", "end", "shortest", "longest", "_slots"})
 
     def __init__(self, rows: int, capacity: int, prefix: int, device: torch.device,
-                 real: Optional[torch.Tensor] = None, spare: int = 0) -> None:
+                 real: Optional[torch.Tensor] = None, spare: int = 0, lead: int = 0) -> None:
         """`spare` of the `capacity` slots, the last ones, are never written or attended: they give a compiled
-        run's shapes room for longer prompts (`row_session.PROMPT_BUCKET`)."""
-        self.capacity, self.prefix, self.end = capacity, prefix, capacity - spare
-        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        run's shapes room for longer prompts (`row_session.PROMPT_BUCKET`).  `lead` slots, the first ones, are
+        hidden and never written either (rows start after them): the prompt `real` (rows, width) follows them."""
+        self.capacity, self.prefix, self.end, self.lead = capacity, prefix, capacity - spare, lead
+        self.lengths = torch.full((rows,), lead, dtype=torch.long, device=device)
         # host copies of the shortest and longest row: size the call without reading the device
-        self.shortest = self.longest = 0
+        self.shortest = self.longest = lead
         self.real = torch.ones(rows, capacity, dtype=torch.bool, device=device)
+        self.real[:, :lead] = False
         if real is not None:
-            self.real[:, :real.shape[1]] = real.to(device=device, dtype=torch.bool)
+            self.real[:, lead:lead + real.shape[1]] = real.to(device=device, dtype=torch.bool)
         self.real[:, self.end:] = False
         self.pads = (~self.real[:, :prefix]).sum(dim=1, keepdim=True)
         self.keys: list[torch.Tensor] = []
@@ -125,6 +131,11 @@ class RowCache:
         self._key_len = 0
         self.static = False
         self.full_keys = False  # every call attends to the whole capacity (scd_core.compiled.invariant)
+
+    @property
+    def written(self) -> bool:
+        """Whether a call has fed the cache (its prefill)."""
+        return self.longest > self.lead
 
     def allocate(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
         """Allocate every layer's tensors now (else the first `write` of each layer does)."""
@@ -229,12 +240,14 @@ class RowCache:
         """One cache of the rows of `caches`, rows `order` of their concatenation (at least one written to; one
         never written to gets zero slots, e.g. rows whose prompts the next call feeds).  Rows whose prefix is
         narrower are left-padded to the widest (hidden slots, counted in `pads`), so every row's prefix ends at
-        one slot; capacity is the widest prefix plus the most later slots."""
+        one slot; capacity is the widest prefix plus the most later slots.  Caches of one prefix and capacity (one
+        key layout: every `full_keys` cache `admit` joins) keep every row at its slots."""
         prefix = max(cache.prefix for cache in caches)
         capacity = prefix + max(cache.capacity - cache.prefix for cache in caches)
         joined = cls.__new__(cls)
         joined.capacity, joined.prefix, joined.end = capacity, prefix, capacity
         shifts = [(prefix - cache.prefix, capacity - prefix - (cache.capacity - cache.prefix)) for cache in caches]
+        joined.lead = min(cache.lead + left for cache, (left, _) in zip(caches, shifts))
         pick = lambda parts: torch.cat(parts)[order]
         joined.lengths = pick([cache.lengths + left for cache, (left, _) in zip(caches, shifts)])
         joined.pads = pick([cache.pads + left for cache, (left, _) in zip(caches, shifts)])

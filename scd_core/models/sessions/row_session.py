@@ -52,11 +52,15 @@ def prompt_slots(width: int, bucket: int) -> int:
 
 
 def new_cache(rows: int, width: int, num_tokens: int, device: torch.device,
-              real: Optional[torch.Tensor] = None, static: bool = False, bucket: int = 1) -> RowCache:
+              real: Optional[torch.Tensor] = None, static: bool = False, bucket: int = 1,
+              lead: bool = False) -> RowCache:
     """The cache of `rows` rows whose prompts take `width` slots (`real` marks those attended) and whose images
-    take `num_tokens`; `static`: a compiled run's (static shapes, room for its prompt's `bucket`)."""
-    spare = prompt_slots(width, bucket if static else 1) - width
-    cache = RowCache(rows, width + num_tokens + spare, width, device, real=real, spare=spare)
+    take `num_tokens`; `static`: a compiled run's (static shapes, room for its prompt's `bucket`); `lead`: the
+    prompt's slots rounded up to `bucket` by hidden slots before it instead (`RowSession.layout`)."""
+    room = prompt_slots(width, bucket if static or lead else 1) - width
+    spare, before = (0, room) if lead else (room, 0)
+    cache = RowCache(rows, before + width + num_tokens + spare, before + width, device, real=real, spare=spare,
+                     lead=before)
     cache.static = static
     return cache
 
@@ -78,7 +82,10 @@ class RowSession:
 
     rows_per_cache = 1
     per_generation = frozenset({"context"})  # read by the prefill only (scd_core.compiled.graph_state)
-    prompt_bucket = 1  # a compiled run's prompt slots are rounded up to this (`PROMPT_BUCKET` for text prompts)
+    # a compiled run's prompt slots, and a job's under full keys (`layout`), are rounded up to this (`PROMPT_BUCKET`
+    # for text prompts); prompts of one length (labels, captions of a fixed width) take their own slots, and so
+    # must a family whose positions count hidden slots (LlamaGen's)
+    prompt_bucket = 1
 
     def __init__(self, context: torch.Tensor, num_tokens: int, network: RowNetwork, copies: int = 2,
                  real: Optional[torch.Tensor] = None, extras: Sequence[torch.Tensor] = (),
@@ -98,20 +105,37 @@ class RowSession:
 
     @property
     def prefix(self) -> int:
-        """Slots before the image's first position: the widest prompt's."""
+        """Slots before the image's first position: the widest prompt's (rounded up to its `layout` under full
+        keys)."""
         return self.cache.prefix
+
+    @property
+    def layout(self) -> int:
+        """The slots before the image of this session's jobs where the cache has full keys (bfloat16 / float16):
+        its prompt's width rounded up to `prompt_bucket`, hidden slots first, decided by its own prompt alone.  So
+        its keys sit at the same slots, and its calls attend over the same key length, alone and in any stream:
+        under full keys `admit` joins jobs of one layout only (jobs.batching runs each layout's jobs together)."""
+        return prompt_slots(self.context.shape[1], self.prompt_bucket)
 
     @torch.no_grad()
     def prefill(self, tokens: Optional[torch.Tensor] = None) -> Logits:
         """Run the prompt, and with `tokens` ((batch, K) image ids: a kept top of an image) feed them after it in
         the same call; the logits of the position after the last input."""
-        if self.cache.longest:
+        if self.cache.written:
             raise RuntimeError("prefill() was already called for this session")
+        return self._prefill(tokens, {self.layout})
+
+    def _prefill(self, tokens: Optional[torch.Tensor], layouts: set[int]) -> Logits:
+        """`prefill` of a session of the jobs of `layouts` (their `layout`s), which must be one under full keys."""
         inputs = self.network.embed_context(self.context)
         if not inputs.is_floating_point():
             raise TypeError(f"{type(self.network).__name__}.embed_context must return embeddings (floating point), "
                             f"got {inputs.dtype}: their dtype decides the window-invariant calls")
-        self.cache.full_keys = wanted(inputs.dtype)  # the compute dtype decides, from the first call on
+        full_keys = wanted(inputs.dtype)  # the compute dtype decides, from the first call on
+        if full_keys:
+            _one_layout(layouts, inputs.dtype)
+            self._lay_out()
+        self.cache.full_keys = full_keys
         with fixed_shape_calls(self.cache.full_keys, self.device):
             if tokens is not None:
                 inputs = torch.cat([inputs, self._inputs(tokens).to(inputs.dtype)], dim=1)
@@ -122,7 +146,7 @@ class RowSession:
     def forward(self, tokens: torch.Tensor, branches: int = 1) -> Logits:
         """Feed (batch, T) image-position ids, each sample after its own cached tokens; with `branches` > 1
         they are a tree (`row_cache.tree_layout`)."""
-        if not self.cache.longest:
+        if not self.cache.written:
             raise RuntimeError("call prefill() before forward()")
         if tokens.dim() != 2 or tokens.shape[0] != self.batch or tokens.shape[1] < 1:
             raise ValueError(f"tokens must be (batch={self.batch}, T>=1) token ids, got shape {tuple(tokens.shape)}")
@@ -130,6 +154,16 @@ class RowSession:
         # position's logits depend on the call's width or rows
         with fixed_shape_calls(self.cache.full_keys, self.device):
             return self._split(self.network(self.cache, self._inputs(tokens), self.extras, branches, False))
+
+    def _lay_out(self) -> None:
+        """Before the first call under full keys: the cache laid out by the prompt alone (`layout`), where its
+        width is not a whole bucket.  A session that runs no streams keeps its own layout: a compiled run's static
+        cache, and one without `admit` (GLM-Image's image-to-image, whose prompt positions are read by slot)."""
+        width = self.context.shape[1]
+        if self.static_shapes or self.admit is None or self.cache.lead or width == self.layout:
+            return
+        self.cache = new_cache(self.cache.lengths.shape[0], width, self.num_tokens, self.device,
+                               self.cache.real[:, :width], bucket=self.prompt_bucket, lead=True)
 
     def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
         """The network's inputs for (batch, T) ids: the same drafts in every row of a sample."""
@@ -168,28 +202,37 @@ class RowSession:
         parts = [(session, slice(copy * session.batch, (copy + 1) * session.batch))
                  for copy in range(self.copies) for session in sessions]
         extras = [torch.cat([session.extras[i][rows] for session, rows in parts]) for i in range(len(self.extras))]
-        return RowSession(left_padded([session.context[rows] for session, rows in parts]), self.num_tokens,
-                          self.network, self.copies,
-                          left_padded([session.cache.real[rows, :session.prefix] for session, rows in parts], False),
-                          extras, guidance=self.guidance)
+        group = RowSession(left_padded([session.context[rows] for session, rows in parts]), self.num_tokens,
+                           self.network, self.copies,
+                           left_padded([session.cache.real[rows, :session.prefix] for session, rows in parts], False),
+                           extras, guidance=self.guidance)
+        group.prompt_bucket = self.prompt_bucket  # the jobs' layout
+        return group
 
     @torch.no_grad()
     def admit(self, fresh: Sequence["RowSession"], tokens: Optional[torch.Tensor] = None
               ) -> tuple[Optional[Logits], Logits]:
         """Prefill the samples of `fresh` (sessions of this model from `start`, not prefilled) and go on with them
-        after this session's samples; their prompts may differ in length (left padding).  With `tokens` the same
-        call also feeds this session's samples as `forward(tokens)` would, when the prompts are no longer than
-        `tokens` (else two calls).  Returns (the logits of `tokens` or None, the new samples' position-0 logits).
-        A session not prefilled yet runs its own prefix in that call too, first."""
-        prefilled = bool(self.cache.longest)
-        if any(not isinstance(session, RowSession) or session.cache.longest for session in fresh):
+        after this session's samples; their prompts may differ in length (left padding), and under full keys
+        (bfloat16 / float16) must share this session's `layout`: each job's keys then stay where they are alone,
+        and so do its logits, bit for bit.  With `tokens` the same call also feeds this session's samples as
+        `forward(tokens)` would, when the prompts are no longer than `tokens` (else two calls).  Returns (the
+        logits of `tokens` or None, the new samples' position-0 logits).  A session not prefilled yet runs its
+        own prefix in that call too, first."""
+        prefilled = self.cache.written
+        if any(not isinstance(session, RowSession) or session.cache.written for session in fresh):
             raise ValueError("admit() takes sessions of the same model from start(), not prefilled")
         group = self._group(list(fresh) if prefilled else [self, *fresh])
+        if prefilled and self.cache.full_keys and not self.static_shapes:
+            _one_layout({self.layout, *(session.layout for session in fresh)}, self.cache.keys[0].dtype)
+            group._lay_out()
+        if not prefilled:
+            logits = group._prefill(None, {session.layout for session in (self, *fresh)})
         if self.prefix_tokens is not None:
             self.prefix_tokens = left_padded([session._prefix_rows() for session in (self, *fresh)])
         if not prefilled:
             self.cache, self.context, self.extras, self.batch = group.cache, group.context, group.extras, group.batch
-            return None, self.prefill()
+            return None, logits
         fed = None
         if tokens is not None and tokens.shape[1] < group.context.shape[1]:
             fed, tokens = self.forward(tokens), None
@@ -208,3 +251,11 @@ class RowSession:
         last = group.context.shape[1] - 1
         return (_slice(self._split(logits), slice(None, batch), slice(None, tokens.shape[1])),
                 _slice(self._split(logits), slice(batch, None), slice(last, last + 1)))
+
+
+def _one_layout(layouts: set[int], dtype: torch.dtype) -> None:
+    """Refuse jobs of several `RowSession.layout`s in one cache with full keys (computing in `dtype`)."""
+    if len(layouts) > 1:
+        raise ValueError(f"jobs whose prompts take {' and '.join(map(str, sorted(layouts)))} slots cannot share a "
+                         f"{dtype} session: their keys would move, and their logits change; admit jobs of one "
+                         f"layout (generate_many runs each layout's jobs together)")
