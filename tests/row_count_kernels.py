@@ -10,8 +10,11 @@ or `sum` along the last dim (the norms' variance, the sampler's top-p mass) runs
 in a call of more than `FEW_ROWS` rows, moves its result by a relative `NUDGE` (about one bfloat16 step for the
 matrix products and attention, a few float32 steps for the reductions): a row gets other bits in a call of many
 rows than alone, on any machine, as a CUDA kernel's other reduction order gives it.  A call of a fixed row count
-gives a row the same bits wherever it sits, as the real kernels do at one shape.  Pushed outside the invariant
-mode, the stand-ins see the tiles' calls; without the mode, each call's own rows.
+gives a row the same bits wherever it sits, as the real kernels do at one shape.  The attention also moves a
+query row's output by a step per slot that its first visible key sits past a multiple of `KEY_BLOCK`: keys moved
+by other than whole key blocks are reduced in other groups, as split-KV kernels (and the CPU's flash attention)
+do, so a job whose keys move between calls, or between alone and a stream, gets other bits.  Pushed outside the
+invariant mode, the stand-ins see the tiles' calls; without the mode, each call's own rows.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 FEW_ROWS = 4
-NUDGE = {"product": 2.0 ** -8, "reduction": 2.0 ** -14}
+KEY_BLOCK = 64
+NUDGE = {"product": 2.0 ** -8, "reduction": 2.0 ** -14, "key phase": 2.0 ** -10}
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -36,8 +40,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *args, **kwargs) -> torch.Tens
     return _nudged(F.linear(x, weight, *args, **kwargs), _rows(x), "product")
 
 
-def attention(query: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    return _nudged(F.scaled_dot_product_attention(query, *args, **kwargs), query.shape[-2], "product")
+def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask=None, *args, **kwargs
+              ) -> torch.Tensor:
+    out = _nudged(F.scaled_dot_product_attention(query, key, value, attn_mask, *args, **kwargs), query.shape[-2],
+                  "product")
+    if attn_mask is None or attn_mask.dim() < 2:
+        return out
+    visible = attn_mask if attn_mask.dtype == torch.bool else attn_mask > torch.finfo(attn_mask.dtype).min / 2
+    phase = (visible.int().argmax(-1) % KEY_BLOCK).unsqueeze(-1)  # each query row's first visible key
+    return (out.float() * (1 + NUDGE["key phase"] * phase)).to(out.dtype)
 
 
 def row_reduction(func):
