@@ -118,3 +118,20 @@ def test_bad_auto_requests_get_one_line(image_model: emu3p5.Emu3p5Model) -> None
     one_line_error(lambda: generate_auto(image_model, prompt, SamplerConfig(), batch_size=2), "one image at a time")
     one_line_error(lambda: with_written_size(image_model, "a string", SamplerConfig()), "Emu3.5 prompt")
     assert image_model.encode(QUESTION) == prompt  # nothing changed
+
+
+def test_command_line_size_auto(tiny_emu3p5_base_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`generate --size-auto`: the image at the size the copy writes (10 x 20 codes: 320 x 160 px); with a size
+    or a batch, one line and exit 2."""
+    from PIL import Image
+
+    from scd_core.frontends.cli import main
+
+    out = tmp_path / "auto.png"
+    args = ["generate", "--model", str(tiny_emu3p5_base_dir), "--prompt", QUESTION, "-o", str(out), "--dtype",
+            "float64", "--device", "cpu", "--window", "4", "--size-auto"]
+    assert main(args) == 0 and Image.open(out).size == (320, 160)
+    capsys.readouterr()
+    assert main([*args, "--batch-size", "2"]) == 2 and main([*args, "--width", "64", "--height", "64"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and all("--size-auto" in line for line in errors)

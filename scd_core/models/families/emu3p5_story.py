@@ -18,9 +18,9 @@ configs/config.py, example_config_visual_narrative.py, example_config_visual_gui
 
 Here each text token or size digit is drawn by emu3p5_steps.PlainSteps: inverse CDF from that law on the cond row
 alone (one plain AR call, tokens the law forces fed with the next call), with a uniform keyed by (seed, position):
-the same tokens at any window.  Each image is one `engine.generate` on an `Emu3p5Prompt` of the sequence so far and its unconditional
-context, so every coupler and window samples it exactly under the authors' law.  The caches are built again at
-each switch between text and image (one prefill call each).
+the same tokens at any window.  Each image is one `engine.generate` on an `Emu3p5Prompt` of the sequence so far
+and its unconditional context, so every coupler and window samples it exactly under the authors' law.  The caches
+are built again at each switch between text and image (one prefill call each).
 """
 
 from __future__ import annotations
