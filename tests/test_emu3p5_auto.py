@@ -15,7 +15,7 @@ import pytest
 import torch
 from emu3p5_fixture import STORY_SIZE, reference_network
 from emu3p5_fixture import tiny_emu3p5_base_dir, tiny_emu3p5_dir  # noqa: F401  (fixtures)
-from test_emu3p5_story import STAR, ZERO, one_line_error, warp
+from test_emu3p5_story import STAR, ZERO, authors_grid_step, authors_guided, one_line_error, warp
 from test_lossless import P_MIN, chi_square_pvalue
 
 from scd_core import SamplerConfig, load_model
@@ -50,16 +50,9 @@ def authors_greedy_t2i(net: torch.nn.Module, model: emu3p5.Emu3p5Model, cfg: flo
             else:
                 height, width = (int("".join(str(t - ZERO) for t in side)) for side in
                                  (new[:new.index(STAR)], new[new.index(STAR) + 1:new.index(img)]))
-                offset = len(new) - new.index(img)
-                if offset == height * (width + 1):
-                    token = eoi
-                elif offset % (width + 1) == 0:
-                    token = eol
-                else:
-                    u = torch.log_softmax(logits(unc), -1)
-                    scores = cfg * (torch.log_softmax(c, -1) - u) + u
-                    scores[:first_visual] = float("-inf")
-                    token = int(scores.argmax())
+                token = authors_grid_step(len(new) - new.index(img), (height, width), (eoi, eol),
+                                          lambda: authors_guided(c, logits(unc), cfg, first_visual),
+                                          lambda scores: int(scores.argmax()))
             seq.append(token)
             new.append(token)
     return new
