@@ -9,6 +9,7 @@ grid parse_hw reads from it, guided, EOL / EOI forced.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from test_lossless import P_MIN, chi_square_pvalue
 
 from scd_core import SamplerConfig, load_model
 from scd_core.models.families import emu3p5
-from scd_core.models.families.emu3p5_auto import before_header, generate_auto, with_written_size
+from scd_core.models.families.emu3p5_auto import auto_size, before_header, generate_auto, with_written_size
 
 QUESTION = "a lighthouse at dusk"
 
@@ -110,6 +111,8 @@ def test_bad_auto_requests_get_one_line(image_model: emu3p5.Emu3p5Model) -> None
     prompt = image_model.encode(QUESTION)
     one_line_error(lambda: generate_auto(image_model, prompt, SamplerConfig(), batch_size=2), "one image at a time")
     one_line_error(lambda: with_written_size(image_model, "a string", SamplerConfig()), "Emu3.5 prompt")
+    one_line_error(lambda: auto_size(object(), prompt), "Emu3.5", "width and height")
+    one_line_error(lambda: auto_size(image_model, replace(prompt, references=((1,),))), "text-to-image")
     assert image_model.encode(QUESTION) == prompt  # nothing changed
 
 

@@ -23,8 +23,6 @@ from .emu3p5 import Emu3p5Model, Emu3p5Prompt
 from .emu3p5_header import HEADER_STEPS
 from .emu3p5_steps import PlainSteps
 
-AUTO = "auto"  # the aspect that asks for the model's own size
-
 
 @dataclass(frozen=True)
 class AutoSize:
