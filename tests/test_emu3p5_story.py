@@ -56,6 +56,26 @@ def warp(scores: torch.Tensor, temperature: float, top_k: int, top_p: float) -> 
     return scores
 
 
+def authors_guided(c: torch.Tensor, u: torch.Tensor, cfg: float, first_visual: int) -> torch.Tensor:
+    """apply_cfg "no_text" on log-probabilities, then only the visual ids."""
+    u = torch.log_softmax(u, -1)
+    scores = cfg * (torch.log_softmax(c, -1) - u) + u
+    scores[:first_visual] = float("-inf")
+    return scores
+
+
+def authors_grid_step(offset: int, size: tuple[int, int], ends: tuple[int, int],
+                      guided: Callable[[], torch.Tensor], pick: Callable[[torch.Tensor], int]) -> int:
+    """in_image_logits_processor at `offset` after <|image token|>: (EOI, EOL) `ends` forced after the last row and
+    each other row, else `pick` of the `guided` scores."""
+    height, width = size
+    if offset == height * (width + 1):
+        return ends[0]
+    if offset % (width + 1) == 0:
+        return ends[1]
+    return pick(guided())
+
+
 def authors_loop(net: torch.nn.Module, model: emu3p5.Emu3p5Model, options: StoryOptions, cfg: float,
                  image: tuple[float, int, float], draw: Callable[[torch.Tensor, int, str], int]) -> list[int]:
     """The authors' generate loop with their processor, one token per step; `draw(scores, position, kind)` picks
@@ -91,16 +111,9 @@ def authors_loop(net: torch.nn.Module, model: emu3p5.Emu3p5Model, options: Story
                             written = seq[last_index(boi) + 1:last_index(img)]
                             height, width = (int("".join(str(t - ZERO) for t in side)) for side in
                                              (written[:written.index(STAR)], written[written.index(STAR) + 1:]))
-                    offset = len(seq) - last_index(img)
-                    if offset == height * (width + 1):
-                        token = eoi
-                    elif offset % (width + 1) == 0:
-                        token = eol
-                    else:
-                        u = torch.log_softmax(logits(unc), -1)
-                        scores = cfg * (torch.log_softmax(c, -1) - u) + u
-                        scores[:first_visual] = float("-inf")
-                        token = draw(warp(scores, *image), len(new), "image")
+                    token = authors_grid_step(len(seq) - last_index(img), (height, width), (eoi, eol),
+                                              lambda: authors_guided(c, logits(unc), cfg, first_visual),
+                                              lambda scores: draw(warp(scores, *image), len(new), "image"))
                 else:
                     step = len(seq) - last_index(boi)
                     if height is not None:

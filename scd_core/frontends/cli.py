@@ -39,6 +39,7 @@ from ..models.weights.checkpoints import ModelLoadError
 from ..decoding.config import SamplerConfig
 from ..decoding.engine import GenerationResult, IterationStats, ModelOutputError, generate
 from ..model import unusual_settings
+from ..models.families.emu3p5_auto import auto_size, for_run
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -89,6 +90,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     sampler = add_sampler_arguments(parser)
     sampler.add_argument("--seed", type=int, help=f"random seed (default: {DEFAULTS.seed})")
     sampler.add_argument("--batch-size", type=positive_int, default=1, help="images per run")
+    sampler.add_argument("--size-auto", action="store_true",
+                         help="Emu3.5 T2I: the model writes the image size for each seed (the authors' aspect "
+                              "auto); no --width / --height, batch 1")
     out = parser.add_argument_group("output")
     out.add_argument("-o", "--output", required=True, type=Path,
                      help="PNG file; a batch is written side by side")
@@ -174,6 +178,7 @@ def compile_seconds(widths: Sequence[int], calls: Sequence[tuple[float, float]])
 
 
 def run_once(model: Any, cond: Any, config: SamplerConfig, batch_size: int, label: str) -> Run:
+    cond = for_run(model, cond, config, batch_size)  # an AutoSize prompt: the size written for this seed
     progress = Progress(label, model.num_tokens, sys.stderr)
     try:
         result = generate(model, cond, config, batch_size=batch_size, callback=progress)
@@ -411,9 +416,14 @@ def run_generate(args: argparse.Namespace) -> int:
     check_device(args.device)
     check_output(args.output)
     check_image_size(args.width, args.height)
+    if args.size_auto and (args.width or args.batch_size != 1):
+        raise ValueError("--size-auto lets the model write the size of one image: give no --width / --height and "
+                         "--batch-size 1")
     model = open_model(args.model, args.device, args.dtype, args.quantize, args.width, args.height,
                        args.compile)
     cond = model.encode(args.prompt, args.negative_prompt)
+    if args.size_auto:
+        cond = auto_size(model, cond)
     for warning in unusual_settings(model, config.cfg_scale, config.temperature):
         print(f"warning: {warning}", file=sys.stderr)
     runs = run_all(model, cond, methods, args.batch_size)

@@ -48,6 +48,7 @@ from ..sessions.cfg_session import CFGSession, cfg_prefix, check_positions
 from ..weights.checkpoints import ModelLoadError
 from ..sessions.code_rows import code_cells, forced_tokens, with_row_ends
 from ..family import Family
+from .emu3p5_header import SizeMask
 from ..weights.generation_only import code_rows_head
 from ..weights.hf_folders import check_safetensors_weights
 from ..tokenizers.ibq import CONFIG as VQ_CONFIG
@@ -184,13 +185,16 @@ class Emu3p5Model(Compilable):
         self.default_cfg_scale, self.default_top_k = recommended
         self.code_ids = tokenizer.code_ids
         self.vocab_size = self.code_ids.numel()
+        ids = tokenizer.ids
+        self.size_mask = SizeMask.for_tokenizer(tokenizer.encode, ids[IMAGE_TOKEN])
         if recommended == BASE_MODEL:  # the base model writes text too (emu3p5_story): its rows before the codes
-            module.text_head = code_rows_head(module.lm_head, torch.arange(int(self.code_ids[0])))
+            module.text_head = module.size_head = code_rows_head(module.lm_head, torch.arange(int(self.code_ids[0])))
+        else:  # Emu3.5-Image keeps the rows up to its size digits and '*' (emu3p5_auto: the model's own size)
+            module.size_head = code_rows_head(module.lm_head, torch.arange(max(self.size_mask.characters) + 1))
         # generation samples only the visual rows of lm_head: the others are freed
         module.lm_head = code_rows_head(module.lm_head, self.code_ids)
         self._code_of = torch.zeros(module.config.vocab_size, dtype=torch.long)
         self._code_of[self.code_ids] = torch.arange(self.vocab_size)  # id -> code; non-code ids decode as code 0
-        ids = tokenizer.ids
         self._image_start, self._image_token, self._image_end, self._row_end = (
             ids[t] for t in (IMAGE_START, IMAGE_TOKEN, IMAGE_END, EOL))
         self._bos = ids[BOS]

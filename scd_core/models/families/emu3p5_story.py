@@ -16,11 +16,11 @@ configs/config.py, example_config_visual_narrative.py, example_config_visual_gui
   lets the model write each image's size, which is not their law);
 - the run stops at EOS or after max_new_tokens.
 
-Here each text token or size digit is drawn by inverse CDF from that law on the cond row alone (one plain AR call,
-tokens the law forces fed with the next call), with a uniform keyed by (seed, position): the same tokens at any
-window.  Each image is one `engine.generate` on an `Emu3p5Prompt` of the sequence so far and its unconditional
-context, so every coupler and window samples it exactly under the authors' law.  The caches are built again at
-each switch between text and image (one prefill call each).
+Here each text token or size digit is drawn by emu3p5_steps.PlainSteps: inverse CDF from that law on the cond row
+alone (one plain AR call, tokens the law forces fed with the next call), with a uniform keyed by (seed, position):
+the same tokens at any window.  Each image is one `engine.generate` on an `Emu3p5Prompt` of the sequence so far
+and its unconditional context, so every coupler and window samples it exactly under the authors' law.  The caches
+are built again at each switch between text and image (one prefill call each).
 """
 
 from __future__ import annotations
@@ -30,16 +30,14 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from ...decoding import rng
 from ...decoding.config import SamplerConfig
 from ...decoding.engine import GenerationCancelled, IterationStats, generate
 from ...decoding.run_settings import sampling_settings
-from ...decoding.sampling import Sampling, sample, to_probs
-from ..sessions.cfg_session import CFGSession
-from ..sessions.row_attention import RowAttentionBackbone
+from ...decoding.sampling import Sampling
 from .emu3p5 import BOS, DOWNSAMPLE, IMAGE_END, IMAGE_START, IMAGE_TOKEN, UNCOND_PROMPT, Emu3p5Model, \
     Emu3p5Prompt
 from .emu3p5_header import HEADER_STEPS, SizeMask, forced_header
+from .emu3p5_steps import PlainSteps
 
 TASKS = ("story", "howto", "explore")
 TEMPLATE = "<|extra_203|>You are a helpful assistant for {task} task.{extra} USER: {question} ASSISTANT: <|extra_100|>"
@@ -148,11 +146,9 @@ class StoryRun:
         self.text_sampling = Sampling(temperature=options.text_temperature, top_k=options.text_top_k,
                                       top_p=options.text_top_p)
         self.size_sampling = replace(sampling_settings(model, self.config), cfg_scale=1.0)  # not guided
-        self.noise, self.keys = rng.KeyedRandom(model.device), rng.seed_keys([config.seed], model.device)
-        self.result = StoryResult(tokens=[], parts=[])
-        self.session: Optional[CFGSession] = None
-        self.pending: list[int] = []  # tokens sampled or forced but not fed yet
-        self.last = torch.empty(0)  # the text-head logits after the tokens fed
+        self.steps = PlainSteps(model.module, self.prompt, model.module.text_head, config.seed, self.budget,
+                                model.device)
+        self.result = StoryResult(tokens=self.steps.tokens, parts=[])
         self.text: list[int] = []  # the text since the last image
 
     def _check_budget(self) -> None:
@@ -167,35 +163,7 @@ class StoryRun:
                              f"{size[0]} rows of {size[1]} codes with their ends); give at least {smallest}")
 
     def left(self) -> int:
-        return self.budget - len(self.result.tokens)
-
-    def logits(self) -> torch.Tensor:
-        """The cond row's text-head logits (V,) after every token so far: the pending ones fed in one call (the
-        whole sequence after an image)."""
-        if self.session is None:
-            net = self.model.module
-            ids = torch.tensor([self.prompt + self.result.tokens], device=self.model.device)
-            self.session = CFGSession(ids, torch.ones_like(ids), self.left(), copies=1,
-                                      backbone=lambda cache: RowAttentionBackbone(net.model, cache),
-                                      embed_prefix=net.get_input_embeddings(), embed_image=net.get_input_embeddings(),
-                                      head=net.text_head)
-            self.pending, self.last = [], self.session.prefill()[0][0, -1]
-            self.result.text_calls += 1
-        elif self.pending:
-            fed = torch.tensor([self.pending], device=self.model.device)
-            self.pending, self.last = [], self.session.forward(fed)[0][0, -1]
-            self.result.text_calls += 1
-        return self.last
-
-    def draw(self, logits: torch.Tensor, sampling: Sampling) -> int:
-        """A token from `to_probs(logits)` by inverse CDF with the uniform of its position."""
-        probs = to_probs(logits.view(1, 1, -1), None, sampling)[0, 0]
-        position = torch.tensor([[len(self.result.tokens)]], device=probs.device)
-        return int(sample(probs, self.noise.uniform(rng.SEQUENCE, self.keys, position, 0)[0, 0]))
-
-    def append(self, token: int) -> None:
-        self.result.tokens.append(token)
-        self.pending.append(token)
+        return self.steps.left()
 
     def run(self, callback: Optional[Callable[[StoryEvent], None]] = None,
             should_cancel: Optional[Callable[[], bool]] = None) -> StoryResult:
@@ -205,7 +173,8 @@ class StoryRun:
             self.result.stop = self._loop(callback, should_cancel)
         finally:
             self.model.set_image_size(before[1] * DOWNSAMPLE, before[0] * DOWNSAMPLE)
-            self.session = None
+            self.steps.restart()
+            self.result.text_calls = self.steps.calls
         self._flush_text()
         return self.result
 
@@ -214,8 +183,8 @@ class StoryRun:
         while self.left() > 0:
             if should_cancel is not None and should_cancel():
                 raise GenerationCancelled(f"story cancelled after {len(self.result.tokens)} tokens")
-            token = self.draw(self.logits(), self.text_sampling)
-            self.append(token)
+            token = self.steps.draw(self.steps.logits(), self.text_sampling)
+            self.steps.append(token)
             if callback is not None:
                 callback(StoryEvent(len(self.result.tokens)))
             if token == self.eos:
@@ -241,14 +210,9 @@ class StoryRun:
             if len(header) > self.left():
                 return None
             for token in header:
-                self.append(token)
+                self.steps.append(token)
             return size
-        for step in range(1, HEADER_STEPS + 1):
-            if self.left() < 1:
-                return None
-            last = step == HEADER_STEPS  # <|image token|>, the only id allowed: no call
-            self.append(self.img if last else self.draw(self.mask.masked(self.logits(), step), self.size_sampling))
-        return self.mask.parse_size(self.result.tokens[-HEADER_STEPS:-1])
+        return self.steps.write_header(self.mask, self.size_sampling)
 
     def _image(self, size: tuple[int, int], callback: Optional[Callable[[StoryEvent], None]],
                should_cancel: Optional[Callable[[], bool]]) -> bool:
@@ -257,7 +221,8 @@ class StoryRun:
         rows, cols = size
         if rows * (cols + 1) > self.left():
             return False
-        self.session, index = None, len(self.result.images)  # its cache goes before the image's is made
+        index = len(self.result.images)
+        self.steps.restart()  # its cache goes before the image's is made
         start = len(self.result.tokens) - self.result.tokens[::-1].index(self.boi) - 1
         header = self.result.tokens[start:]
         prompt = Emu3p5Prompt(cond=tuple(self.prompt + self.result.tokens), uncond=tuple(self.uncond + header),
