@@ -192,7 +192,8 @@ def test_an_entry_learned_nothing_new_for_is_not_written_over_another_process_s(
 # first width the costs it recalled make best (None: it recalled none).
 PROCESS = textwrap.dedent('''
     import json, sys
-    from scd_core import SamplerConfig, auto_window, generate
+    from scd_core import SamplerConfig, generate
+    from scd_core.windows import auto_window
     from scd_core.bench.auto_persist import ProfileClock
     from scd_core.bench.synthetic import GridModel
 
