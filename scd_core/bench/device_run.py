@@ -253,9 +253,7 @@ TOP_P_VOCABULARIES = (16384, 65536, 131072)
 
 def _by_calls(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rows: int, tiled: bool) -> torch.Tensor:
     """`fn` over `x` in calls of `rows` rows, as they come or inside the window-invariant calls."""
-    from ..compiled.invariant import fixed_shape_calls
-
-    with fixed_shape_calls(tiled, x.device):
+    with invariant.fixed_shape_calls(tiled, x.device):
         return torch.cat([fn(chunk) for chunk in x.split(rows)])
 
 
