@@ -65,11 +65,12 @@ from ..text.tiktoken_bpe import TiktokenBPE, read_ranks
 from ..weights.checkpoints import ModelLoadError
 from ..weights.generation_only import code_rows_head
 from ..weights.hf_folders import check_safetensors_weights
-from ..weights.memory import checkpoint_shapes, weight_files
+from ..weights.memory import MemoryEstimate, checkpoint_shapes, weight_files
 from ..weights.quantize import quantize_then_move
 from ..weights.streaming import HFNetwork, read_hf_network
 from ..weights.tokenizer_files import read_json, without_nulls
 from ...model import check_start, compute_device
+from .mammothmoda2_memory import staged_estimate
 
 MODEL_TYPE = "mammothmoda2"
 FAMILY = Family(
@@ -406,6 +407,12 @@ def detect(folder: Path) -> bool:
         return path.is_file() and read_json(path).get("model_type") == MODEL_TYPE
     except (ModelLoadError, OSError, ValueError):
         return False
+
+
+def memory_estimate(folder: Path) -> MemoryEstimate:
+    """The loader's estimate from the weight files' headers: the token stage (its decoder layers quantisable, its
+    KV cache) and the DiT, VAE and refiner beside it at the compute dtype (`mammothmoda2_memory`)."""
+    return staged_estimate(checkpoint_shapes(weight_files(Path(folder))), UNUSED_WEIGHTS, CACHE_TOKENS)
 
 
 def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> MammothModa2Model:
