@@ -175,7 +175,8 @@ class T2IConfig:
 
 
 def read_t2i_config(folder: Path) -> T2IConfig:
-    """The folder's t2i_generation_config.json; a missing file, id or a repetition penalty is one ModelLoadError."""
+    """The folder's t2i_generation_config.json; a missing file or id, a do_sample other than true / false or a
+    repetition penalty is one ModelLoadError."""
     path = folder / GENERATION_FILE
     if not path.is_file():
         raise ModelLoadError(f"{folder} has no {GENERATION_FILE} (the authors' sampling settings and visual ids); "
@@ -185,6 +186,8 @@ def read_t2i_config(folder: Path) -> T2IConfig:
     absent = [name for name in names if not isinstance(saved.get(name), int)]
     if absent:
         raise ModelLoadError(f"{path} lacks {', '.join(absent)}; download it again")
+    if not isinstance(saved.get("do_sample", False), bool):  # bool("false") would sample where the argmax is meant
+        raise ModelLoadError(f"{path} sets do_sample {saved['do_sample']!r}; it must be true or false")
     if saved.get("repetition_penalty", 1.0) != 1.0:
         raise ModelLoadError(f"{path} sets repetition_penalty {saved['repetition_penalty']}, which this sampler does "
                              "not implement yet (it would change the authors' law)")
