@@ -283,8 +283,9 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
 def test_decode_and_stats_schema(node_classes: dict[str, Any]) -> None:
     decode = inputs_of(node_classes["SCDVQDecode"])
     assert {name: kind for name, (kind, _) in decode.items()} == {"model": "SCD_MODEL", "tokens": "SCD_TOKENS",
-                                                                  "conditioning": "SCD_COND"}
-    assert "conditioning" in node_classes["SCDVQDecode"].GET_NODE_INFO_V1()["input"]["optional"]
+                                                                  "conditioning": "SCD_COND", "tile_size": "INT"}
+    assert {"conditioning", "tile_size"} <= set(node_classes["SCDVQDecode"].GET_NODE_INFO_V1()["input"]["optional"])
+    assert decode["tile_size"][1]["default"] == 0  # auto: workflows saved before it decode as they did
     assert inputs_of(node_classes["SCDStats"]) == {"stats": ("SCD_STATS", {})}
 
 
