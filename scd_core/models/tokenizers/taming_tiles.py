@@ -76,7 +76,9 @@ def window(source: torch.Tensor, rows: slice, cols: slice, halo: int, scale: int
     top, bottom, left, right = rows.start - halo, rows.stop + halo, cols.start - halo, cols.stop + halo
     inside = (max(top, 0), min(bottom, height), max(left, 0), min(right, width))
     # the source positions those cover; nearest upsampling by 2 takes output i from input i // 2
-    part = source[:, :, inside[0] // scale:(inside[1] - 1) // scale + 1, inside[2] // scale:(inside[3] - 1) // scale + 1]
+    first_row, last_row = inside[0] // scale, (inside[1] - 1) // scale
+    first_col, last_col = inside[2] // scale, (inside[3] - 1) // scale
+    part = source[:, :, first_row:last_row + 1, first_col:last_col + 1]
     part = pre(part.to(device))
     if scale != 1:
         part = F.interpolate(part, scale_factor=float(scale), mode="nearest")
