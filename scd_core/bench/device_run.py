@@ -34,7 +34,6 @@ on a CPU); the header says so.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -52,6 +51,8 @@ from ..compiled import compiled_regions, cuda_graphs, invariant
 from ..decoding.config import SamplerConfig
 from ..decoding.engine import generate
 from ..models.weights.memory import release_memory
+from . import device_kernels, device_parts
+from .device_model import invariant_calls
 from .tables import markdown
 
 LIMIT_S = 540  # the whole run: 9 minutes
@@ -64,7 +65,7 @@ BIT_WIDTHS = (1, 8, 32)
 BIT_SPAN = 32  # positions compared, after the prompt and BIT_CACHED image tokens
 BIT_CACHED = 288
 COMPILE_WIDTHS = (1, 32)
-COMPILE_BUDGET_S = 100.0
+COMPILE_BUDGET_S = 45.0
 
 
 def _setting(device: str, tiny: bool) -> tuple[torch.device, torch.dtype, Any]:
@@ -153,23 +154,6 @@ def async_table(rows: list[dict[str, Any]], backend: Optional[str]) -> str:
 # to 128 (CUDA's, unmeasured: weight-bound calls re-read the weights once per tile)
 BIT_CALLS = (("today's", None), ("tiles of 32", 32), ("tiles of 64", 64), ("tiles of 128", 128))
 TIMED_WIDTHS = (1, 8, 32, 64)
-
-
-@contextlib.contextmanager
-def invariant_calls(rows: Optional[int]) -> Iterator[None]:
-    """Today's calls (`rows` None) or window-invariant calls in tiles of `rows` rows, for the sessions started
-    inside."""
-    saved = os.environ.get(invariant.POLICY_VARIABLE), invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS
-    os.environ[invariant.POLICY_VARIABLE] = "off" if rows is None else "on"
-    invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS = {}, rows or invariant.DEFAULT_TILE_ROWS  # on every device
-    try:
-        yield
-    finally:
-        invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS = saved[1:]
-        if saved[0] is None:
-            del os.environ[invariant.POLICY_VARIABLE]
-        else:
-            os.environ[invariant.POLICY_VARIABLE] = saved[0]
 
 
 def bit_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool, calls: str,
@@ -322,18 +306,25 @@ def int8_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) 
 
 
 # name: (cap in seconds on a GPU, the part: its table and data, again each time it has measured more, extra
-# environment)
+# environment); the caps add up to at most LIMIT_S, so that every part gets its own (a process's start included)
 PARTS: dict[str, tuple[float, Callable[..., Iterator[tuple[str, Any]]], dict[str, str]]] = {
-    "floor": (150, floor_part, {}),
-    "compiled": (150, compiled_part, {}),
-    "async": (100, async_part, {"PYTORCH_CUDA_ALLOC_CONF": ASYNC_ALLOCATOR_CONF}),
-    "bits": (80, bits_part, {}),
-    "norms": (30, norms_part, {}),
-    "int8": (40, int8_part, {}),
+    "floor": (75, floor_part, {}),
+    "compiled": (70, compiled_part, {}),
+    "async": (45, async_part, {"PYTORCH_CUDA_ALLOC_CONF": ASYNC_ALLOCATOR_CONF}),
+    "bits": (45, bits_part, {}),
+    "norms": (20, norms_part, {}),
+    "int8": (15, int8_part, {}),
+    "linear": (20, device_parts.linear_part, {}),
+    "attention": (30, device_parts.attention_part, {}),
+    "model": (55, device_parts.model_part, {}),
+    "compiled_bits": (60, device_parts.compiled_bits_part, {}),
+    "cost": (35, device_parts.cost_part, {}),
+    "rehash": (30, device_parts.rehash_part, {}),
+    "auto": (40, device_parts.auto_part, {}),
 }
 
 
-def environment(device: str) -> str:
+def environment(device: str, tiny: bool = False) -> str:
     """What the machine runs: python, torch, transformers, the accelerator and its allocator."""
     import transformers
 
@@ -350,6 +341,8 @@ def environment(device: str) -> str:
     lines.append(f"CPU capability {torch.backends.cpu.get_cpu_capability()}; numerics switches (held at these "
                  "defaults inside the window-invariant calls): "
                  + ", ".join(f"{switch.name} {switch.read()}" for switch in invariant.PINNED))
+    lines.append("SDPA in a masked attention tile, as the flags come (the profiler's op and kernel names): "
+                 + device_kernels.sdpa_kernels(torch.device(device), tiny))
     return "\n".join(f"- {line}" for line in lines)
 
 
@@ -373,7 +366,7 @@ def run(out: Path, device: Optional[str] = None, tiny: bool = False, limit_s: fl
     of `limit_s`; returns the tables written."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "0-environment.md").write_text(f"## Environment\n\n{environment(device)}\n")
+    (out / "0-environment.md").write_text(f"## Environment\n\n{environment(device, tiny)}\n")
     started, ended = time.perf_counter(), []
     root = str(Path(__file__).resolve().parents[2])
     for name, (cap, _, extra) in PARTS.items():
