@@ -184,3 +184,29 @@ def test_the_device_runs_second_process_sees_other_bits():
     linear = [row for row in rows if row["check"].startswith("linear")]
     assert linear and not any(row["same"] for row in linear)
     assert f"of {len(rows)} hashes equal" in table
+
+
+def test_a_part_cut_at_its_cap_takes_the_processes_it_started_with_it(tmp_path):
+    """A part cut at its time limit ends with every process it started (a second process, compile workers),
+    so that none holds the device during the next part."""
+    import sys
+    import time
+
+    child = tmp_path / "child.pid"
+    script = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(120)']); open({str(child)!r}, 'w').write(str(child.pid)); time.sleep(120)")
+    started = time.perf_counter()
+    assert device_run._capped([sys.executable, "-c", script], {}, 3) == "cut at its time limit"
+    assert time.perf_counter() - started < 60  # not held until the child's own end (its output pipe closing)
+    state = lambda: next((line.split()[1] for line in open(f"/proc/{child.read_text()}/status")
+                          if line.startswith("State:")), "gone")
+    for _ in range(50):  # gone, or a zombie that nothing reaps in a container
+        try:
+            if state() in ("Z", "X"):
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the part's own process {child.read_text()} still runs")
+    assert device_run._capped([sys.executable, "-c", "import sys; sys.exit(3)"], {}, 30).startswith("failed (3)")

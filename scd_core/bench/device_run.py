@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -361,6 +362,20 @@ def run_part(name: str, out: Path, device: str, tiny: bool) -> None:
         (out / f"{index}-{name}.json").write_text(json.dumps(data, indent=1, default=str))
 
 
+def _capped(command: list[str], env: dict[str, str], timeout: float) -> str:
+    """How `command` ended within `timeout` seconds; cut there with every process it started (compile workers,
+    the rehash part's second process), so that none holds the device during the next part."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stderr = process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return "cut at its time limit"
+    return "done" if process.returncode == 0 else f"failed ({process.returncode}): {' '.join(stderr.split()[-40:])}"
+
+
 def run(out: Path, device: Optional[str] = None, tiny: bool = False, limit_s: float = LIMIT_S) -> str:
     """Every part in turn, each in a process of its own under its cap (tiny: the whole limit) and what is left
     of `limit_s`; returns the tables written."""
@@ -378,14 +393,8 @@ def run(out: Path, device: Optional[str] = None, tiny: bool = False, limit_s: fl
                "SCD_WINDOW_COSTS": "off"}
         command = [sys.executable, "-m", "scd_core.bench.device_run", name, str(out), device] + (["--tiny"] * tiny)
         part_started = time.perf_counter()
-        try:
-            done = subprocess.run(command, env=env, timeout=min(left, limit_s if tiny else cap),
-                                  capture_output=True, text=True)
-            ended.append(dict(part=name, seconds=time.perf_counter() - part_started,
-                              ended="done" if done.returncode == 0 else
-                              f"failed ({done.returncode}): {' '.join(done.stderr.split()[-40:])}"))
-        except subprocess.TimeoutExpired:
-            ended.append(dict(part=name, seconds=time.perf_counter() - part_started, ended="cut at its time limit"))
+        ended.append(dict(part=name, ended=_capped(command, env, min(left, limit_s if tiny else cap)),
+                          seconds=time.perf_counter() - part_started))
         (out / "parts.md").write_text("## Parts\n\n" + markdown(ended, ["part", "seconds", "ended"]) + "\n")
         print(f"{name}: {ended[-1]['ended'][:200]} ({ended[-1]['seconds']:.0f} s)", flush=True)
     return "\n\n".join(path.read_text() for path in sorted(out.glob("*.md")))
