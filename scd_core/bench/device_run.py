@@ -25,7 +25,10 @@ it measured, and `parts.md` says how each part ended.  In order of value, on the
      calls of 1 to 256 rows, rows whose float32 variance and bfloat16 output differ from the 128-row call's, as the
      norm comes and in the window-invariant tiles; and top-p's row sums (`sampling.to_probs`) at vocabularies of
      16k to 131k, a position alone against among 32;
-  6. int8: one int8 layer's kernels (`device_check.int8_kernel_rows`).
+  6. int8: one int8 layer's kernels (`device_check.int8_kernel_rows`);
+  7-13. linear, attention, model, compiled_bits, cost, rehash, auto: one kernel's tiles alone, the model level,
+     compiled widths, what the tiles cost, a second process's hashes and the automatic window against pinned
+     ones (`device_parts`, which says what each answers).
 
 The dry run runs dynamo's "eager" backend (graphs traced, no code generated: inductor takes minutes per width
 on a CPU); the header says so.
