@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from mammothmoda2_fixture import DIT_CONFIG, tiny_dev_dir, tiny_preview_dir  # noqa: F401  (fixtures)
+from mammothmoda2_fixture import DIT_CONFIG, VISUAL_START, tiny_dev_dir, tiny_preview_dir  # noqa: F401
+from test_mammothmoda2 import AuthorsNetwork
 
+from scd_core import SamplerConfig, generate, load_model
+from scd_core.models.families.mammothmoda2_condition import (NEGATIVE_PROMPT, negative_condition,
+                                                              positive_condition)
 from scd_core.models.families.mammothmoda2_decode import (DiTCondition, DiTSettings, denoise, flow_times,
                                                            latents_to_pixels, load_decoder)
 from scd_core.models.weights.checkpoints import ModelLoadError
@@ -256,3 +260,66 @@ def test_without_diffusers_the_error_names_the_extra(tiny_preview_dir: Path, mon
     with pytest.raises(ModelLoadError, match=r"comfyui-scd\[glm\]") as err:
         loaded(tiny_preview_dir, False)
     assert "\n" not in str(err.value)
+
+
+def authors_states(net: AuthorsNetwork, ids: torch.Tensor, config: dict, dev: bool) -> torch.Tensor:
+    """encode_full_prompts' states: transformers' forward of the whole sequence, Preview its last hidden state, Dev
+    the mean of the hidden states gen_condition_layers names."""
+    routed = ids >= net.gen_start
+    embeds = net.net.embed_tokens(ids.masked_fill(routed, 0))
+    embeds[routed] = net.gen_embed[ids[routed] - net.gen_start]
+    net.route["mask"] = routed
+    with torch.no_grad():
+        out = net.net(inputs_embeds=embeds, attention_mask=torch.ones_like(ids), output_hidden_states=True)
+    if not dev:
+        return out.last_hidden_state
+    return torch.stack([out.hidden_states[i] for i in config["gen_condition_layers"]]).mean(dim=0)
+
+
+@pytest.mark.parametrize("dev", [False, True], ids=["preview", "dev"])
+def test_condition_is_the_authors_fresh_forward(dev: bool, tiny_preview_dir: Path,  # noqa: F811
+                                                 tiny_dev_dir: Path) -> None:  # noqa: F811
+    """Prompt + rows + <|image end|>: the image condition is the last 10 positions (all generation ids here),
+    Preview's through its refiner; Dev's text condition is the question's text ids; the negative is every position
+    of the negative prompt's chat text."""
+    folder = tiny_dev_dir if dev else tiny_preview_dir
+    config = read_json(folder / "config.json")
+    model = load_model(folder, device="cpu", dtype=torch.float64)
+    model.set_grid(2, 4)
+    prompt = model.encode("a red cube")
+    generator = torch.Generator().manual_seed(8)
+    rows = torch.randint(VISUAL_START, VISUAL_START + 24, (1, model.num_tokens), generator=generator)
+    for position, token in model.forced_tokens.items():
+        rows[0, position] = token
+    end = model._tokenizer.ids["<|image end|>"]
+    ids = torch.tensor([[*prompt.cond, *rows[0].tolist(), end]])
+    authors = AuthorsNetwork(folder)
+    states = authors_states(authors, ids, config, dev)
+    refiner = model.decoder().gen_image_condition_refiner
+    with torch.no_grad():
+        ours = positive_condition(model.module, ids, model.rule, refiner)
+        image = states[:, -10:]
+        if dev:
+            question_text = states[:, :-10][:, ids[0, :-10] < 152064]
+            assert torch.allclose(ours.text, question_text, atol=1e-9) and torch.allclose(ours.image, image, atol=1e-9)
+        else:
+            assert ours.image is None and torch.allclose(ours.text, refiner(image), atol=1e-9)
+        negative_ids = model._tokenizer.encode("<|im_start|>system\nYou are a helpful image generator.<|im_end|>\n"
+                                               f"<|im_start|>user\n{NEGATIVE_PROMPT}<|im_end|>\n")
+        negative = negative_condition(model.module, torch.tensor([negative_ids]), model.rule)
+    assert torch.allclose(negative.text, authors_states(authors, torch.tensor([negative_ids]), config, dev),
+                          atol=1e-9)
+
+
+def test_text_to_image_gives_pixels_with_the_dit_progress(tiny_dev_dir: Path) -> None:  # noqa: F811
+    """A whole run on the tiny Dev folder: tokens, then an image of the set size; the same seed the same image."""
+    model = load_model(tiny_dev_dir, device="cpu", dtype=torch.float32)
+    model.set_image_size(64, 32)
+    model.dit = DiTSettings(steps=3)
+    steps = []
+    model.decode_progress = lambda done, total: steps.append((done, total))
+    tokens = generate(model, model.encode("a red cube"), SamplerConfig(window=4, seed=2)).tokens
+    images = model.decode(tokens)
+    assert images.shape == (1, 32, 64, 3) and torch.equal(images, model.decode(tokens))
+    assert steps == [(1, 3), (2, 3), (3, 3)] * 2
+    assert 0 <= float(images.min()) and float(images.max()) <= 1 and float(images.std()) > 0
