@@ -61,7 +61,7 @@ from ..family import Family
 from ..generate_defaults import generate_sampling
 from ..sessions.cfg_session import CFGSession, cfg_prefix, check_positions
 from ..sessions.code_rows import code_cells, forced_tokens
-from ..sessions.row_attention import RowAttentionBackbone, attention_block
+from ..sessions.row_attention import RowAttentionBackbone
 from ..text.tiktoken_bpe import TiktokenBPE, read_ranks
 from ..weights.checkpoints import ModelLoadError
 from ..weights.generation_only import code_rows_head
@@ -74,6 +74,7 @@ from ...model import check_start, check_tokens, compute_device
 from .mammothmoda2_condition import (NEGATIVE_PROMPT, NEGATIVE_TEMPLATE, ConditionRule, condition_rule,
                                      negative_condition, positive_condition)
 from .mammothmoda2_decode import DiTSettings, MammothDecoder, denoise, latents_to_pixels, load_decoder
+from .mammothmoda2_routing import routed_layer
 
 MODEL_TYPE = "mammothmoda2"
 FAMILY = Family(
@@ -264,15 +265,6 @@ class MammothNetwork(nn.Module):
     def logits(self, count: int, hidden: torch.Tensor) -> torch.Tensor:
         """The scope's first `count` columns of cat(lm_head, gen_head) (`scope_head`, set at load) for `hidden`."""
         return F.linear(hidden, self.scope_head.weight[:count])
-
-
-def routed_layer(layer: nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                 cache: Any, groups: int, route: torch.Tensor) -> torch.Tensor:
-    """A decoder layer whose FFN is gen_mlp where `route` (rows, T, 1) is set, mlp elsewhere (tensor ops only)."""
-    hidden = attention_block(layer, hidden, cos, sin, mask, cache, groups)
-    x = layer.post_attention_layernorm(hidden)
-    expert = getattr(layer, "gen_mlp", None)
-    return hidden + (layer.mlp(x) if expert is None else torch.where(route, expert(x), layer.mlp(x)))
 
 
 class RoutedBackbone:

@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 import torch
 
-from ..sessions.row_attention import attention_block
 from .mammothmoda2_decode import DiTCondition
+from .mammothmoda2_routing import routed_layer
 
 NEGATIVE_PROMPT = ("deformed, blurry, over saturation, bad anatomy, disfigured, poorly drawn face, mutation, mutated, "
                    "extra_limb, ugly, poorly drawn hands, fused fingers, messy drawing, broken legs censor, censored, "
@@ -68,8 +68,6 @@ class FreshSlots:
 def hidden_states(net: Any, ids: torch.Tensor) -> list[torch.Tensor]:
     """(1, L) ids through MammothNetwork causally at positions 0..L-1: transformers' hidden_states list (the
     embeddings, each layer's output but the last, then the last normed)."""
-    from .mammothmoda2 import routed_layer
-
     model = net.model
     embedded = net.embed(ids)
     hidden, route = embedded[..., :-1], embedded[..., -1:] > 0.5
