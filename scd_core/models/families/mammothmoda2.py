@@ -413,8 +413,10 @@ class MammothModa2Model:
         height, width = self.pixels
         scale, channels = decoder.scale_factor, decoder.gen_transformer.channels
         generator = torch.Generator().manual_seed(self.decode_seed)
-        noise = torch.randn(1, channels, height // scale, width // scale, generator=generator).to(device, dtype)
-        latents = denoise(decoder.gen_transformer, noise, condition, negative, self.dit, self.decode_progress)
+        where = next(decoder.parameters()).device  # the DiT's, which a host may keep apart from the LLM
+        noise = torch.randn(1, channels, height // scale, width // scale, generator=generator).to(where, dtype)
+        latents = denoise(decoder.gen_transformer, noise, condition.to(where), negative.to(where), self.dit,
+                          self.decode_progress)
         return latents_to_pixels(decoder.gen_vae, latents)
 
     def preview_frame(self, prefix: torch.Tensor) -> torch.Tensor:

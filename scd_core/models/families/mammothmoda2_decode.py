@@ -49,6 +49,10 @@ class DiTCondition:
     text: torch.Tensor
     image: Optional[torch.Tensor] = None
 
+    def to(self, device: torch.device) -> DiTCondition:
+        """On `device` (the LLM that made it and the DiT may sit apart)."""
+        return DiTCondition(self.text.to(device), None if self.image is None else self.image.to(device))
+
 
 @dataclass(frozen=True)
 class DiTSettings:
