@@ -302,11 +302,12 @@ def test_int8_loads_and_samples(tiny_preview_dir: Path) -> None:
 def test_decode_without_a_prompt_or_of_bad_tokens_is_one_line(sampled: tuple) -> None:
     folder, _, _ = sampled
     model = loaded(folder)  # no session started: no prompt to re-encode the tokens with
-    for tokens, message in ((torch.full((1, model.num_tokens), VISUAL_START), "needs the prompt"),
-                            (torch.full((1, 3), VISUAL_START), r"tokens must be \(batch, 8\)"),
-                            (torch.full((1, model.num_tokens), -1), "token ids must lie in")):
+    prompt = model.encode(PROMPT)
+    for tokens, cond, message in ((torch.full((1, model.num_tokens), VISUAL_START), None, "needs the prompt"),
+                                  (torch.full((1, 3), VISUAL_START), prompt, r"tokens must be \(batch, 8\)"),
+                                  (torch.full((1, model.num_tokens), -1), prompt, "token ids must lie in")):
         with pytest.raises(ValueError, match=message) as err:
-            model.decode(tokens)
+            model.decode(tokens, cond)
         assert "\n" not in str(err.value)
 
 

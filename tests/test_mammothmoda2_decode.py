@@ -318,8 +318,12 @@ def test_text_to_image_gives_pixels_with_the_dit_progress(tiny_dev_dir: Path) ->
     model.dit = DiTSettings(steps=3)
     steps = []
     model.decode_progress = lambda done, total: steps.append((done, total))
-    tokens = generate(model, model.encode("a red cube"), SamplerConfig(window=4, seed=2)).tokens
+    prompt = model.encode("a red cube")
+    tokens = generate(model, prompt, SamplerConfig(window=4, seed=2)).tokens
     images = model.decode(tokens)
     assert images.shape == (1, 32, 64, 3) and torch.equal(images, model.decode(tokens))
     assert steps == [(1, 3), (2, 3), (3, 3)] * 2
     assert 0 <= float(images.min()) and float(images.max()) <= 1 and float(images.std()) > 0
+    model.set_image_size(64, 48)  # the same 1 x 2 grid; a later size leaves a prompt encoded before it as it was
+    assert model.decode(tokens, model.encode("a red cube")).shape == (1, 48, 64, 3)
+    assert torch.equal(model.decode(tokens, prompt), images)

@@ -133,11 +133,13 @@ VARIANTS = {"mammothmoda2_qwen2_5_vl": Variant("MammothModa2-Preview", "qwen2", 
 
 @dataclass(frozen=True)
 class MammothPrompt:
-    """Token ids of the cond prompt (ending with the image header), its 10-token uncond tail and the grid."""
+    """Token ids of the cond prompt (ending with the image header), its 10-token uncond tail, the grid and the
+    DiT's (height, width) in pixels."""
 
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
     size: tuple[int, int]
+    pixels: tuple[int, int] = DEFAULT_PIXELS
 
 
 class MammothTokenizer:
@@ -288,7 +290,8 @@ def check_grid(rows: Any, cols: Any) -> tuple[int, int]:
 class MammothModa2Model:
     """A loaded MammothModa2: TokenModel for the engine, encode for prompts, decode through its DiT.  Decode
     settings: `dit` (DiTSettings: steps, text guidance, cfg_range), `decode_seed` (the starting noise), `pixels`
-    (height, width; set_image_size) and `decode_progress` (called (step, steps) after each DiT step)."""
+    (height, width; set_image_size: each prompt keeps the size it was encoded at) and `decode_progress` (called
+    (step, steps) after each DiT step)."""
 
     family = "mammothmoda2"
     default_cfg_scale = DEFAULT_CFG
@@ -365,7 +368,7 @@ class MammothModa2Model:
         encode = self._tokenizer.encode
         cond = (*encode(TEMPLATE.format(prompt=prompt)), self._image_start, *encode(f"{rows}*{cols}"),
                 self._image_token)
-        return MammothPrompt(cond=cond, uncond=cond[-UNCOND_TAIL:], size=self.size)
+        return MammothPrompt(cond=cond, uncond=cond[-UNCOND_TAIL:], size=self.size, pixels=self.pixels)
 
     def start(self, cond: MammothPrompt, batch_size: int, guided: bool = True) -> CFGSession:
         """A session of `batch_size` rows of `cond`; `guided` False leaves the uncond rows out (CFG 1: the authors
@@ -394,12 +397,13 @@ class MammothModa2Model:
         """Tokens (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1: each row re-encoded after its
         prompt with <|image end|>, then the DiT from seeded noise and the VAE; `cond` the prompt (default: the
         last one a session started)."""
-        check_tokens(tokens, self.num_tokens, self.module.gen_start + self.module.gen_embed_tokens.num_embeddings,
-                     "MammothModa2 token ids")
         cond = self._decoding if cond is None else cond
         if cond is None:
             raise ValueError("MammothModa2's decode needs the prompt the tokens were sampled for: pass "
                              "cond=model.encode(prompt), or start a session first")
+        rows, cols = cond.size
+        check_tokens(tokens, rows * (cols + 1), self.module.gen_start + self.module.gen_embed_tokens.num_embeddings,
+                     "MammothModa2 token ids")
         decoder = self.decoder()
         return torch.cat([self.decode_row(row, cond, decoder) for row in tokens.cpu()])
 
@@ -410,7 +414,7 @@ class MammothModa2Model:
         ids = torch.tensor([[*cond.cond, *row.tolist(), self._image_end]], device=device)
         condition = positive_condition(self.module, ids, self.rule, decoder.gen_image_condition_refiner)
         negative = negative_condition(self.module, torch.tensor([self._negative_ids], device=device), self.rule)
-        height, width = self.pixels
+        height, width = cond.pixels
         scale, channels = decoder.scale_factor, decoder.gen_transformer.channels
         generator = torch.Generator().manual_seed(self.decode_seed)
         where = next(decoder.parameters()).device  # the DiT's, which a host may keep apart from the LLM
