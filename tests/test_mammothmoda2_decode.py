@@ -327,3 +327,15 @@ def test_text_to_image_gives_pixels_with_the_dit_progress(tiny_dev_dir: Path) ->
     model.set_image_size(64, 48)  # the same 1 x 2 grid; a later size leaves a prompt encoded before it as it was
     assert model.decode(tokens, model.encode("a red cube")).shape == (1, 48, 64, 3)
     assert torch.equal(model.decode(tokens, prompt), images)
+
+
+def test_previews_are_a_token_map_without_the_dit(tiny_preview_dir: Path) -> None:  # noqa: F811
+    """What the sampler previews: one colour per committed code, pending cells gray; the decoder is not read."""
+    model = load_model(tiny_preview_dir, device="cpu", dtype=torch.float32)
+    model.set_grid(2, 3)
+    frame = model.preview_frame(torch.tensor([[VISUAL_START + 1, VISUAL_START + 2]]))
+    side = 512 // 3
+    cells = frame[::side, ::side]
+    assert frame.shape == (2 * side, 3 * side, 3) and model._decoder is None
+    assert (cells[0, 2] == 0.5).all() and (cells[1] == 0.5).all()
+    assert not (cells[0, 0] == 0.5).all() and not torch.equal(cells[0, 0], cells[0, 1])
