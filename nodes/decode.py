@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import comfy.model_management as mm
+import comfy.utils
 import torch
 from comfy_api.latest import io
 from scd_core.models.weights.quantize import module_bytes
@@ -30,6 +32,28 @@ def decoding_stage(model: LoadedModel) -> Any:
             module_holder(parts, f"{model.name} decoder"), load_device=model.patcher.load_device,
             offload_device=model.patcher.offload_device, size=module_bytes(parts))
     return model.decoder_patcher
+
+
+@contextmanager
+def decoder_steps_reported(model: Any) -> Iterator[None]:
+    """A decode with steps of its own (MammothModa2's DiT: `decode_progress`) moves ComfyUI's progress bar at each
+    step, and stops there when the run is interrupted."""
+    if not hasattr(model, "decode_progress"):
+        yield
+        return
+    bar: list[Any] = []
+
+    def report(done: int, total: int) -> None:
+        mm.throw_exception_if_processing_interrupted()
+        if not bar:
+            bar.append(comfy.utils.ProgressBar(total))
+        bar[0].update_absolute(done, total)
+
+    model.decode_progress = report
+    try:
+        yield
+    finally:
+        model.decode_progress = None
 
 
 def tiling(model: LoadedModel, tile_size: int) -> dict[str, int]:
@@ -80,5 +104,6 @@ class SCDVQDecode(io.ComfyNode):
             model.to_compute_device()
         else:  # only the decoding stage: ComfyUI offloads the AR stage if both do not fit
             load_fully(stage, model.model.decoding_memory())
-        images = model.model.decode(tokens, *context, **tiling(model, tile_size))
+        with decoder_steps_reported(model.model):
+            images = model.model.decode(tokens, *context, **tiling(model, tile_size))
         return io.NodeOutput(images.to(device=mm.intermediate_device(), dtype=torch.float32))

@@ -403,21 +403,25 @@ def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> N
 
 
 # -- executing the nodes on the tiny Janus --------------------------------------------------------
-def test_a_token_stage_without_decoder_samples_without_previews(node_classes: dict[str, Any], comfy: SimpleNamespace,
-                                                                 tiny_preview_dir: Path,
-                                                                 fake_server: FakeServer) -> None:
-    """MammothModa2 (its DiT not implemented): the sampler runs with no preview, SCD VQ Decode says why in one
-    line."""
+def test_mammothmoda2_previews_its_token_map_and_reports_the_dit_steps(node_classes: dict[str, Any],
+                                                                       comfy: SimpleNamespace, tiny_preview_dir: Path,
+                                                                       fake_server: FakeServer) -> None:
+    """MammothModa2 through both stages: the sampler previews a token map (the DiT never runs for a preview), SCD
+    VQ Decode moves ComfyUI's bar once per DiT step and gives the image at the asked size."""
+    from scd_core.models.families.mammothmoda2_decode import DiTSettings
+
     list_in_comfyui(comfy, "scd", tiny_preview_dir, "tiny-mammothmoda2")
     model = node_classes["SCDModelLoader"].execute("tiny-mammothmoda2", "auto", "auto").result[0]
     (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a red square", negative_prompt="",
                        width=96, height=64)  # one code per 32 px: 2 x 3
     tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond))
     assert tokens.shape == (1, 8) and stats.result.nfe == len(fake_server.previews)
-    assert fake_server.previews and not any(fake_server.previews)
-    with pytest.raises(NotImplementedError, match="DiT decoder is not implemented yet") as err:
-        run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
-    assert "\n" not in str(err.value)
+    assert fake_server.previews[-1] is not None  # the finished token map at least
+    model.model.dit = DiTSettings(steps=3)
+    sampled = len(fake_server.previews)
+    (image,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
+    assert image.shape == (1, 64, 96, 3) and len(fake_server.previews) == sampled + 3
+    assert model.model.decode_progress is None  # the node's reporter is gone once it is done
 
 
 def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any], janus: Any,
