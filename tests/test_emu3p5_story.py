@@ -182,6 +182,22 @@ def test_each_switch_feeds_only_the_new_tokens(story_model: emu3p5.Emu3p5Model) 
     assert len(result.images) == 2 and once <= sum(fed) <= once + len(uncond) + 8, (sum(fed), once)
 
 
+def test_the_story_bench_counts_the_calls_a_story_makes(story_model: emu3p5.Emu3p5Model) -> None:
+    """`bench emu3p5-story`'s text calls are the run's: one per text token, image start and written size digit,
+    none for a switch; its images' calls are the engine's, AR's one per position."""
+    from scd_core.bench.emu3p5 import Emu3p5ShapedModel
+    from scd_core.bench.emu3p5_story import IMAGES, story_rows, text_calls
+
+    result = generate_story(story_model, QUESTION, SamplerConfig(window=8, top_k=1),
+                            StoryOptions(max_new_tokens=TWO_IMAGES, text_top_k=1))
+    assert result.parts == ["Q", 0, "Z", 1, "Z"]  # one token a segment; then a third image start, cut by the budget
+    assert result.text_calls == text_calls(1, images=2) + 1
+    rows = story_rows(Emu3p5ShapedModel(2, 3, codes=64), [4], text_tokens=5)
+    assert [row["method"] for row in rows] == ["AR", "SCD-maximal", "faithful"]
+    assert rows[0]["image_calls"] == IMAGES * 2 * 4 and {row["text_calls"] for row in rows} == {text_calls(5)}
+    assert all(row["story_calls"] == row["image_calls"] + row["text_calls"] for row in rows)
+
+
 def test_eos_ends_the_story(tmp_path: Path) -> None:
     """A copy whose image end leads to EOS: one image, the text without the end mark, the authors' tokens."""
     folder = write_tiny_emu3p5(tmp_path / "Emu3.5", story="eos")
