@@ -24,6 +24,7 @@
     python -m scd_core.bench given --seeds 3          # images in the prompt: calls of continuations and regions
     python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
     python -m scd_core.bench emu3p5                   # Emu3.5-Image at 1024 px: calls at its layout and top-k
+    python -m scd_core.bench emu3p5-story             # an Emu3.5 story: text and three 720 px images, its calls
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
 
 A benchmark is one COMMANDS entry: its summary, its options (the shared ones below, or its own) and what runs
@@ -212,6 +213,12 @@ def _emu3p5(args: argparse.Namespace) -> Result:
     return "emu3p5", emu3p5_tables(list(range(args.seeds)), args.windows, args.codes)
 
 
+def _emu3p5_story(args: argparse.Namespace) -> Result:
+    from .emu3p5_story import story_tables
+
+    return "emu3p5-story", story_tables(args.windows, args.codes, args.text_tokens)
+
+
 COMMANDS: dict[str, Bench] = {
     "nfe": Bench("model calls, tokens per call and acceptance of AR, SJD and SCD side by side (a synthetic grid "
                  "model at three entropies, or --model)",
@@ -331,6 +338,14 @@ COMMANDS: dict[str, Bench] = {
                      option("--codes", type=int, default=8192,
                             help="codebook size of the stand-in, its top-k scaled alike (default: 8192, 16 times "
                                  "fewer than the published 131072, and 16 times less sampling work)")), _emu3p5),
+    "emu3p5-story": Bench("An Emu3.5 story: calls of AR, SCD and faithful for three 720^2 px images on the synthetic "
+                          "model of Emu3.5's layout, with the plain AR text segments between them",
+                          (option("--windows", type=int, nargs="+", default=[32],
+                                  help="window widths to compare (default: 32)"),
+                           option("--codes", type=int, default=8192,
+                                  help="codebook size of the stand-in, its top-k scaled alike (default: 8192)"),
+                           option("--text-tokens", type=int, default=128,
+                                  help="tokens in each of the four text segments (default: 128)")), _emu3p5_story),
 }
 
 

@@ -47,6 +47,7 @@ import torch
 from ..sessions.cfg_session import CFGSession, cfg_prefix, check_positions
 from ..weights.checkpoints import ModelLoadError
 from ..sessions.code_rows import code_cells, forced_tokens, with_row_ends
+from ..sessions.kept_rows import KeptRows, KeptSession
 from ..family import Family
 from .emu3p5_header import SizeMask
 from ..weights.generation_only import code_rows_head
@@ -56,6 +57,7 @@ from ..tokenizers.ibq import IBQTokenizer
 from ..tokenizers.taming_tiles import decode_tiles
 from ..weights.quantize import quantize_then_move
 from ..sessions.row_attention import RowAttentionBackbone, attention_layer
+from ..sessions.row_session import RowSession
 from ..weights.streaming import HFNetwork, read_hf_network
 from ..text.tiktoken_bpe import TiktokenBPE, read_ranks
 from ..weights.tokenizer_files import read_json, without_nulls
@@ -115,6 +117,7 @@ class Emu3p5Prompt:
     question: str = ""
     references: tuple[tuple[int, ...], ...] = ()  # each reference image's ids, <|image start|> to <|image end|>
     size_asked: bool = True  # False: no width / height given, so X2I takes the last reference's grid
+    kept: Optional[KeptRows] = None  # a story's cache rows, holding a start of cond and uncond (emu3p5_story)
 
 
 class Emu3p5Tokenizer:
@@ -299,12 +302,14 @@ class Emu3p5Model(Compilable):
         body = with_row_ends(codes[None], self._row_end)[0, :-1]  # no EOL after the last row
         return (*self._with_header([], (rows, cols)), *body.tolist(), self._image_end), (rows, cols)
 
-    def start(self, cond: Emu3p5Prompt, batch_size: int) -> CFGSession:
+    def start(self, cond: Emu3p5Prompt, batch_size: int) -> RowSession:
         check_start(cond, Emu3p5Prompt, "Emu3p5Model.encode()", batch_size)
         if cond.size != self.size:  # the size the prompt was encoded for wins
             self._set_grid(*cond.size)
         check_positions(cond.cond, cond.uncond, self.num_tokens, self.module.config.max_position_embeddings,
                         "ask for a smaller image")
+        if cond.kept is not None:  # the session feeds the rows only what they lack
+            return KeptSession(cond.kept, (cond.cond, cond.uncond), self.num_tokens, self.module.lm_head)
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._bos, batch_size, self.device)
         net = self.module
         return CFGSession(prefix, mask, self.num_tokens,
