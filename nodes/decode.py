@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import comfy.model_management as mm
+import comfy.utils
 import torch
 from comfy_api.latest import io
 from scd_core.models.weights.quantize import module_bytes
@@ -13,6 +15,8 @@ from .checks import check_same_model, check_tokens
 from .core_compat import classic_patcher_class
 from .loader import module_holder
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel, SCDTokens, load_fully
+
+MAX_TILE = 4096
 
 
 def decoding_stage(model: LoadedModel) -> Any:
@@ -30,6 +34,38 @@ def decoding_stage(model: LoadedModel) -> Any:
     return model.decoder_patcher
 
 
+@contextmanager
+def decoder_steps_reported(model: Any) -> Iterator[None]:
+    """A decode with steps of its own (MammothModa2's DiT: `decode_progress`) moves ComfyUI's progress bar at each
+    step, and stops there when the run is interrupted."""
+    if not hasattr(model, "decode_progress"):
+        yield
+        return
+    bar: list[Any] = []
+
+    def report(done: int, total: int) -> None:
+        mm.throw_exception_if_processing_interrupted()
+        if not bar:
+            bar.append(comfy.utils.ProgressBar(total))
+        bar[0].update_absolute(done, total)
+
+    model.decode_progress = report
+    try:
+        yield
+    finally:
+        model.decode_progress = None
+
+
+def tiling(model: LoadedModel, tile_size: int) -> dict[str, int]:
+    """The decode's tile argument: none at 0 (auto) on a model that decodes whole; a tile size it cannot take
+    refused."""
+    if not getattr(model.model, "decodes_in_tiles", False):
+        if tile_size:
+            raise ValueError(f"model '{model.name}' decodes whole (tiles are Emu3.5's); set tile_size to 0")
+        return {}
+    return {"tile_size": tile_size}
+
+
 class SCDVQDecode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -42,13 +78,19 @@ class SCDVQDecode(io.ComfyNode):
             inputs=[SCDModel.Input("model"), SCDTokens.Input("tokens"),
                     SCDCond.Input("conditioning", optional=True,
                                   tooltip="Video models: connect the context to decode the whole clip, "
-                                          "context frames first; unconnected, only the continuation.")],
+                                          "context frames first; unconnected, only the continuation."),
+                    # optional: workflows saved before it existed decode as they did
+                    io.Int.Input("tile_size", default=0, min=0, max=MAX_TILE, step=16, optional=True,
+                                 tooltip="Emu3.5: decode in tiles of this many pixels a side, to bound the "
+                                         "decoder's memory on large images; 0 = auto (whole up to 1024 x 1024 px, "
+                                         "512 px tiles above). Tiles give the whole decode's pixels (the norms and "
+                                         "attention still see the whole image), so no overlap is needed.")],
             outputs=[io.Image.Output(display_name="image")],
         )
 
     @classmethod
     def execute(cls, model: LoadedModel, tokens: torch.Tensor,
-                conditioning: Optional[EncodedPrompt] = None) -> io.NodeOutput:
+                conditioning: Optional[EncodedPrompt] = None, tile_size: int = 0) -> io.NodeOutput:
         tokens = check_tokens(model, tokens)
         context = ()
         if conditioning is not None:
@@ -62,5 +104,6 @@ class SCDVQDecode(io.ComfyNode):
             model.to_compute_device()
         else:  # only the decoding stage: ComfyUI offloads the AR stage if both do not fit
             load_fully(stage, model.model.decoding_memory())
-        images = model.model.decode(tokens, *context)
+        with decoder_steps_reported(model.model):
+            images = model.model.decode(tokens, *context, **tiling(model, tile_size))
         return io.NodeOutput(images.to(device=mm.intermediate_device(), dtype=torch.float32))

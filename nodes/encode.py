@@ -7,10 +7,13 @@ from typing import Optional
 from comfy_api.latest import io
 
 from scd_core.model import set_image_size
+from scd_core.models.families.emu3p5_auto import auto_size
 from scd_core.models.family import families, joined
 
+from .checks import CheckedCombo
 from .sockets import EncodedPrompt, LoadedModel, SCDCond, SCDModel
 
+GIVEN, AUTO = "width x height", "auto"  # the image size: as given (0: the model's own), or written by the model
 
 
 def size_tooltip(side: str) -> str:
@@ -39,15 +42,24 @@ class SCDPromptEncode(io.ComfyNode):
                              tooltip=size_tooltip("width")),
                 io.Int.Input("height", default=0, min=0, max=4096, step=8, optional=True,
                              tooltip=size_tooltip("height")),
+                # optional and last: workflows saved before it existed keep their widgets' values
+                CheckedCombo("size", options=[GIVEN, AUTO], default=GIVEN, optional=True,
+                     tooltip="Emu3.5 text to image: auto lets the model write its own image size "
+                             "(the authors' aspect auto: two digits, '*', two digits under their "
+                             "mask, 10..99 codes a side), for each seed; width and height 0, batch 1."),
             ],
             outputs=[SCDCond.Output(display_name="conditioning")],
         )
 
     @classmethod
     def execute(cls, model: LoadedModel, prompt: str, negative_prompt: Optional[str] = None, width: int = 0,
-                height: int = 0) -> io.NodeOutput:
+                height: int = 0, size: str = GIVEN) -> io.NodeOutput:
         if not prompt.strip():
             raise ValueError("prompt is empty; type a prompt (or a class index such as 7 for class models)")
+        if size == AUTO and (width or height):
+            raise ValueError("size auto lets the model write the image size: set width and height to 0")
         set_image_size(model.model, width, height)
         cond = model.model.encode(prompt, negative_prompt if negative_prompt and negative_prompt.strip() else None)
+        if size == AUTO:
+            cond = auto_size(model.model, cond)
         return io.NodeOutput(EncodedPrompt(model_name=model.name, cond=cond))

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from comfy_api.latest import io
 from scd_core.images.image_prompt import CONTINUE, MASKED, add_image
+from scd_core.models.families.emu3p5_auto import AutoSize
 from scd_core.models.family import families
 from server import PromptServer
 
@@ -74,6 +75,9 @@ class SCDImagePrompt(io.ComfyNode):
                 mask: Optional[torch.Tensor] = None, keep_top: float = DEFAULT_KEEP_TOP,
                 image_cfg: float = RECOMMENDED_SCALE) -> io.NodeOutput:
         check_same_model(model, cond.model_name, "conditioning")
+        if isinstance(cond.cond, AutoSize):
+            raise ValueError("size auto is for text to image (the model writes its size); with an image prompt "
+                             "set SCD Prompt Encode's size to 'width x height' (0 x 0: the reference's grid)")
         model.to_compute_device()  # the image encoder computes where the model does
         prompt = add_image(model.model, cond.cond, image, task, keep_top, mask,
                            guidance_scale("image_cfg", image_cfg))

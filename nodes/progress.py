@@ -75,8 +75,6 @@ class ProgressReporter:
     def _preview(self, stats: IterationStats) -> Optional[tuple[str, Image.Image, int]]:
         """A preview when one is due, and always the finished image."""
         started = time.monotonic()
-        if not getattr(self.model, "decodes", True):  # a token stage without its decoder (MammothModa2): no pixels
-            return None
         if stats.total < stats.num_tokens and started < self.next_preview_at:
             return None
         image = partial_image(self.model, stats.tokens, stats.num_tokens)

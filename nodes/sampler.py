@@ -12,6 +12,7 @@ from scd_core.windows import window_policies
 from scd_core.decoding.config import DEFAULT_COUPLER, MAX_CANDIDATES, MAX_SEED
 from scd_core.windows.window_policies import AUTO_WINDOW, MAX_WINDOW
 from scd_core.model import unusual_settings
+from scd_core.models.families.emu3p5_auto import for_run
 from scd_core.models.family import families
 from scd_core.decoding.sampler_options import OPTIONS, Option
 
@@ -146,10 +147,12 @@ class SCDSampler(io.ComfyNode):
         if streamed:
             warnings = [*warnings, f"streaming {streamed / 2**30:.2f} GiB of weights from the CPU"]
             logging.info("SCD Sampler (model '%s'): %s per call", model.name, warnings[-1])
+        # size auto (Emu3.5): the model writes its size for this seed first, so the progress sees that grid
+        cond = for_run(model.model, conditioning.cond, config, batch_size)
         reporter = ProgressReporter(str(cls.hidden.unique_id), model.model, warnings)
         interrupted = False
         try:
-            result = generate(model.model, conditioning.cond, config, batch_size=batch_size, callback=reporter)
+            result = generate(model.model, cond, config, batch_size=batch_size, callback=reporter)
         except mm.InterruptProcessingException:
             interrupted = True
         if interrupted:

@@ -33,6 +33,16 @@ VISION_LINES = ("<|image start|>", "<|image token|>", "<|image end|>",
 # "assistant" one token, as in the published ranks: the uncond row's 10 tokens then span what they span there
 MERGES = (b"as", b"ss", b"is", b"st", b"ist", b"an", b"ant", b"ass", b"assist", b"assistant", b"th", b"the", b"in",
           b"er")
+# the decoder, scaled down from the published shapes (a 2 x 2-patch Lumina2 DiT over a 16-channel KL VAE):
+# head width 8 = sum(axes_dim_rope); the VAE halves once (the published one three times)
+DIT_CONFIG = dict(_class_name="Transformer2DModel", patch_size=2, in_channels=4, hidden_size=32, num_layers=2,
+                  num_refiner_layers=1, num_attention_heads=4, num_kv_heads=2, multiple_of=16,
+                  ffn_dim_multiplier=None, norm_eps=1e-5, axes_dim_rope=[4, 2, 2], axes_lens=[300, 512, 512],
+                  text_feat_dim=32, timestep_scale=1000.0)
+VAE_CONFIG = dict(_class_name="AutoencoderKL", in_channels=3, out_channels=3, latent_channels=4,
+                  down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+                  block_out_channels=[8, 8], layers_per_block=1, norm_num_groups=4, sample_size=32,
+                  scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False)
 GENERATION = dict(visual_token_start_id=VISUAL_START, visual_token_end_id=VISUAL_START + CODES, eol_token_id=EOL,
                   do_sample=True, temperature=0.9, top_k=5, top_p=0.95, transformers_version="4.53.2")
 
@@ -54,9 +64,14 @@ def text_config(dev: bool) -> dict:
 def tiny_config(dev: bool) -> dict:
     llm = dict(model_type="mammothmoda2_qwen3_vl" if dev else "mammothmoda2_qwen2_5_vl",
                text_config=text_config(dev), vision_config=dict(depth=1, hidden_size=16), image_token_id=151655)
+    refiner = dict(num_queries=8, num_layers=1) if dev else dict(num_queries=8, num_layers=1, num_heads=2)
+    # Dev (main's configuration_mammothmoda2.py) averages hidden layers and conditions on text and image
+    condition = dict(gen_condition_mode="text_image", gen_condition_layers=[-1, -2],
+                     gen_text_condition_with_answer=False) if dev else dict(gen_condition_mode="image")
     return dict(model_type="mammothmoda2", architectures=["Mammothmoda2Model"], llm_config=llm,
-                gen_vae_config=dict(latent_channels=16), gen_dit_config=dict(num_layers=1),
-                gen_condition_mode="image", torch_dtype="bfloat16")
+                gen_vae_config=VAE_CONFIG, gen_dit_config=DIT_CONFIG, gen_image_condition_refiner_config=refiner,
+                gen_axes_dim_rope=[4, 2, 2], gen_axes_lens=[300, 512, 512], gen_transport_config={},
+                **condition, torch_dtype="bfloat16")
 
 
 def write_tokenizer(folder: Path) -> None:
@@ -101,8 +116,7 @@ def random_state(config: dict, seed: int) -> dict[str, torch.Tensor]:
                   "llm_model.lm_head.weight": torch.empty(qwen.vocab_size, hidden),
                   "llm_model.gen_head.weight": torch.empty(gen_vocab, hidden),
                   "llm_model.model.visual.patch_embed.proj.weight": torch.empty(16, 3),
-                  "gen_transformer.x_embedder.weight": torch.empty(8, 4),
-                  "gen_vae.decoder.conv_in.weight": torch.empty(4)})
+                  **decoder_state(config)})
     for name, value in state.items():  # std-0.2 weights: logits far from uniform, so samplers differ visibly
         if value.dim() == 2:
             value.normal_(0.0, 0.2)
@@ -111,6 +125,20 @@ def random_state(config: dict, seed: int) -> dict[str, torch.Tensor]:
         else:  # biases and the 1-D stand-ins
             value.normal_(0.0, 0.1)
     return {k: v.contiguous() for k, v in state.items()}
+
+
+def decoder_state(config: dict) -> dict[str, torch.Tensor]:
+    """The decoder's tensors under the published names (gen_transformer.*, gen_vae.*, and Preview's
+    gen_image_condition_refiner.*), with the image-editing weights text-to-image never reads."""
+    from scd_core.models.families.mammothmoda2_decode import MammothDecoder
+
+    dev = config["llm_config"]["model_type"].endswith("qwen3_vl")
+    decoder = MammothDecoder(config, config["llm_config"]["text_config"]["hidden_size"], dev)
+    state = {key: torch.empty(value.shape) for key, value in decoder.state_dict().items()}
+    width = config["gen_dit_config"]["hidden_size"]
+    state.update({"gen_transformer.ref_image_patch_embedder.weight": torch.empty(width, 16),
+                  "gen_transformer.image_index_embedding": torch.empty(5, width)})
+    return state
 
 
 def write_tiny_mammothmoda2(folder: Path, dev: bool = False, seed: int = 0, **generation) -> Path:

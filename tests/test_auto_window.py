@@ -101,6 +101,23 @@ def test_the_wall_time_benchmark_prices_auto_calls_at_the_pinned_windows_seconds
     assert set(row) == set(PROCESS_COLUMNS) and row["burst"] == "1 s" and row["held_out_vs_best"] == "-"
     assert row["auto_vs_best"] == pytest.approx(row["auto_s"] / row["best_s"])
     assert 0.2 < row["calls_vs_best"] < 5 and 0.2 < row["per_call_vs_pinned"] < 5
+    assert 0 < row["chooser_share"] < 0.5 and 0 <= row["explored"] < 0.5
+
+
+def test_the_benchmark_s_chooser_clock_times_the_policy_and_counts_its_explorations():
+    from scd_core.bench.auto import ChooserClock
+    from scd_core.windows.auto_window import AutoWindow, CallCosts
+
+    demo = load_model("demo")
+    # fixed costs: one call in EXPLORE_EVERY explores, from the first choice on
+    auto_window.remember_costs(demo, 1, {w: 1.0 + w / 64 for w in (1, 2, 4, 8, 16, 32, 64)})
+    methods = AutoWindow.choose, AutoWindow.observe, CallCosts.stalest
+    with ChooserClock() as clock:
+        result = generate(demo, demo.encode("7"), SamplerConfig(window="auto", seed=3))
+    assert (AutoWindow.choose, AutoWindow.observe, CallCosts.stalest) == methods
+    choices = len(result.windows) - 1
+    assert choices > 40 and clock.explored == choices // auto_window.EXPLORE_EVERY
+    assert 0 < clock.seconds < result.total_s
 
 
 def test_a_call_that_accepted_everything_is_censored_not_a_rejection():

@@ -19,7 +19,6 @@ from scd_core.decoding.config import MAX_SEED
 from scd_core.decoding.engine import GenerationResult
 from scd_core.models.loading import DTYPES
 from scd_core.frontends import cli
-from scd_core.models.families import mammothmoda2
 from scd_core.compiled import compiled_regions
 from scd_core.decoding import couplers
 from scd_core.bench import cli as bench
@@ -93,12 +92,12 @@ def test_progress_bar_draws_on_a_terminal(tiny_janus_dir, tmp_path, monkeypatch,
     assert "model calls for" not in terminal.getvalue()  # the bar instead of the log's line
 
 
-def test_a_token_stage_without_decoder_exits_2_with_one_line(tiny_preview_dir, tmp_path, capsys):
-    """MammothModa2 samples its tokens, then says in one line that its DiT decoder is not implemented yet."""
+def test_a_mammothmoda2_folder_writes_its_dit_image(tiny_preview_dir, tmp_path, capsys):
+    """MammothModa2 samples its tokens, then its DiT and VAE make the PNG at the asked size."""
     code, _, err = run_cli(capsys, "generate", "--model", tiny_preview_dir, "--prompt", "a red cube", "--width", 96,
                            "--height", 64, "--device", "cpu", "-o", tmp_path / "out.png")
-    assert code == 2 and err.strip().splitlines()[-1] == f"error: {mammothmoda2.DECODER_MISSING}"
-    assert not (tmp_path / "out.png").exists()
+    assert code == 0, err
+    assert Image.open(tmp_path / "out.png").size == (96, 64)
 
 
 def test_compare_in_a_log_prints_a_line_as_each_run_ends(tiny_janus_dir, tmp_path, capsys):

@@ -20,6 +20,7 @@ from test_server import output_images
 
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.images.image_prompt import add_image
+from scd_core.models.families.emu3p5_auto import generate_auto
 from scd_core.models.families.emu3p5_story import StoryOptions, decode_images, generate_story
 
 WIDTH, HEIGHT = 48, 32  # 2 rows of 3 codes and their row ends: 8 positions
@@ -92,13 +93,40 @@ def test_shipped_emu3p5_workflow_and_x2i_on_the_tiny_folder(comfy_server: ComfyS
     assert np.abs(t2i.astype(int) - x2i.astype(int)).max() > 1
 
 
-def test_shipped_story_workflow_on_the_tiny_base_folder(comfy_server: ComfyServer, tiny_emu3p5_base_dir: Path,
-                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.fixture(scope="module")
+def server_base_model(comfy_server: ComfyServer, tiny_emu3p5_base_dir: Path,
+                      tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny base copy (it writes the size 10*20 itself) in the server's models as Emu3.5."""
+    folder = Path(shutil.copytree(tiny_emu3p5_base_dir, tmp_path_factory.mktemp("server") / "Emu3.5"))
+    comfy_server.add_model(folder.name, folder)
+    return folder
+
+
+def test_shipped_emu3p5_workflow_with_size_auto_and_tiles(comfy_server: ComfyServer, server_base_model: Path) -> None:
+    """The T2I API twin on the base copy with Prompt Encode's size auto and VQ Decode's tile_size 64: the image
+    comes out at the size the copy writes (10 x 20 codes: 320 x 160 px), every token counted, with the core's
+    pixels (generate_auto, the same settings, decoded whole)."""
+    graph = shipped_graph(server_base_model.name)
+    graph["2"]["inputs"] |= {"width": 0, "height": 0, "size": "auto"}
+    graph["4"]["inputs"]["tile_size"] = 64
+    run = comfy_server.run(graph, timeout=600)
+    assert run.status == "success", run.events[-3:]
+    (image,) = output_images(comfy_server, run, ["5"])
+    assert image.size == (320, 160)
+    events = [data for data in run.of_type("scd.progress") if data["node"] == "3"]
+    assert sum(e["committed"] for e in events) == events[-1]["num_tokens"] == 10 * 21
+    model = load_model(server_base_model, device="cpu", dtype="float32")
+    with torch.inference_mode():
+        result, _ = generate_auto(model, model.encode(PROMPT), SamplerConfig(coupler="faithful", window=8, seed=42))
+        core = np.clip(255.0 * model.decode(result.tokens)[0].numpy(), 0, 255).astype(np.uint8)
+    assert np.abs(np.asarray(image.convert("RGB")).astype(int) - core.astype(int)).max() <= 1
+
+
+def test_shipped_story_workflow_on_the_tiny_base_folder(comfy_server: ComfyServer, server_base_model: Path) -> None:
     """The story workflow's API twin (model, budget and size swapped for the tiny copy): the saved images and the
     text are the core's story with the same settings (faithful, seed 42, CFG 3), and each image had its
     progress."""
-    folder = Path(shutil.copytree(tiny_emu3p5_base_dir, tmp_path_factory.mktemp("server") / "Emu3.5"))
-    comfy_server.add_model(folder.name, folder)
+    folder = server_base_model
     graph = json.loads((REPO_ROOT / "workflows" / "api" / "scd_emu3p5_story_api.json").read_text())
     graph["1"]["inputs"]["model"] = folder.name
     graph["2"]["inputs"] |= {"max_new_tokens": 20, "width": 32, "height": 16, "window": 4}

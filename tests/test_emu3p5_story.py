@@ -163,6 +163,41 @@ def test_greedy_story_equals_the_authors_loop(story_model: emu3p5.Emu3p5Model, a
         assert result.image_calls < 2 * (10 * 21 + 1) - 2 * 10  # fewer calls than AR (row ends cost none)
 
 
+def test_each_switch_feeds_only_the_new_tokens(story_model: emu3p5.Emu3p5Model) -> None:
+    """The cond and uncond cache rows are kept across segments: at window 1 (one id per row and call) the run feeds
+    each id of the sequence once per row that holds it, plus the padding of the call that opens the first image
+    (where the uncond row is fed its whole prompt beside the cond row's few new ids).  Building the caches again
+    at each switch feeds the whole sequence again (about 6 times the prompt more here)."""
+    fed = []
+    hook = story_model.module.get_input_embeddings().register_forward_pre_hook(
+        lambda module, args: fed.append(args[0].numel()))
+    try:
+        result = generate_story(story_model, QUESTION, SamplerConfig(window=1, top_k=1),
+                                StoryOptions(max_new_tokens=TWO_IMAGES, text_top_k=1))
+    finally:
+        hook.remove()
+    cond, uncond = story_prompts(story_model, QUESTION, "story")
+    images = 2 * (1 + 6 + 10 * 21)  # each image from <|image start|> to <|image end|>, in the uncond context too
+    once = len(cond) + len(result.tokens) + len(uncond) + images
+    assert len(result.images) == 2 and once <= sum(fed) <= once + len(uncond) + 8, (sum(fed), once)
+
+
+def test_the_story_bench_counts_the_calls_a_story_makes(story_model: emu3p5.Emu3p5Model) -> None:
+    """`bench emu3p5-story`'s text calls are the run's: one per text token, image start and written size digit,
+    none for a switch; its images' calls are the engine's, AR's one per position."""
+    from scd_core.bench.emu3p5 import Emu3p5ShapedModel
+    from scd_core.bench.emu3p5_story import IMAGES, story_rows, text_calls
+
+    result = generate_story(story_model, QUESTION, SamplerConfig(window=8, top_k=1),
+                            StoryOptions(max_new_tokens=TWO_IMAGES, text_top_k=1))
+    assert result.parts == ["Q", 0, "Z", 1, "Z"]  # one token a segment; then a third image start, cut by the budget
+    assert result.text_calls == text_calls(1, images=2) + 1
+    rows = story_rows(Emu3p5ShapedModel(2, 3, codes=64), [4], text_tokens=5)
+    assert [row["method"] for row in rows] == ["AR", "SCD-maximal", "faithful"]
+    assert rows[0]["image_calls"] == IMAGES * 2 * 4 and {row["text_calls"] for row in rows} == {text_calls(5)}
+    assert all(row["story_calls"] == row["image_calls"] + row["text_calls"] for row in rows)
+
+
 def test_eos_ends_the_story(tmp_path: Path) -> None:
     """A copy whose image end leads to EOS: one image, the text without the end mark, the authors' tokens."""
     folder = write_tiny_emu3p5(tmp_path / "Emu3.5", story="eos")

@@ -299,11 +299,16 @@ def test_int8_loads_and_samples(tiny_preview_dir: Path) -> None:
     assert tokens.shape == (1, model.num_tokens) and all(int(tokens[0, p]) == EOL for p in model.forced_tokens)
 
 
-def test_decode_says_the_decoder_is_not_implemented(sampled: tuple) -> None:
-    _, model, _ = sampled
-    with pytest.raises(NotImplementedError, match="DiT decoder is not implemented yet") as err:
-        model.decode(torch.full((1, model.num_tokens), VISUAL_START))
-    assert "\n" not in str(err.value)
+def test_decode_without_a_prompt_or_of_bad_tokens_is_one_line(sampled: tuple) -> None:
+    folder, _, _ = sampled
+    model = loaded(folder)  # no session started: no prompt to re-encode the tokens with
+    prompt = model.encode(PROMPT)
+    for tokens, cond, message in ((torch.full((1, model.num_tokens), VISUAL_START), None, "needs the prompt"),
+                                  (torch.full((1, 3), VISUAL_START), prompt, r"tokens must be \(batch, 8\)"),
+                                  (torch.full((1, model.num_tokens), -1), prompt, "token ids must lie in")):
+        with pytest.raises(ValueError, match=message) as err:
+            model.decode(tokens, cond)
+        assert "\n" not in str(err.value)
 
 
 def test_bad_grids_get_one_line_and_change_nothing(sampled: tuple) -> None:

@@ -29,12 +29,14 @@ from scd_core.compiled.cuda_graphs import KeptGraphs
 from scd_core.compiled.graph_state import State
 from scd_core.models.weights.checkpoints import ModelLoadError
 from scd_core.windows import window_policies
+from scd_core import SamplerConfig
 from scd_core.decoding.config import COUPLERS
+from scd_core.models.families.emu3p5_auto import generate_auto
 from scd_core.decoding.sampler_options import OPTIONS
 
 from comfy_server import REPO_ROOT, comfyui_main
 from emu3_fixture import tiny_emu3_dir  # noqa: F401  (fixture)
-from emu3p5_fixture import tiny_emu3p5_base_dir  # noqa: F401  (fixture)
+from emu3p5_fixture import STORY_SIZE, tiny_emu3p5_base_dir  # noqa: F401  (fixture)
 from lumina_fixture import RESOLUTION_2, tiny_lumina2_dir, tiny_lumina_dir  # noqa: F401  (fixtures)
 from mammothmoda2_fixture import tiny_preview_dir  # noqa: F401  (fixture)
 
@@ -281,8 +283,9 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
 def test_decode_and_stats_schema(node_classes: dict[str, Any]) -> None:
     decode = inputs_of(node_classes["SCDVQDecode"])
     assert {name: kind for name, (kind, _) in decode.items()} == {"model": "SCD_MODEL", "tokens": "SCD_TOKENS",
-                                                                  "conditioning": "SCD_COND"}
-    assert "conditioning" in node_classes["SCDVQDecode"].GET_NODE_INFO_V1()["input"]["optional"]
+                                                                  "conditioning": "SCD_COND", "tile_size": "INT"}
+    assert {"conditioning", "tile_size"} <= set(node_classes["SCDVQDecode"].GET_NODE_INFO_V1()["input"]["optional"])
+    assert decode["tile_size"][1]["default"] == 0  # auto: workflows saved before it decode as they did
     assert inputs_of(node_classes["SCDStats"]) == {"stats": ("SCD_STATS", {})}
 
 
@@ -400,21 +403,25 @@ def test_sampler_validation(node_classes: dict[str, Any], pack: ModuleType) -> N
 
 
 # -- executing the nodes on the tiny Janus --------------------------------------------------------
-def test_a_token_stage_without_decoder_samples_without_previews(node_classes: dict[str, Any], comfy: SimpleNamespace,
-                                                                 tiny_preview_dir: Path,
-                                                                 fake_server: FakeServer) -> None:
-    """MammothModa2 (its DiT not implemented): the sampler runs with no preview, SCD VQ Decode says why in one
-    line."""
+def test_mammothmoda2_previews_its_token_map_and_reports_the_dit_steps(node_classes: dict[str, Any],
+                                                                       comfy: SimpleNamespace, tiny_preview_dir: Path,
+                                                                       fake_server: FakeServer) -> None:
+    """MammothModa2 through both stages: the sampler previews a token map (the DiT never runs for a preview), SCD
+    VQ Decode moves ComfyUI's bar once per DiT step and gives the image at the asked size."""
+    from scd_core.models.families.mammothmoda2_decode import DiTSettings
+
     list_in_comfyui(comfy, "scd", tiny_preview_dir, "tiny-mammothmoda2")
     model = node_classes["SCDModelLoader"].execute("tiny-mammothmoda2", "auto", "auto").result[0]
     (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a red square", negative_prompt="",
                        width=96, height=64)  # one code per 32 px: 2 x 3
     tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond))
     assert tokens.shape == (1, 8) and stats.result.nfe == len(fake_server.previews)
-    assert fake_server.previews and not any(fake_server.previews)
-    with pytest.raises(NotImplementedError, match="DiT decoder is not implemented yet") as err:
-        run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
-    assert "\n" not in str(err.value)
+    assert fake_server.previews[-1] is not None  # the finished token map at least
+    model.model.dit = DiTSettings(steps=3)
+    sampled = len(fake_server.previews)
+    (image,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
+    assert image.shape == (1, 64, 96, 3) and len(fake_server.previews) == sampled + 3
+    assert model.model.decode_progress is None  # the node's reporter is gone once it is done
 
 
 def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any], janus: Any,
@@ -732,6 +739,36 @@ def test_tiny_emu3p5_story_runs_through_the_nodes(node_classes: dict[str, Any], 
     assert any(text.startswith("story: ") for _, text in fake_server.texts)
     with pytest.raises(ValueError, match="cannot hold one image"):
         run_node(node_classes["SCDEmu3p5Story"], **(inputs | dict(max_new_tokens=5)))
+
+
+def test_emu3p5_size_auto_and_tiles_through_the_nodes(node_classes: dict[str, Any], comfy: SimpleNamespace,
+                                                      tiny_emu3p5_base_dir: Path, janus: Any,
+                                                      fake_server: FakeServer) -> None:
+    """Prompt Encode's size auto: the sampler samples the tokens the core's generate_auto gives at the size the
+    copy writes (10 x 20 codes), previewed at it; the decode node's tile_size gives the whole decode's pixels up to
+    float32 rounding. A batch, a size with auto, auto or tiles on Janus, auto before an image prompt: one line."""
+    list_in_comfyui(comfy, "scd", tiny_emu3p5_base_dir, "Emu3.5")
+    (model,) = node_classes["SCDModelLoader"].execute("Emu3.5", "auto", "auto").result
+    (cond,) = run_node(node_classes["SCDPromptEncode"], model=model, prompt="a lighthouse at dusk", size="auto")
+    tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond))
+    core, written = generate_auto(model.model, model.model.encode("a lighthouse at dusk"),
+                                  SamplerConfig(coupler="maximal", window=4, seed=3, draft_init="above"))
+    assert written.size == STORY_SIZE and torch.equal(tokens, core.tokens) and tokens.shape == (1, 10 * 21)
+    assert fake_server.previews[-1][1].size == (320, 160)
+    (whole,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
+    (tiled,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens, tile_size=64)
+    assert whole.shape == tiled.shape == (1, 160, 320, 3) and (whole - tiled).abs().max() <= 1e-4
+    with pytest.raises(ValueError, match="one image at a time"):
+        run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond, batch_size=2))
+    with pytest.raises(ValueError, match="set width and height to 0"):
+        run_node(node_classes["SCDPromptEncode"], model=model, prompt="a lighthouse", width=64, size="auto")
+    with pytest.raises(ValueError, match="text to image"):
+        run_node(node_classes["SCDImagePrompt"], model=model, cond=cond, image=torch.rand(1, 32, 32, 3), task="x2i")
+    with pytest.raises(ValueError, match="Emu3.5"):
+        run_node(node_classes["SCDPromptEncode"], model=janus, prompt="a cat", size="auto")
+    janus_tokens = torch.zeros(1, janus.model.num_tokens, dtype=torch.long)
+    with pytest.raises(ValueError, match="decodes whole"):
+        run_node(node_classes["SCDVQDecode"], model=janus, tokens=janus_tokens, tile_size=64)
 
 
 def test_sampler_reserves_its_batch_before_loading(node_classes: dict[str, Any], janus: Any, comfy: SimpleNamespace,

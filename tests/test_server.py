@@ -65,6 +65,20 @@ def output_images(server: ComfyServer, run: Any, node_ids: Optional[list[str]] =
             for entry in output.get("images", [])]
 
 
+def run_shipped_workflow(server: ComfyServer, name: str, folder: Path, size: tuple[int, int],
+                         window: int) -> tuple[list[Image.Image], list[dict]]:
+    """The shipped text-to-image workflow `name`'s API twin (loader 1, prompt 2, sampler 3, saved image 5) with
+    `folder` as its model, its size and window swapped, run to success: the saved images and the sampler's
+    progress events."""
+    graph = json.loads((WORKFLOWS / f"{name}_api.json").read_text())
+    graph["1"]["inputs"]["model"] = server.add_model(f"tiny-{name}", folder)
+    graph["2"]["inputs"] |= {"width": size[0], "height": size[1]}
+    graph["3"]["inputs"]["window"] = window
+    run = server.run(graph, timeout=900)  # a first decode may import diffusers and read a DiT
+    assert run.status == "success", run.events[-3:]
+    return output_images(server, run, ["5"]), [data for data in run.of_type("scd.progress") if data["node"] == "3"]
+
+
 def summary_text(run: Any) -> str:
     texts = [t for output in run.history()["outputs"].values() for t in output.get("text", [])]
     assert len(texts) == 1, texts

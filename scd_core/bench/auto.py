@@ -18,17 +18,20 @@ one width show, on pinned windows (the exponent the chooser takes to be REFINEME
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from ..windows import auto_window
+from ..windows.auto_window import AutoWindow
 from .nfe import SHARPNESS
 from .tables import markdown
 from ..decoding.config import SamplerConfig
@@ -106,6 +109,36 @@ def busy_loop(seconds: float) -> subprocess.Popen:
     return process
 
 
+class ChooserClock:
+    """While entered: the seconds automatic runs spend choosing widths and learning from calls (the policy's
+    bookkeeping, outside the model's calls), and the choices that explored a neighbour of the best width."""
+
+    def __enter__(self) -> "ChooserClock":
+        self.seconds, self.explored = 0.0, 0
+        self.saved = AutoWindow.choose, AutoWindow.observe, auto_window.CallCosts.stalest
+        choose, observe, stalest = self.saved
+
+        def timed(method: Callable) -> Callable:
+            def run(policy: Any, *args: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return method(policy, *args)
+                finally:
+                    self.seconds += time.perf_counter() - started
+            return run
+
+        def exploring(costs: Any, widths: Sequence[int]) -> int:
+            self.explored += 1  # the chooser asks for the stalest neighbour only when it explores
+            return stalest(costs, widths)
+
+        AutoWindow.choose, AutoWindow.observe = timed(choose), timed(observe)
+        auto_window.CallCosts.stalest = exploring
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        AutoWindow.choose, AutoWindow.observe, auto_window.CallCosts.stalest = self.saved
+
+
 def one_process(name: str, layers: int, side: int, images: int, burst: bool) -> dict[str, Any]:
     """What one fresh process sees: its first automatic image (which times the widths, under a burst of load
     when `burst`), then `images` - 1 rounds of one automatic image and one at each pinned window, seed for seed."""
@@ -126,18 +159,23 @@ def one_process(name: str, layers: int, side: int, images: int, burst: bool) -> 
     seconds: dict[str, list[float]] = {str(w): [] for w in ("auto",) + PINNED}
     calls = dict.fromkeys(seconds, 0)
     used: list[int] = []
+    chooser_s, explored = 0.0, 0
+    clock = ChooserClock()
     for seed in range(1, images):
         for window in ("auto",) + PINNED:
-            result = generate(model, cond, SamplerConfig(window=window, seed=seed))
+            with clock if window == "auto" else contextlib.nullcontext():
+                result = generate(model, cond, SamplerConfig(window=window, seed=seed))
             seconds[str(window)].append(result.total_s)
             calls[str(window)] += result.nfe - 1
             if window == "auto":
                 used += result.windows[1:]
+                chooser_s, explored = chooser_s + clock.seconds, explored + clock.explored
     def commonest(windows: list[int]) -> str:
         return ", ".join(auto_window.widths_used(windows).split(", ")[:3])
 
     return dict(first_s=first.total_s, first_widths=commonest(first.windows), widths=commonest([1] + used),
-                seconds=seconds, calls=calls, auto_widths=used,
+                seconds=seconds, calls=calls, auto_widths=used, chooser_share=chooser_s / sum(seconds["auto"]),
+                explored=explored / max(len(used), 1),
                 timed={str(w): c for w, c in timed[0].items()})
 
 
@@ -190,14 +228,16 @@ def fresh_processes(name: str, processes: int, images: int, layers: int, side: i
                          auto_vs_best=mean["auto"] / mean[best],
                          held_out_vs_best="-" if held_out is None else held_out,
                          calls_vs_best=run["calls"]["auto"] / run["calls"][best],
-                         per_call_vs_pinned=per_call_vs_pinned(run), widths=run["widths"]))
+                         per_call_vs_pinned=per_call_vs_pinned(run), chooser_share=run["chooser_share"],
+                         explored=run["explored"], widths=run["widths"]))
         # what a cut-short run leaves, and each seed's seconds for another look at them
         print(f"  {name}: {json.dumps({**rows[-1], 'seconds': run['seconds']})}", file=sys.stderr, flush=True)
     return rows
 
 
 PROCESS_COLUMNS = ("process", "burst", "timed_64_vs_1", "first_vs_best", "first_widths", "best_pinned", "best_s",
-                   "auto_s", "auto_vs_best", "held_out_vs_best", "calls_vs_best", "per_call_vs_pinned", "widths")
+                   "auto_s", "auto_vs_best", "held_out_vs_best", "calls_vs_best", "per_call_vs_pinned",
+                   "chooser_share", "explored", "widths")
 
 
 def replay_models(side: int = 24, entropies: Sequence[tuple[str, float]] = SHARPNESS) -> list[tuple[str, Any, Any]]:

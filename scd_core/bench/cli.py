@@ -25,6 +25,7 @@
     python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
     python -m scd_core.bench emu3p5                   # Emu3.5-Image at 1024 px: calls at its layout and top-k
     python -m scd_core.bench mammothmoda2             # MammothModa2's token stage: calls at 32 x 32 / 64 x 64, Amdahl
+    python -m scd_core.bench emu3p5-story             # an Emu3.5 story: text and three 720 px images, its calls
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
 
 A benchmark is one COMMANDS entry: its summary, its options (the shared ones below, or its own) and what runs
@@ -218,6 +219,10 @@ def _mammothmoda2(args: argparse.Namespace) -> Result:
 
     grids = [tuple(grid) for grid in args.grids] if args.grids else GRIDS
     return "mammothmoda2", mammoth_tables(list(range(args.seeds)), args.windows, grids)
+def _emu3p5_story(args: argparse.Namespace) -> Result:
+    from .emu3p5_story import story_tables
+
+    return "emu3p5-story", story_tables(args.windows, args.codes, args.text_tokens)
 
 
 COMMANDS: dict[str, Bench] = {
@@ -347,6 +352,14 @@ COMMANDS: dict[str, Bench] = {
                                   help="window widths to compare (default: 32)"),
                            option("--grids", type=int, nargs=2, action="append", metavar=("ROWS", "COLS"),
                                   default=None, help="grids to run (default: 32 32 and 64 64)")), _mammothmoda2),
+    "emu3p5-story": Bench("An Emu3.5 story: calls of AR, SCD and faithful for three 720^2 px images on the synthetic "
+                          "model of Emu3.5's layout, with the plain AR text segments between them",
+                          (option("--windows", type=int, nargs="+", default=[32],
+                                  help="window widths to compare (default: 32)"),
+                           option("--codes", type=int, default=8192,
+                                  help="codebook size of the stand-in, its top-k scaled alike (default: 8192)"),
+                           option("--text-tokens", type=int, default=128,
+                                  help="tokens in each of the four text segments (default: 128)")), _emu3p5_story),
 }
 
 

@@ -25,7 +25,10 @@ it measured, and `parts.md` says how each part ended.  In order of value, on the
      calls of 1 to 256 rows, rows whose float32 variance and bfloat16 output differ from the 128-row call's, as the
      norm comes and in the window-invariant tiles; and top-p's row sums (`sampling.to_probs`) at vocabularies of
      16k to 131k, a position alone against among 32;
-  6. int8: one int8 layer's kernels (`device_check.int8_kernel_rows`).
+  6. int8: one int8 layer's kernels (`device_check.int8_kernel_rows`);
+  7-13. linear, attention, model, compiled_bits, cost, rehash, auto: one kernel's tiles alone, the model level,
+     compiled widths, what the tiles cost, a second process's hashes and the automatic window against pinned
+     ones (`device_parts`, which says what each answers).
 
 The dry run runs dynamo's "eager" backend (graphs traced, no code generated: inductor takes minutes per width
 on a CPU); the header says so.
@@ -34,10 +37,10 @@ on a CPU); the header says so.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -52,6 +55,8 @@ from ..compiled import compiled_regions, cuda_graphs, invariant
 from ..decoding.config import SamplerConfig
 from ..decoding.engine import generate
 from ..models.weights.memory import release_memory
+from . import device_kernels, device_parts
+from .device_model import invariant_calls
 from .tables import markdown
 
 LIMIT_S = 540  # the whole run: 9 minutes
@@ -64,7 +69,7 @@ BIT_WIDTHS = (1, 8, 32)
 BIT_SPAN = 32  # positions compared, after the prompt and BIT_CACHED image tokens
 BIT_CACHED = 288
 COMPILE_WIDTHS = (1, 32)
-COMPILE_BUDGET_S = 100.0
+COMPILE_BUDGET_S = 45.0
 
 
 def _setting(device: str, tiny: bool) -> tuple[torch.device, torch.dtype, Any]:
@@ -153,23 +158,6 @@ def async_table(rows: list[dict[str, Any]], backend: Optional[str]) -> str:
 # to 128 (CUDA's, unmeasured: weight-bound calls re-read the weights once per tile)
 BIT_CALLS = (("today's", None), ("tiles of 32", 32), ("tiles of 64", 64), ("tiles of 128", 128))
 TIMED_WIDTHS = (1, 8, 32, 64)
-
-
-@contextlib.contextmanager
-def invariant_calls(rows: Optional[int]) -> Iterator[None]:
-    """Today's calls (`rows` None) or window-invariant calls in tiles of `rows` rows, for the sessions started
-    inside."""
-    saved = os.environ.get(invariant.POLICY_VARIABLE), invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS
-    os.environ[invariant.POLICY_VARIABLE] = "off" if rows is None else "on"
-    invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS = {}, rows or invariant.DEFAULT_TILE_ROWS  # on every device
-    try:
-        yield
-    finally:
-        invariant.TILE_ROWS, invariant.DEFAULT_TILE_ROWS = saved[1:]
-        if saved[0] is None:
-            del os.environ[invariant.POLICY_VARIABLE]
-        else:
-            os.environ[invariant.POLICY_VARIABLE] = saved[0]
 
 
 def bit_rows(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool, calls: str,
@@ -322,18 +310,25 @@ def int8_part(device: torch.device, dtype: torch.dtype, shape: Any, tiny: bool) 
 
 
 # name: (cap in seconds on a GPU, the part: its table and data, again each time it has measured more, extra
-# environment)
+# environment); the caps add up to at most LIMIT_S, so that every part gets its own (a process's start included)
 PARTS: dict[str, tuple[float, Callable[..., Iterator[tuple[str, Any]]], dict[str, str]]] = {
-    "floor": (150, floor_part, {}),
-    "compiled": (150, compiled_part, {}),
-    "async": (100, async_part, {"PYTORCH_CUDA_ALLOC_CONF": ASYNC_ALLOCATOR_CONF}),
-    "bits": (80, bits_part, {}),
-    "norms": (30, norms_part, {}),
-    "int8": (40, int8_part, {}),
+    "floor": (75, floor_part, {}),
+    "compiled": (70, compiled_part, {}),
+    "async": (45, async_part, {"PYTORCH_CUDA_ALLOC_CONF": ASYNC_ALLOCATOR_CONF}),
+    "bits": (45, bits_part, {}),
+    "norms": (20, norms_part, {}),
+    "int8": (15, int8_part, {}),
+    "linear": (20, device_parts.linear_part, {}),
+    "attention": (30, device_parts.attention_part, {}),
+    "model": (55, device_parts.model_part, {}),
+    "compiled_bits": (60, device_parts.compiled_bits_part, {}),
+    "cost": (35, device_parts.cost_part, {}),
+    "rehash": (30, device_parts.rehash_part, {}),
+    "auto": (40, device_parts.auto_part, {}),
 }
 
 
-def environment(device: str) -> str:
+def environment(device: str, tiny: bool = False) -> str:
     """What the machine runs: python, torch, transformers, the accelerator and its allocator."""
     import transformers
 
@@ -350,6 +345,8 @@ def environment(device: str) -> str:
     lines.append(f"CPU capability {torch.backends.cpu.get_cpu_capability()}; numerics switches (held at these "
                  "defaults inside the window-invariant calls): "
                  + ", ".join(f"{switch.name} {switch.read()}" for switch in invariant.PINNED))
+    lines.append("SDPA in a masked attention tile, as the flags come (the profiler's op and kernel names): "
+                 + device_kernels.sdpa_kernels(torch.device(device), tiny))
     return "\n".join(f"- {line}" for line in lines)
 
 
@@ -368,12 +365,26 @@ def run_part(name: str, out: Path, device: str, tiny: bool) -> None:
         (out / f"{index}-{name}.json").write_text(json.dumps(data, indent=1, default=str))
 
 
+def _capped(command: list[str], env: dict[str, str], timeout: float) -> str:
+    """How `command` ended within `timeout` seconds; cut there with every process it started (compile workers,
+    the rehash part's second process), so that none holds the device during the next part."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stderr = process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return "cut at its time limit"
+    return "done" if process.returncode == 0 else f"failed ({process.returncode}): {' '.join(stderr.split()[-40:])}"
+
+
 def run(out: Path, device: Optional[str] = None, tiny: bool = False, limit_s: float = LIMIT_S) -> str:
     """Every part in turn, each in a process of its own under its cap (tiny: the whole limit) and what is left
     of `limit_s`; returns the tables written."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "0-environment.md").write_text(f"## Environment\n\n{environment(device)}\n")
+    (out / "0-environment.md").write_text(f"## Environment\n\n{environment(device, tiny)}\n")
     started, ended = time.perf_counter(), []
     root = str(Path(__file__).resolve().parents[2])
     for name, (cap, _, extra) in PARTS.items():
@@ -385,14 +396,8 @@ def run(out: Path, device: Optional[str] = None, tiny: bool = False, limit_s: fl
                "SCD_WINDOW_COSTS": "off"}
         command = [sys.executable, "-m", "scd_core.bench.device_run", name, str(out), device] + (["--tiny"] * tiny)
         part_started = time.perf_counter()
-        try:
-            done = subprocess.run(command, env=env, timeout=min(left, limit_s if tiny else cap),
-                                  capture_output=True, text=True)
-            ended.append(dict(part=name, seconds=time.perf_counter() - part_started,
-                              ended="done" if done.returncode == 0 else
-                              f"failed ({done.returncode}): {' '.join(done.stderr.split()[-40:])}"))
-        except subprocess.TimeoutExpired:
-            ended.append(dict(part=name, seconds=time.perf_counter() - part_started, ended="cut at its time limit"))
+        ended.append(dict(part=name, ended=_capped(command, env, min(left, limit_s if tiny else cap)),
+                          seconds=time.perf_counter() - part_started))
         (out / "parts.md").write_text("## Parts\n\n" + markdown(ended, ["part", "seconds", "ended"]) + "\n")
         print(f"{name}: {ended[-1]['ended'][:200]} ({ended[-1]['seconds']:.0f} s)", flush=True)
     return "\n\n".join(path.read_text() for path in sorted(out.glob("*.md")))

@@ -47,14 +47,17 @@ import torch
 from ..sessions.cfg_session import CFGSession, cfg_prefix, check_positions
 from ..weights.checkpoints import ModelLoadError
 from ..sessions.code_rows import code_cells, forced_tokens, with_row_ends
+from ..sessions.kept_rows import KeptRows, KeptSession
 from ..family import Family
 from .emu3p5_header import SizeMask
 from ..weights.generation_only import code_rows_head
 from ..weights.hf_folders import check_safetensors_weights
 from ..tokenizers.ibq import CONFIG as VQ_CONFIG
 from ..tokenizers.ibq import IBQTokenizer
+from ..tokenizers.taming_tiles import decode_tiles
 from ..weights.quantize import quantize_then_move
 from ..sessions.row_attention import RowAttentionBackbone, attention_layer
+from ..sessions.row_session import RowSession
 from ..weights.streaming import HFNetwork, read_hf_network
 from ..text.tiktoken_bpe import TiktokenBPE, read_ranks
 from ..weights.tokenizer_files import read_json, without_nulls
@@ -99,6 +102,9 @@ DEFAULT_SIZE = (64, 64)  # the authors' "1:1" (example_config_t2i.py aspect_rati
 IMAGE_MODEL, BASE_MODEL = (5.0, 5120), (2.0, 10240)
 VISION_FOLDERS = ("vision_tokenizer", "VisionTokenizer", "Emu3.5-VisionTokenizer")
 CACHE_TOKENS = 128 + 64 * 65  # a prompt and a 1024 px image (memory estimates)
+# Decoding in tiles (taming_tiles): auto (0) decodes whole up to 64 x 64 codes (the default 1024 x 1024 px, and
+# other aspects of that area), in tiles of 512 px (32 codes; ComfyUI's VAEDecodeTiled default) above
+AUTO_TILE, TILE_ABOVE, DEFAULT_TILE = 0, 64 * 64, 512
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,7 @@ class Emu3p5Prompt:
     question: str = ""
     references: tuple[tuple[int, ...], ...] = ()  # each reference image's ids, <|image start|> to <|image end|>
     size_asked: bool = True  # False: no width / height given, so X2I takes the last reference's grid
+    kept: Optional[KeptRows] = None  # a story's cache rows, holding a start of cond and uncond (emu3p5_story)
 
 
 class Emu3p5Tokenizer:
@@ -162,6 +169,18 @@ def codes_along(pixels: int) -> int:
     return max(1, (pixels + DOWNSAMPLE // 2) // DOWNSAMPLE)
 
 
+def decoding_tile(rows: int, cols: int, tile_size: int = AUTO_TILE) -> Optional[int]:
+    """Pixels a side of the tiles a rows x cols grid decodes in, None for whole: `tile_size` (at least
+    DOWNSAMPLE), whole when one tile covers the image; AUTO_TILE: DEFAULT_TILE above TILE_ABOVE codes."""
+    whole_number = isinstance(tile_size, int) and not isinstance(tile_size, bool)
+    if not whole_number or not (tile_size == AUTO_TILE or tile_size >= DOWNSAMPLE):
+        raise ValueError(f"tile_size must be 0 (auto: whole up to {TILE_ABOVE} codes, tiles of {DEFAULT_TILE} px "
+                         f"above) or a tile side of at least {DOWNSAMPLE} px, got {tile_size!r}")
+    if tile_size == AUTO_TILE:
+        return DEFAULT_TILE if rows * cols > TILE_ABOVE else None
+    return tile_size if tile_size < max(rows, cols) * DOWNSAMPLE else None
+
+
 def grid_for(width: int, height: int) -> tuple[int, int]:
     """(rows, cols) of 16 px codes nearest width x height pixels."""
     if not all(isinstance(side, int) and side >= DOWNSAMPLE // 2 for side in (width, height)):
@@ -178,6 +197,7 @@ class Emu3p5Model(Compilable):
     default_temperature = 1.0
     image_tasks = (X2I,)
     reference_area = REFERENCE_AREA
+    decodes_in_tiles = True  # `decode` takes tile_size (the decode node's setting)
 
     def __init__(self, module: torch.nn.Module, tokenizer: Emu3p5Tokenizer, vq: IBQTokenizer,
                  recommended: tuple[float, int] = IMAGE_MODEL) -> None:
@@ -282,12 +302,14 @@ class Emu3p5Model(Compilable):
         body = with_row_ends(codes[None], self._row_end)[0, :-1]  # no EOL after the last row
         return (*self._with_header([], (rows, cols)), *body.tolist(), self._image_end), (rows, cols)
 
-    def start(self, cond: Emu3p5Prompt, batch_size: int) -> CFGSession:
+    def start(self, cond: Emu3p5Prompt, batch_size: int) -> RowSession:
         check_start(cond, Emu3p5Prompt, "Emu3p5Model.encode()", batch_size)
         if cond.size != self.size:  # the size the prompt was encoded for wins
             self._set_grid(*cond.size)
         check_positions(cond.cond, cond.uncond, self.num_tokens, self.module.config.max_position_embeddings,
                         "ask for a smaller image")
+        if cond.kept is not None:  # the session feeds the rows only what they lack
+            return KeptSession(cond.kept, (cond.cond, cond.uncond), self.num_tokens, self.module.lm_head)
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, self._bos, batch_size, self.device)
         net = self.module
         return CFGSession(prefix, mask, self.num_tokens,
@@ -302,12 +324,15 @@ class Emu3p5Model(Compilable):
         return self._code_of[code_cells(tokens.cpu(), rows, cols).flatten(1)]
 
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1 via the IBQ decoder."""
+    def decode(self, tokens: torch.Tensor, tile_size: int = AUTO_TILE) -> torch.Tensor:
+        """Token ids (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1 via the IBQ decoder, in
+        tiles of `tile_size` pixels a side (`decoding_tile`; taming_tiles: the whole decode's pixels up to float32
+        rounding, a bounded part of it on the compute device)."""
         rows, cols = self.size
+        tile = decoding_tile(rows, cols, tile_size)
         decoder = self.vq.decoder
-        weight = decoder.post_quant_conv.weight
-        images = decoder.decode(self.code_grid(tokens).to(weight.device), rows, cols)
+        codes = self.code_grid(tokens).to(decoder.post_quant_conv.weight.device)
+        images = decode_tiles(decoder, codes, rows, cols, tile) if tile else decoder.decode(codes, rows, cols)
         return ((images.float() + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).cpu()
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from ...decoding.config import SamplerConfig
 from ...decoding.engine import GenerationResult, IterationStats, generate
 from ...decoding.run_settings import sampling_settings
+from ..sessions.kept_rows import KeptRows
 from .emu3p5 import Emu3p5Model, Emu3p5Prompt
 from .emu3p5_header import HEADER_STEPS
 from .emu3p5_steps import PlainSteps
@@ -74,7 +75,8 @@ def with_written_size(model: Emu3p5Model, prompt: Emu3p5Prompt, config: SamplerC
     check_prompt(prompt)
     start = model._image_start
     cond, uncond = before_header(prompt.cond, start), before_header(prompt.uncond, start)
-    steps = PlainSteps(model.module, cond, model.module.size_head, config.seed, HEADER_STEPS, model.device)
+    rows = KeptRows(model.module, 1, len(cond) + HEADER_STEPS, model.device)
+    steps = PlainSteps(rows, cond, model.module.size_head, config.seed, HEADER_STEPS)
     size = steps.write_header(model.size_mask, replace(sampling_settings(model, config), cfg_scale=1.0))
     model._set_grid(*size)  # as `start` will: progress bars and decode see its grid
     return replace(prompt, cond=(*cond, *steps.tokens), uncond=(*uncond, *steps.tokens), size=size, size_asked=True)

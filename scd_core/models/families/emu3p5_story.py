@@ -19,8 +19,10 @@ configs/config.py, example_config_visual_narrative.py, example_config_visual_gui
 Here each text token or size digit is drawn by emu3p5_steps.PlainSteps: inverse CDF from that law on the cond row
 alone (one plain AR call, tokens the law forces fed with the next call), with a uniform keyed by (seed, position):
 the same tokens at any window.  Each image is one `engine.generate` on an `Emu3p5Prompt` of the sequence so far
-and its unconditional context, so every coupler and window samples it exactly under the authors' law.  The caches
-are built again at each switch between text and image (one prefill call each).
+and its unconditional context, so every coupler and window samples it exactly under the authors' law.  Both cache
+rows (cond, uncond: sessions.kept_rows) are kept for the whole run: each switch between text and image feeds only
+the tokens a row lacks (the image's header, the uncond context's new image; the last image token), never the
+sequence again.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .emu3p5 import BOS, DOWNSAMPLE, IMAGE_END, IMAGE_START, IMAGE_TOKEN, UNCOND
     Emu3p5Prompt
 from .emu3p5_header import HEADER_STEPS, SizeMask, forced_header
 from .emu3p5_steps import PlainSteps
+from ..sessions.kept_rows import KeptRows
 
 TASKS = ("story", "howto", "explore")
 TEMPLATE = "<|extra_203|>You are a helpful assistant for {task} task.{extra} USER: {question} ASSISTANT: <|extra_100|>"
@@ -93,8 +96,8 @@ class StoryResult:
     parts: list[Union[str, int]]  # text, and the index of each image, in order
     images: list[torch.Tensor] = field(default_factory=list)  # each image's (1, N) ids after <|image token|>
     sizes: list[tuple[int, int]] = field(default_factory=list)  # (rows, cols) of each
-    text_calls: int = 0  # calls for the text and the written sizes, prefills after each image included
-    image_calls: int = 0  # the engine's calls for the images, each prefill included
+    text_calls: int = 0  # calls for the text and the written sizes, the prompt's first
+    image_calls: int = 0  # the engine's calls for the images, each one's first (its header fed) included
     stop: str = ""  # "eos", "max_new_tokens" (an image the budget cuts is not sampled) or "positions"
 
     @property
@@ -146,8 +149,9 @@ class StoryRun:
         self.text_sampling = Sampling(temperature=options.text_temperature, top_k=options.text_top_k,
                                       top_p=options.text_top_p)
         self.size_sampling = replace(sampling_settings(model, self.config), cfg_scale=1.0)  # not guided
-        self.steps = PlainSteps(model.module, self.prompt, model.module.text_head, config.seed, self.budget,
-                                model.device)
+        capacity = max(len(self.prompt), len(self.uncond)) + self.budget
+        self.rows = KeptRows(model.module, 2, capacity, model.device)  # cond, uncond: kept across segments
+        self.steps = PlainSteps(self.rows, self.prompt, model.module.text_head, config.seed, self.budget)
         self.result = StoryResult(tokens=self.steps.tokens, parts=[])
         self.text: list[int] = []  # the text since the last image
 
@@ -173,7 +177,6 @@ class StoryRun:
             self.result.stop = self._loop(callback, should_cancel)
         finally:
             self.model.set_image_size(before[1] * DOWNSAMPLE, before[0] * DOWNSAMPLE)
-            self.steps.restart()
             self.result.text_calls = self.steps.calls
         self._flush_text()
         return self.result
@@ -222,11 +225,10 @@ class StoryRun:
         if rows * (cols + 1) > self.left():
             return False
         index = len(self.result.images)
-        self.steps.restart()  # its cache goes before the image's is made
         start = len(self.result.tokens) - self.result.tokens[::-1].index(self.boi) - 1
         header = self.result.tokens[start:]
         prompt = Emu3p5Prompt(cond=tuple(self.prompt + self.result.tokens), uncond=tuple(self.uncond + header),
-                              size=size)
+                              size=size, kept=self.rows)
         report = None if callback is None else (
             lambda stats: callback(StoryEvent(len(self.result.tokens), index, stats)))
         image = generate(self.model, prompt, replace(self.config, seed=image_seed(self.config.seed, index)),

@@ -1,7 +1,8 @@
-"""MammothModa2 (ByteDance): Preview (Qwen2.5-VL-7B) and Dev (Qwen3-VL-8B) with generation experts; the token stage.
+"""MammothModa2 (ByteDance): Preview (Qwen2.5-VL-7B) and Dev (Qwen3-VL-8B) with generation experts.
 
 The authors make an image in two stages: this module samples the first, a grid of visual tokens, at their law; the
-second (a ~2B DiT that turns an LLM re-encoding of the tokens into pixels) is not implemented yet: `decode` says so.
+second, a ~2B DiT over a fresh LLM re-encoding of the tokens, is `decode` (mammothmoda2_condition.py,
+mammothmoda2_decode.py, mammothmoda2_dit.py), loaded on its first call.
 
 Sequence layout for a grid of H x W codes (Preview's default 32 x 32: 1056 positions)::
 
@@ -59,8 +60,8 @@ from torch import nn
 from ..family import Family
 from ..generate_defaults import generate_sampling
 from ..sessions.cfg_session import CFGSession, cfg_prefix, check_positions
-from ..sessions.code_rows import forced_tokens
-from ..sessions.row_attention import RowAttentionBackbone, attention_block
+from ..sessions.code_rows import code_cells, forced_tokens
+from ..sessions.row_attention import RowAttentionBackbone
 from ..text.tiktoken_bpe import TiktokenBPE, read_ranks
 from ..weights.checkpoints import ModelLoadError
 from ..weights.generation_only import code_rows_head
@@ -69,15 +70,19 @@ from ..weights.memory import MemoryEstimate, checkpoint_shapes, weight_files
 from ..weights.quantize import quantize_then_move
 from ..weights.streaming import HFNetwork, read_hf_network
 from ..weights.tokenizer_files import read_json, without_nulls
-from ...model import check_start, compute_device
+from ...model import check_start, check_tokens, compute_device
+from .mammothmoda2_condition import (NEGATIVE_PROMPT, NEGATIVE_TEMPLATE, ConditionRule, condition_rule,
+                                     negative_condition, positive_condition)
+from .mammothmoda2_decode import DiTSettings, MammothDecoder, denoise, latents_to_pixels, load_decoder
 from .mammothmoda2_memory import staged_estimate
+from .mammothmoda2_routing import routed_layer
 
 MODEL_TYPE = "mammothmoda2"
 FAMILY = Family(
     label="MammothModa2",
     holds="a MammothModa2 folder (bytedance-research/MammothModa2-Preview or -Dev: config.json of model_type "
-          "'mammothmoda2', t2i_generation_config.json, mammothu.tiktoken, mammothu_vision_tokens.txt); its token "
-          "stage only, the DiT decoder is not implemented yet",
+          "'mammothmoda2', t2i_generation_config.json, mammothu.tiktoken, mammothu_vision_tokens.txt); its DiT "
+          "decoder needs diffusers",
     downloads=(("mammoth", "bytedance-research/MammothModa2-Preview (or MammothModa2-Dev)"),),
     roots=("MammothModa2",), cfg="MammothModa2 6",
     top_k="MammothModa2 its t2i_generation_config.json's, else 50 (1 where it sets do_sample false); at least 3",
@@ -87,8 +92,6 @@ HINT = ("a MammothModa2 folder holds bytedance-research/MammothModa2-Preview or 
         "t2i_generation_config.json, mammothu.tiktoken, mammothu_vision_tokens.txt and the *.safetensors shards")
 GENERATION_FILE = "t2i_generation_config.json"
 TOKENIZER_FILES = ("mammothu.tiktoken", "mammothu_vision_tokens.txt")
-DECODER_MISSING = ("MammothModa2's DiT decoder is not implemented yet: this family samples the visual tokens only "
-                   "(the sampler's tokens output)")
 SPECIAL_START = 151643  # tokenization_*.py SPECIAL_START_ID
 QWEN_SPECIALS = ("<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
                  "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>",
@@ -96,12 +99,14 @@ QWEN_SPECIALS = ("<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", 
                  "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>",
                  "</think>")
 GEN_SPECIALS = ("<|endofline|>", "<|endoffile|>", "<|gen_placeholder|>", "<|useless token|>", "<|beginoftext|>")
-IMAGE_START, IMAGE_TOKEN = "<|image start|>", "<|image token|>"
+IMAGE_START, IMAGE_TOKEN, IMAGE_END = "<|image start|>", "<|image token|>", "<|image end|>"
 TEMPLATE = ("<|im_start|>system\nYou are a helpful image generator.<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n"
             "<|im_start|>assistant\n")
 UNCOND_TAIL = 10  # generate_t2i: attention_mask[uncond, :-10] = 0
 SCOPES = ("authors", "codes")
 DEFAULT_CFG = 6.0
+DEFAULT_PIXELS = (512, 512)  # decode_diffusion_image's height and width (their READMEs pass 1024)
+PREVIEW_PIXELS, PENDING_GRAY = 512, 0.5  # progress previews: a token map about this wide, pending cells gray
 MIN_TOKENS_KEPT = 3  # TopKLogitsWarper / TopPLogitsWarper(min_tokens_to_keep=3)
 CACHE_TOKENS = 256 + 64 * 65  # a prompt and a 64 x 64 grid (vLLM-Omni's at 1024 px)
 # the DiT, VAE, condition refiner, image tokenizer, vision tower and text head: never read for the token stage
@@ -110,10 +115,6 @@ UNUSED_WEIGHTS = ("gen_transformer.", "gen_vae.", "gen_image_condition_refiner."
 RENAMES = (("llm_model.model.language_model.gen_embed_tokens.", "gen_embed_tokens."),
            ("llm_model.model.gen_embed_tokens.", "gen_embed_tokens."), ("llm_model.gen_head.", "gen_head."),
            ("llm_model.model.language_model.", "model."), ("llm_model.model.", "model."))
-
-
-class DecoderMissing(NotImplementedError, ValueError):
-    """`decode` of a token stage without its decoder; a ValueError too, so front ends print it as one line."""
 
 
 @dataclass(frozen=True)
@@ -133,11 +134,13 @@ VARIANTS = {"mammothmoda2_qwen2_5_vl": Variant("MammothModa2-Preview", "qwen2", 
 
 @dataclass(frozen=True)
 class MammothPrompt:
-    """Token ids of the cond prompt (ending with the image header), its 10-token uncond tail and the grid."""
+    """Token ids of the cond prompt (ending with the image header), its 10-token uncond tail, the grid and the
+    DiT's (height, width) in pixels."""
 
     cond: tuple[int, ...]
     uncond: tuple[int, ...]
     size: tuple[int, int]
+    pixels: tuple[int, int] = DEFAULT_PIXELS
 
 
 class MammothTokenizer:
@@ -155,8 +158,9 @@ class MammothTokenizer:
                  *(f"<|extra_{i}|>" for i in range(181)), *(f"<|extra_margin_{i}|>" for i in range(margins)),
                  *GEN_SPECIALS, *vision)
         self.ids = {token: SPECIAL_START + i for i, token in enumerate(names)}
-        if IMAGE_START not in self.ids or IMAGE_TOKEN not in self.ids:
-            raise ModelLoadError(f"{folder / TOKENIZER_FILES[1]} lists no {IMAGE_START} or {IMAGE_TOKEN}: {HINT}")
+        absent = [name for name in (IMAGE_START, IMAGE_TOKEN, IMAGE_END) if name not in self.ids]
+        if absent:
+            raise ModelLoadError(f"{folder / TOKENIZER_FILES[1]} lists no {' or '.join(absent)}: {HINT}")
         self.bpe = TiktokenBPE(ranks, self.ids)
 
     def encode(self, text: str) -> list[int]:
@@ -269,15 +273,6 @@ class MammothNetwork(nn.Module):
         return F.linear(hidden, self.scope_head.weight[:count])
 
 
-def routed_layer(layer: nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                 cache: Any, groups: int, route: torch.Tensor) -> torch.Tensor:
-    """A decoder layer whose FFN is gen_mlp where `route` (rows, T, 1) is set, mlp elsewhere (tensor ops only)."""
-    hidden = attention_block(layer, hidden, cos, sin, mask, cache, groups)
-    x = layer.post_attention_layernorm(hidden)
-    expert = getattr(layer, "gen_mlp", None)
-    return hidden + (layer.mlp(x) if expert is None else torch.where(route, expert(x), layer.mlp(x)))
-
-
 class RoutedBackbone:
     """The session's backbone: `embed`'s output (route last) through the layers over the row cache."""
 
@@ -297,15 +292,24 @@ def check_grid(rows: Any, cols: Any) -> tuple[int, int]:
 
 
 class MammothModa2Model:
-    """A loaded MammothModa2's token stage: TokenModel for the engine, encode for prompts; no decode yet."""
+    """A loaded MammothModa2: TokenModel for the engine, encode for prompts, decode through its DiT.  Decode
+    settings: `dit` (DiTSettings: steps, text guidance, cfg_range), `decode_seed` (the starting noise), `pixels`
+    (height, width; set_image_size: each prompt keeps the size it was encoded at) and `decode_progress` (called
+    (step, steps) after each DiT step)."""
 
     family = "mammothmoda2"
-    decodes = False  # no decoder yet: front ends show no previews, and `decode` says why
     default_cfg_scale = DEFAULT_CFG
     min_tokens_kept = MIN_TOKENS_KEPT
 
-    def __init__(self, module: MammothNetwork, tokenizer: MammothTokenizer, t2i: T2IConfig, variant: Variant) -> None:
+    def __init__(self, module: MammothNetwork, tokenizer: MammothTokenizer, t2i: T2IConfig, variant: Variant,
+                 folder: Path, config: dict) -> None:
         self.module, self._tokenizer, self.t2i, self.variant = module, tokenizer, t2i, variant
+        self.folder, self.config = folder, config
+        self.rule: ConditionRule = condition_rule(config, variant.layers == "qwen3")
+        self._decoder: Optional[MammothDecoder] = None
+        self._decoding: Optional[MammothPrompt] = None
+        self.dit, self.decode_seed, self.pixels = DiTSettings(), 0, DEFAULT_PIXELS
+        self.decode_progress: Optional[Any] = None
         self.label = variant.label
         sampling = t2i.sampling
         # do_sample false: the authors take the argmax of the processed scores, which top-k 1 keeps alone
@@ -321,7 +325,8 @@ class MammothModa2Model:
         module.scope_head = code_rows_head(module.gen_head, torch.arange(t2i.start, columns) - module.text_vocab)
         del module.gen_head
         ids = tokenizer.ids
-        self._image_start, self._image_token = ids[IMAGE_START], ids[IMAGE_TOKEN]
+        self._image_start, self._image_token, self._image_end = ids[IMAGE_START], ids[IMAGE_TOKEN], ids[IMAGE_END]
+        self._negative_ids = tuple(tokenizer.encode(NEGATIVE_TEMPLATE.format(prompt=NEGATIVE_PROMPT)))
         self.set_scope("authors")
         self.set_grid(*variant.grid)
 
@@ -347,11 +352,14 @@ class MammothModa2Model:
         self.forced_tokens = forced_tokens(rows, cols, self.t2i.eol, ())
 
     def set_image_size(self, width: int, height: int) -> None:
-        """The grid for width x height pixels: one code per 32 px (the authors' README samples 32 x 32 codes for
-        their 1024 px images; the pixels themselves are the decoder's)."""
-        if not all(isinstance(side, int) for side in (width, height)):
+        """The DiT's width x height pixels, and the grid for them: one code per 32 px (the authors' README samples
+        32 x 32 codes for their 1024 px images).  Each side a multiple of 16: 8 pixels a latent, 2 x 2 patches."""
+        if not all(isinstance(side, int) and not isinstance(side, bool) for side in (width, height)):
             raise ValueError(f"width and height must be pixel counts, got {width} x {height}")
+        if width < 16 or height < 16 or width % 16 or height % 16:
+            raise ValueError(f"MammothModa2's width and height must be multiples of 16 pixels, got {width} x {height}")
         self.set_grid(height // 32, width // 32)
+        self.pixels = (height, width)
 
     def encode(self, prompt: str, negative_prompt: Optional[str] = None) -> MammothPrompt:
         """The chat prompt with the image header for the current grid; the uncond row is its last 10 tokens."""
@@ -364,7 +372,7 @@ class MammothModa2Model:
         encode = self._tokenizer.encode
         cond = (*encode(TEMPLATE.format(prompt=prompt)), self._image_start, *encode(f"{rows}*{cols}"),
                 self._image_token)
-        return MammothPrompt(cond=cond, uncond=cond[-UNCOND_TAIL:], size=self.size)
+        return MammothPrompt(cond=cond, uncond=cond[-UNCOND_TAIL:], size=self.size, pixels=self.pixels)
 
     def start(self, cond: MammothPrompt, batch_size: int, guided: bool = True) -> CFGSession:
         """A session of `batch_size` rows of `cond`; `guided` False leaves the uncond rows out (CFG 1: the authors
@@ -372,6 +380,7 @@ class MammothModa2Model:
         check_start(cond, MammothPrompt, "MammothModa2Model.encode()", batch_size)
         if cond.size != self.size:  # the grid the prompt was encoded for wins
             self.set_grid(*cond.size)
+        self._decoding = cond
         check_positions(cond.cond, cond.uncond, self.num_tokens, self.module.model.config.max_position_embeddings,
                         "ask for a smaller grid")
         prefix, mask = cfg_prefix(cond.cond, cond.uncond, cond.cond[0], batch_size, self.device)
@@ -380,8 +389,56 @@ class MammothModa2Model:
                           embed_prefix=net.embed, embed_image=net.embed, head=partial(net.logits, self.vocab_size),
                           guided=guided)
 
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        raise DecoderMissing(DECODER_MISSING)
+    def decoder(self) -> MammothDecoder:
+        """The DiT, refiner and VAE, read from the folder on first use, on the language model's device."""
+        if self._decoder is None:
+            self._decoder = load_decoder(self.folder, self.config, self.module.model.config.hidden_size,
+                                         self.variant.layers == "qwen3", self.module.gen_embed_tokens.weight.dtype,
+                                         self.device)
+        return self._decoder
+
+    def decode(self, tokens: torch.Tensor, cond: Optional[MammothPrompt] = None) -> torch.Tensor:
+        """Tokens (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1: each row re-encoded after its
+        prompt with <|image end|>, then the DiT from seeded noise and the VAE; `cond` the prompt (default: the
+        last one a session started)."""
+        cond = self._decoding if cond is None else cond
+        if cond is None:
+            raise ValueError("MammothModa2's decode needs the prompt the tokens were sampled for: pass "
+                             "cond=model.encode(prompt), or start a session first")
+        rows, cols = cond.size
+        check_tokens(tokens, rows * (cols + 1), self.module.gen_start + self.module.gen_embed_tokens.num_embeddings,
+                     "MammothModa2 token ids")
+        decoder = self.decoder()
+        return torch.cat([self.decode_row(row, cond, decoder) for row in tokens.cpu()])
+
+    @torch.no_grad()
+    def decode_row(self, row: torch.Tensor, cond: MammothPrompt, decoder: MammothDecoder) -> torch.Tensor:
+        """One image: the condition and the negative from fresh LLM forwards, then the DiT's loop and the VAE."""
+        device, dtype = self.device, self.module.gen_embed_tokens.weight.dtype
+        ids = torch.tensor([[*cond.cond, *row.tolist(), self._image_end]], device=device)
+        condition = positive_condition(self.module, ids, self.rule, decoder.gen_image_condition_refiner)
+        negative = negative_condition(self.module, torch.tensor([self._negative_ids], device=device), self.rule)
+        height, width = cond.pixels
+        scale, channels = decoder.scale_factor, decoder.gen_transformer.channels
+        generator = torch.Generator().manual_seed(self.decode_seed)
+        where = next(decoder.parameters()).device  # the DiT's, which a host may keep apart from the LLM
+        noise = torch.randn(1, channels, height // scale, width // scale, generator=generator).to(where, dtype)
+        latents = denoise(decoder.gen_transformer, noise, condition.to(where), negative.to(where), self.dit,
+                          self.decode_progress)
+        return latents_to_pixels(decoder.gen_vae, latents)
+
+    def preview_frame(self, prefix: torch.Tensor) -> torch.Tensor:
+        """A token map of the grid being sampled from a row's committed ids (1, done): (H, W, 3), one fixed colour
+        per code, pending cells gray.  Progress previews stay cheap: the DiT never runs for them."""
+        rows, cols = self.size
+        ids = torch.full((1, self.num_tokens), self.t2i.start)
+        ids[:, :prefix.shape[1]] = prefix[:1].cpu()
+        cells = code_cells(ids, rows, cols)[0] - self.t2i.start
+        palette = torch.rand(self.vocab_size, 3, generator=torch.Generator().manual_seed(0))
+        colours = palette[cells.clamp(0, self.vocab_size - 1)]
+        colours[code_cells(torch.arange(self.num_tokens)[None], rows, cols)[0] >= prefix.shape[1]] = PENDING_GRAY
+        side = max(1, PREVIEW_PIXELS // max(rows, cols))
+        return colours.repeat_interleave(side, 0).repeat_interleave(side, 1)
 
 
 def variant_of(folder: Path, config: dict) -> Variant:
@@ -426,7 +483,8 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
         raise ValueError(f"dtype must be float32, bfloat16, float16 (or float64 for tests), got {dtype}")
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"{folder} has no config.json: {HINT}")
-    variant = variant_of(folder, read_json(folder / "config.json"))
+    config = read_json(folder / "config.json")
+    variant = variant_of(folder, config)
     tokenizer = MammothTokenizer(folder, variant)
     t2i = read_t2i_config(folder)
     if tokenizer.ids["<|endofline|>"] != t2i.eol:
@@ -436,6 +494,6 @@ def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str =
     check_weights_match(folder, variant)
     module = read_hf_network(folder, HFNetwork(MammothConfigReader, MammothNetwork, (), "model", FAMILY.label, HINT,
                                                RENAMES), dtype, quantize)
-    model = MammothModa2Model(module, tokenizer, t2i, variant)  # slices gen_head to the scope
+    model = MammothModa2Model(module, tokenizer, t2i, variant, folder, config)  # slices gen_head to the scope
     quantize_then_move(module, module.model, "none", dtype, device)
     return model

@@ -12,6 +12,7 @@ masked slots, never more than it would once it catches up).
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
@@ -227,6 +228,20 @@ class RowCache:
             self.values.append(torch.zeros(shape, dtype=v.dtype, device=v.device))
         return self.layer(layer).write(k, v)
 
+    def view(self, rows: slice) -> "RowCache":
+        """Rows `rows` as a cache of their own that shares this one's tensors (allocated first, `allocate`): a call
+        over the view writes into these rows and moves their lengths, the other rows stay as they are; `recount`
+        this cache after."""
+        view = copy.copy(self)
+        view.lengths, view.real, view.pads = self.lengths[rows], self.real[rows], self.pads[rows]
+        view.keys, view.values = [k[rows] for k in self.keys], [v[rows] for v in self.values]
+        view.recount()
+        return view
+
+    def recount(self) -> None:
+        """The host copies of the shortest and longest row read again (after a call over a `view`)."""
+        self.shortest, self.longest = torch.stack([self.lengths.min(), self.lengths.max()]).tolist()
+
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep rows `index` (in that order) and drop the others, e.g. those of finished samples."""
         self.lengths, self.real, self.pads = self.lengths[index], self.real[index], self.pads[index]
@@ -283,7 +298,8 @@ class RowCache:
             if bad:
                 raise ValueError(f"cannot rewind {n.tolist()} tokens per row; "
                                  f"{(self.lengths - self.prefix).tolist()} are cached")
-            self.lengths, self.shortest, self.longest = kept, shortest, longest
+            self.lengths.copy_(kept)  # in place: a `view`'s lengths are these rows'
+            self.shortest, self.longest = shortest, longest
             return
         n = int(n)
         if not 0 <= n <= self.shortest - self.prefix:

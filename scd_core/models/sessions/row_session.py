@@ -77,7 +77,8 @@ class RowSession:
     (2: cond, uncond; more with `guidance`, the weight of each branch at a guidance scale, `model.Session`).
     `extras`: per-row tensors (rows, ...) handed to every network call.  `prefix_tokens` ((K,) or
     (batch, K)): the image tokens before position 0 (`model.Session`), e.g. a video's context frames.
-    `static_shapes`: the cache is static (scd_core.compiled.compiled_regions) and the network compiled.
+    `static_shapes`: the cache is static (scd_core.compiled.compiled_regions) and the network compiled.  `cache`:
+    rows that already hold a start of each sequence (`kept_rows.KeptSession`), in place of a new cache.
     """
 
     rows_per_cache = 1
@@ -90,13 +91,15 @@ class RowSession:
     def __init__(self, context: torch.Tensor, num_tokens: int, network: RowNetwork, copies: int = 2,
                  real: Optional[torch.Tensor] = None, extras: Sequence[torch.Tensor] = (),
                  prefix_tokens: Optional[torch.Tensor] = None, static_shapes: bool = False,
-                 guidance: Optional[Callable[[float], Sequence[float]]] = None) -> None:
+                 guidance: Optional[Callable[[float], Sequence[float]]] = None,
+                 cache: Optional[RowCache] = None) -> None:
         self.context, self.num_tokens, self.network = context, num_tokens, network
         self.copies, self.guidance = copies, guidance
         self.batch = context.shape[0] // self.copies
         self.extras, self.prefix_tokens = list(extras), prefix_tokens
-        self.cache = new_cache(context.shape[0], context.shape[1], num_tokens, context.device, real, static_shapes,
-                               self.prompt_bucket)
+        self.cache = cache if cache is not None else new_cache(context.shape[0], context.shape[1], num_tokens,
+                                                               context.device, real, static_shapes,
+                                                               self.prompt_bucket)
         self.static_shapes = static_shapes
 
     @property

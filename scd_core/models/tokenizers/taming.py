@@ -143,17 +143,25 @@ class Decoder(nn.Module):
         self.norm_out = make_norm(block_in)
         self.conv_out = nn.Conv2d(block_in, 3, 3, padding=1)
 
-    def forward(self, z: torch.Tensor, zq: Optional[torch.Tensor]) -> torch.Tensor:
+    def middle(self, z: torch.Tensor, zq: Optional[torch.Tensor]) -> torch.Tensor:
+        """`conv_in` and the middle block (residual, attention, residual), at the code grid."""
         h = self.conv_in(z)
-        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h, zq), zq), zq)
+        return self.mid.block_2(self.mid.attn_1(self.mid.block_1(h, zq), zq), zq)
+
+    def stage(self, level: int, h: torch.Tensor, zq: Optional[torch.Tensor]) -> torch.Tensor:
+        """`up.<level>`: its residual blocks (each followed by attention where the level has it), then its
+        upsampling except at level 0."""
+        stage = self.up[level]
+        for i, block in enumerate(stage.block):
+            h = block(h, zq)
+            if len(stage.attn):
+                h = stage.attn[i](h, zq)
+        return stage.upsample(h) if level != 0 else h
+
+    def forward(self, z: torch.Tensor, zq: Optional[torch.Tensor]) -> torch.Tensor:
+        h = self.middle(z, zq)
         for level in reversed(range(len(self.up))):
-            stage = self.up[level]
-            for i, block in enumerate(stage.block):
-                h = block(h, zq)
-                if len(stage.attn):
-                    h = stage.attn[i](h, zq)
-            if level != 0:
-                h = stage.upsample(h)
+            h = self.stage(level, h, zq)
         return self.conv_out(F.silu(self.norm_out(h, zq)))
 
 
@@ -175,13 +183,18 @@ class VQDecoder(nn.Module):
         self.post_quant_conv = nn.Conv2d(spec.embed_dim, spec.z_channels, 1)
         self.decoder = Decoder(spec)
 
-    def decode(self, codes: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-        """Code indices (B, rows*cols), row-major -> images (B, 3, rows*d, cols*d), nominally in [-1, 1]."""
+    def latent(self, codes: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Code indices (B, rows*cols), row-major -> the decoder's input and, for MoVQ's norms, the quantised
+        latent they read."""
         if codes.dim() != 2 or codes.shape[1] != rows * cols:
             raise ValueError(f"expected codes of shape (batch, {rows * cols}), got {tuple(codes.shape)}")
         quant = self.quantize.embedding(codes).view(codes.shape[0], rows, cols, -1).permute(0, 3, 1, 2)
         quant = quant.to(self.post_quant_conv.weight.dtype)
-        return self.decoder(self.post_quant_conv(quant), quant if self.spec.spatial_norm else None)
+        return self.post_quant_conv(quant), quant if self.spec.spatial_norm else None
+
+    def decode(self, codes: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+        """Code indices (B, rows*cols), row-major -> images (B, 3, rows*d, cols*d), nominally in [-1, 1]."""
+        return self.decoder(*self.latent(codes, rows, cols))
 
 
 def _indices(state: dict[str, torch.Tensor], prefix: str) -> list[int]:
