@@ -24,6 +24,7 @@
     python -m scd_core.bench given --seeds 3          # images in the prompt: calls of continuations and regions
     python -m scd_core.bench glm-image                # GLM-Image's AR stage: calls at its grids and sampling
     python -m scd_core.bench emu3p5                   # Emu3.5-Image at 1024 px: calls at its layout and top-k
+    python -m scd_core.bench mammothmoda2             # MammothModa2's token stage: calls at 32 x 32 / 64 x 64, Amdahl
     python -m scd_core.bench emu3p5-story             # an Emu3.5 story: text and three 720 px images, its calls
     ... --readme scd_core/bench/README.md             # also write the tables between the README's bench markers
 
@@ -213,6 +214,11 @@ def _emu3p5(args: argparse.Namespace) -> Result:
     return "emu3p5", emu3p5_tables(list(range(args.seeds)), args.windows, args.codes)
 
 
+def _mammothmoda2(args: argparse.Namespace) -> Result:
+    from .mammothmoda2 import GRIDS, mammoth_tables
+
+    grids = [tuple(grid) for grid in args.grids] if args.grids else GRIDS
+    return "mammothmoda2", mammoth_tables(list(range(args.seeds)), args.windows, grids)
 def _emu3p5_story(args: argparse.Namespace) -> Result:
     from .emu3p5_story import story_tables
 
@@ -338,6 +344,14 @@ COMMANDS: dict[str, Bench] = {
                      option("--codes", type=int, default=8192,
                             help="codebook size of the stand-in, its top-k scaled alike (default: 8192, 16 times "
                                  "fewer than the published 131072, and 16 times less sampling work)")), _emu3p5),
+    "mammothmoda2": Bench("MammothModa2's token stage: calls of AR, SJD, SCD and faithful on a synthetic model of its "
+                          "layout (rows of codes, each closed by a forced EOL) at CFG 6 and top-k, and what the DiT "
+                          "leaves of the speedup end to end (published timings)",
+                          (option("--seeds", type=int, default=1, metavar="N", help="seeds 0 .. N-1 (default: 1)"),
+                           option("--windows", type=int, nargs="+", default=[32],
+                                  help="window widths to compare (default: 32)"),
+                           option("--grids", type=int, nargs=2, action="append", metavar=("ROWS", "COLS"),
+                                  default=None, help="grids to run (default: 32 32 and 64 64)")), _mammothmoda2),
     "emu3p5-story": Bench("An Emu3.5 story: calls of AR, SCD and faithful for three 720^2 px images on the synthetic "
                           "model of Emu3.5's layout, with the plain AR text segments between them",
                           (option("--windows", type=int, nargs="+", default=[32],

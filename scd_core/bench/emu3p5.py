@@ -20,7 +20,7 @@ from ..decoding.engine import generate
 from ..models.families.emu3p5 import DEFAULT_SIZE, IMAGE_MODEL
 from ..decoding.sampling import Sampling
 from .glm_image import MEDIUM_SHARPNESS, METHODS
-from .nfe import mean_entropy, measure
+from .nfe import mean_entropy, window_rows
 from .synthetic import GridModel
 from .tables import markdown
 
@@ -44,11 +44,7 @@ class Emu3p5ShapedModel(GridModel):
 
 
 def emu3p5_rows(model: Emu3p5ShapedModel, windows: Sequence[int], seeds: Sequence[int]) -> list[dict]:
-    rows = []
-    for label, coupler in METHODS:
-        for window in ([1] if label == "AR" else windows):
-            row = measure(model, None, SamplerConfig(coupler=coupler, window=window), seeds)
-            rows.append(dict(method=label, window=window, **row))
+    rows = window_rows(model, METHODS, windows, seeds)
     for row in rows:
         row["speedup"] = rows[0]["nfe"] / row["nfe"]
         row["saved"] = 1 - row["nfe"] / rows[0]["nfe"]

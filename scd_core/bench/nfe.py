@@ -25,13 +25,14 @@ SHARPNESS = (("high", 0.5), ("medium", 1.5), ("low", 2.5))  # per-token entropy 
 
 
 def mean_entropy(model: Any, tokens: torch.Tensor, sampling: Sampling = Sampling()) -> float:
-    """Mean entropy (nats) of the distribution sampled from (`sampling`'s filters) along sampled sequences, over
-    the positions the model samples (its forced ones left out)."""
+    """Mean entropy (nats) of the distribution sampled from (`sampling`'s guidance and filters) along sampled
+    sequences, over the positions the model samples (its forced ones left out)."""
     session = model.start(None, tokens.shape[0])
-    first, _ = session.prefill()
-    rest, _ = session.forward(tokens[:, :-1])
+    first, first_uncond = session.prefill()
+    rest, rest_uncond = session.forward(tokens[:, :-1])
     logits = torch.cat([first, rest], dim=1)
-    p = to_probs(logits, None, sampling)
+    uncond = None if first_uncond is None else torch.cat([first_uncond, rest_uncond], dim=1)
+    p = to_probs(logits, uncond, sampling)
     entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
     forced = list(getattr(model, "forced_tokens", None) or {})
     sampled = torch.ones(tokens.shape[1], dtype=torch.bool)
@@ -52,6 +53,14 @@ def measure(model: Any, cond: Any, config: SamplerConfig, seeds: Iterable[int], 
                 forward_ms=1000 * sum(r.forward_s for r in runs) / iterations,
                 sample_ms=1000 * sum(r.sample_s for r in runs) / iterations,
                 wall_s=statistics.mean(r.total_s for r in runs))
+
+
+def window_rows(model: Any, methods: Sequence[tuple[str, str]], windows: Sequence[int],
+                seeds: Sequence[int]) -> list[dict]:
+    """`measure` of each (label, coupler) of `methods` at each window (AR at window 1 only), without a prompt."""
+    return [dict(method=label, window=window, **measure(model, None, SamplerConfig(coupler=coupler, window=window),
+                                                        seeds))
+            for label, coupler in methods for window in ([1] if label == "AR" else windows)]
 
 
 def method_rows(model: Any, cond: Any, windows: Sequence[int], seeds: Sequence[int], draft_init: str,

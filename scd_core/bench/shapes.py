@@ -293,16 +293,78 @@ def _t5_shapes(name: str) -> dict[str, tuple[int, ...]]:
         return _meta_shapes(T5EncoderModel(T5Config(**T5_SHAPES[name])))
 
 
+# MammothModa2's LLMs: the text models of Qwen2.5-VL-7B (Preview) and Qwen3-VL-8B (Dev), a generation FFN beside
+# `mlp` in the expert layers, gen_embed_tokens and gen_head over 32800 generation ids.  The published config.json
+# was not read: Preview's experts in layers 14..27 (the older vLLM-Omni code's), Dev's in 20 of 36 layers (its
+# "about 3B" of experts at 151M a layer); the vision tower (used for image input only) is not counted.
+MAMMOTH_SHAPES = {
+    "Preview": ("qwen2", dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                              intermediate_size=18944, vocab_size=152064), range(14, 28)),
+    "Dev": ("qwen3", dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                          head_dim=128, intermediate_size=12288, vocab_size=151936), range(16, 36)),
+}
+# the DiT, VAE and Q-Former refiner: 5.49 GiB in bf16 (Preview, vLLM-Omni's load log); Dev's "2B DiT" taken alike
+MAMMOTH_DECODER_WEIGHTS = int(5.49 * 2**30 / 2)
+
+
+def _mammoth_shapes(variant: str) -> dict[str, tuple[int, ...]]:
+    from transformers import Qwen2Config, Qwen3Config
+
+    from ..models.families.mammothmoda2 import MammothNetwork
+
+    layers, text, experts = MAMMOTH_SHAPES[variant]
+    config = (Qwen2Config if layers == "qwen2" else Qwen3Config)(**text, tie_word_embeddings=False)
+    config.gen_vocab_size, config.gen_vocab_start_index, config.expert_layers = 32800, 152064, tuple(experts)
+    with torch.device("meta"):
+        shapes = _meta_shapes(MammothNetwork(config))
+    # the text head (never loaded) and the decoder, counted by its published size
+    return dict(shapes, **{"llm_model.lm_head.weight": (text["vocab_size"], text["hidden_size"]),
+                           "gen_transformer.published": (MAMMOTH_DECODER_WEIGHTS,)})
+
+
 def _sliced(shapes: dict[str, tuple[int, ...]], head: str, rows: int) -> dict[str, tuple[int, ...]]:
     """The shapes after generation-only loading keeps `rows` rows of `head`."""
     return dict(shapes, **{head: (rows, *shapes[head][1:])})
+
+
+def _memory_row(name: str, published: Any, loaded: Any, cfg_rows: int) -> dict[str, Any]:
+    """One row of the memory table: the weights per precision, the cache, the decoder and each card's choice."""
+    from ..models.weights.memory import fitting_precision
+
+    bf16, gib = torch.bfloat16, 2**30
+    row = dict(model=name, published_bf16_gib=published.weight_bytes("none", bf16) / gib,
+               bf16_gib=loaded.weight_bytes("none", bf16) / gib, int8_gib=loaded.weight_bytes("int8", bf16) / gib,
+               nf4_gib=loaded.weight_bytes("nf4", bf16) / gib, tokens=loaded.tokens,
+               kv_cache_gib=loaded.cache_bytes(loaded.tokens, cfg_rows, bf16) / gib,
+               decoder_gib=loaded.decoder_weights * 2 / gib if loaded.decoder_weights else "")
+    for card in CARDS_GIB:
+        fitting = fitting_precision(loaded, bf16, card * gib, cfg_rows, ("none", "int8", "nf4"), MEMORY_MARGIN)
+        row[f"{card}_gib"] = {None: "-", "none": "bf16"}.get(fitting, fitting)
+    return row
+
+
+def _mammoth_rows() -> list[dict[str, Any]]:
+    """MammothModa2 Preview and Dev with the DiT beside the LLM, and with the LLM offloaded after the re-encode."""
+    from ..models.families import mammothmoda2
+    from ..models.families.mammothmoda2_memory import staged_estimate
+    from ..models.weights.memory import estimate_from_shapes
+
+    rows = []
+    for variant in MAMMOTH_SHAPES:
+        shapes = _mammoth_shapes(variant)
+        published = estimate_from_shapes(shapes, tokens=mammothmoda2.CACHE_TOKENS)
+        for offload in (False, True):
+            loaded = staged_estimate(shapes, mammothmoda2.UNUSED_WEIGHTS, mammothmoda2.CACHE_TOKENS, offload)
+            name = f"MammothModa2-{variant} + DiT" + (", LLM offloaded after the re-encode" if offload else "")
+            rows.append(_memory_row(name, published, loaded, 2))
+    return rows
 
 
 def published_memory_rows() -> list[dict[str, Any]]:
     """Weights (bf16 / int8 / nf4) and KV cache with CFG at each family's published shape and default image,
     after generation-only loading, and the most precise weights that fit each card (weights + cache, 20% more)."""
     from ..models.families import cosmos, emu3, emu3p5, janus, lumina
-    from ..models.weights.memory import estimate_from_shapes, fitting_precision, t5_encoder_estimate
+    from ..models.weights.memory import estimate_from_shapes, t5_encoder_estimate
 
     families = [  # name, shapes as published, shapes loaded, dropped prefixes, cached tokens, CFG rows, T5
         ("Janus-Pro-1B", _janus_shapes("1B"), None, janus.UNUSED_WEIGHTS, janus.CACHE_TOKENS, 2, None),
@@ -320,7 +382,6 @@ def published_memory_rows() -> list[dict[str, Any]]:
         ("Cosmos-1.0-13B-Video2World + T5-11B", _cosmos_shapes("13B-Video2World"), None, (), cosmos.CACHE_TOKENS, 1,
          "T5-11B"),
     ]
-    bf16, gib = torch.bfloat16, 2**30
     rows = []
     for name, shapes, head, unused, tokens, cfg_rows, text_encoder in families:
         published = estimate_from_shapes(shapes, tokens=tokens)
@@ -331,15 +392,8 @@ def published_memory_rows() -> list[dict[str, Any]]:
         if text_encoder is not None:  # loaded too, at the model's precision
             text = t5_encoder_estimate(_t5_shapes(text_encoder))
             published, loaded = published.plus(text), loaded.plus(text)
-        cache = loaded.cache_bytes(tokens, cfg_rows, bf16)
-        row = dict(model=name, published_bf16_gib=published.weight_bytes("none", bf16) / gib,
-                   bf16_gib=loaded.weight_bytes("none", bf16) / gib, int8_gib=loaded.weight_bytes("int8", bf16) / gib,
-                   nf4_gib=loaded.weight_bytes("nf4", bf16) / gib, tokens=tokens, kv_cache_gib=cache / gib)
-        for card in CARDS_GIB:
-            fitting = fitting_precision(loaded, bf16, card * gib, cfg_rows, ("none", "int8", "nf4"), MEMORY_MARGIN)
-            row[f"{card}_gib"] = {None: "-", "none": "bf16"}.get(fitting, fitting)
-        rows.append(row)
-    return rows
+        rows.append(_memory_row(name, published, loaded, cfg_rows))
+    return rows + _mammoth_rows()
 
 
 def memory_table() -> str:
@@ -354,9 +408,15 @@ def memory_table() -> str:
             "is loaded at the model's precision and counted (Video2World: T5-11B's encoder, `published` too); "
             "LlamaGen (FLAN-T5-XL for t2i) is not in the table; the Cosmos video tokenizer (TorchScript) "
             "and Emu3.5's IBQ decoder (float32; the whole IBQ tokenizer has 455M parameters) are not counted, "
-            "and Emu3.5's layer sizes are Qwen3-32B's, which its published 31.2B + 2.9B parameters match.\n\n"
+            "and Emu3.5's layer sizes are Qwen3-32B's, which its published 31.2B + 2.9B parameters match. "
+            "MammothModa2 (derived, its config.json not read: `MAMMOTH_SHAPES`): the text model of Qwen2.5-VL-7B "
+            "(Preview) / Qwen3-VL-8B (Dev) with a generation FFN in its expert layers, the vision tower not "
+            "counted, a 64 x 64 grid's cache; `decoder_gib`: its DiT, VAE and refiner at the compute dtype (5.49 "
+            "GiB in bf16, vLLM-Omni's Preview load log; Dev's taken alike), beside the LLM, or alone once the LLM "
+            "is offloaded after the re-encode (the card columns then count the larger stage).\n\n"
             + markdown(published_memory_rows(), ("model", "published_bf16_gib", "bf16_gib", "int8_gib", "nf4_gib",
-                                                 "tokens", "kv_cache_gib", *(f"{c}_gib" for c in CARDS_GIB))))
+                                                 "tokens", "kv_cache_gib", "decoder_gib",
+                                                 *(f"{c}_gib" for c in CARDS_GIB))))
 
 
 def quantized_cost_rows(size: str = "1B", precisions: Iterable[str] = ("none", "int8", "nf4"),

@@ -78,13 +78,20 @@ class GridModel:
     def start(self, cond: Optional[object], batch_size: int) -> "GridSession":
         return GridSession(self, batch_size)
 
-    def logits(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits of `positions` (B, T) given the tokens (B, N) written so far."""
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(B, T, rank) features of `positions` (B, T): the embeddings of their left and upper neighbours."""
         cols, none = self.grid[1], self.vocab_size
         left = torch.where(positions % cols > 0, tokens.gather(1, (positions - 1).clamp(min=0)), none)
         above = torch.where(positions >= cols, tokens.gather(1, (positions - cols).clamp(min=0)), none)
-        hidden = self.left[left] + self.above[above]
-        return hidden @ self.out.T + self.bias
+        return self.left[left] + self.above[above]
+
+    def logits(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits of `positions` (B, T) given the tokens (B, N) written so far."""
+        return self.hidden(tokens, positions) @ self.out.T + self.bias
+
+    def scores(self, tokens: torch.Tensor, positions: torch.Tensor) -> Logits:
+        """What a session returns for `positions`: (logits, uncond logits or None: no guidance here)."""
+        return self.logits(tokens, positions), None
 
 
 class GridSession:
@@ -104,18 +111,17 @@ class GridSession:
         if tokens is not None:
             self.tokens[:, :tokens.shape[1]] = tokens.to(self.tokens.device)
             self.length += tokens.shape[1]
-        return self.model.logits(self.tokens, self.length.clone()), None
+        return self.model.scores(self.tokens, self.length.clone())
 
     def admit(self, fresh: Sequence["GridSession"], tokens: Optional[torch.Tensor] = None):
         """Go on with the rows of `fresh` (not prefilled) too: one call feeds `tokens` to this session's rows
         (when given) and gives the new rows' position-0 logits."""
         fed = None if tokens is None else self.forward(tokens)
         added = admitted(self, fresh)
-        return fed, (self.model.logits(self.tokens[-added:], torch.zeros_like(self.length[-added:])), None)
+        return fed, self.model.scores(self.tokens[-added:], torch.zeros_like(self.length[-added:]))
 
     def forward(self, new: torch.Tensor, branches: int = 1):
-        logits, self.branch_tables = feed_tokens(self.tokens, self.length, new, branches,
-                                                 lambda table, positions: (self.model.logits(table, positions), None))
+        logits, self.branch_tables = feed_tokens(self.tokens, self.length, new, branches, self.model.scores)
         self.length += new.shape[1]
         return logits
 

@@ -66,7 +66,7 @@ from ..text.tiktoken_bpe import TiktokenBPE, read_ranks
 from ..weights.checkpoints import ModelLoadError
 from ..weights.generation_only import code_rows_head
 from ..weights.hf_folders import check_safetensors_weights
-from ..weights.memory import checkpoint_shapes, weight_files
+from ..weights.memory import MemoryEstimate, checkpoint_shapes, weight_files
 from ..weights.quantize import quantize_then_move
 from ..weights.streaming import HFNetwork, read_hf_network
 from ..weights.tokenizer_files import read_json, without_nulls
@@ -74,6 +74,7 @@ from ...model import check_start, check_tokens, compute_device
 from .mammothmoda2_condition import (NEGATIVE_PROMPT, NEGATIVE_TEMPLATE, ConditionRule, condition_rule,
                                      negative_condition, positive_condition)
 from .mammothmoda2_decode import DiTSettings, MammothDecoder, denoise, latents_to_pixels, load_decoder
+from .mammothmoda2_memory import staged_estimate
 from .mammothmoda2_routing import routed_layer
 
 MODEL_TYPE = "mammothmoda2"
@@ -178,7 +179,8 @@ class T2IConfig:
 
 
 def read_t2i_config(folder: Path) -> T2IConfig:
-    """The folder's t2i_generation_config.json; a missing file, id or a repetition penalty is one ModelLoadError."""
+    """The folder's t2i_generation_config.json; a missing file or id, a do_sample other than true / false or a
+    repetition penalty is one ModelLoadError."""
     path = folder / GENERATION_FILE
     if not path.is_file():
         raise ModelLoadError(f"{folder} has no {GENERATION_FILE} (the authors' sampling settings and visual ids); "
@@ -188,6 +190,8 @@ def read_t2i_config(folder: Path) -> T2IConfig:
     absent = [name for name in names if not isinstance(saved.get(name), int)]
     if absent:
         raise ModelLoadError(f"{path} lacks {', '.join(absent)}; download it again")
+    if not isinstance(saved.get("do_sample", False), bool):  # bool("false") would sample where the argmax is meant
+        raise ModelLoadError(f"{path} sets do_sample {saved['do_sample']!r}; it must be true or false")
     if saved.get("repetition_penalty", 1.0) != 1.0:
         raise ModelLoadError(f"{path} sets repetition_penalty {saved['repetition_penalty']}, which this sampler does "
                              "not implement yet (it would change the authors' law)")
@@ -463,6 +467,12 @@ def detect(folder: Path) -> bool:
         return path.is_file() and read_json(path).get("model_type") == MODEL_TYPE
     except (ModelLoadError, OSError, ValueError):
         return False
+
+
+def memory_estimate(folder: Path) -> MemoryEstimate:
+    """The loader's estimate from the weight files' headers: the token stage (its decoder layers quantisable, its
+    KV cache) and the DiT, VAE and refiner beside it at the compute dtype (`mammothmoda2_memory`)."""
+    return staged_estimate(checkpoint_shapes(weight_files(Path(folder))), UNUSED_WEIGHTS, CACHE_TOKENS)
 
 
 def load(folder: Path, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> MammothModa2Model:

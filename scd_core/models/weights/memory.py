@@ -50,6 +50,8 @@ class MemoryEstimate:
     kv_channels: int    # keys + values, summed over layers
     tokens: int = 4096  # cached positions of one row at the family's default image size (prompt included)
     float16_kept_weights: int = 0  # quantisable, but float32 and unquantised in float16 (T5's `wo`)
+    decoder_weights: int = 0  # a decoder stage's (a DiT's), kept at the compute dtype, run after sampling
+    offload: bool = False  # the sampling stage leaves the device before the decoder runs (else both stay)
 
     def weight_bytes(self, precision: str, dtype: torch.dtype) -> int:
         float_bytes = bytes_per_weight("none", dtype)
@@ -61,6 +63,13 @@ class MemoryEstimate:
 
     def cache_bytes(self, tokens: int, rows: int, dtype: torch.dtype) -> int:
         return int(self.kv_channels * tokens * rows * bytes_per_weight("none", dtype))
+
+    def peak_bytes(self, precision: str, dtype: torch.dtype, rows: int) -> int:
+        """The most the device holds: sampling's weights and KV cache for `rows` rows, and the decoder's weights
+        beside them, or alone once sampling's are offloaded."""
+        sampling = self.weight_bytes(precision, dtype) + self.cache_bytes(self.tokens, rows, dtype)
+        decoder = int(self.decoder_weights * bytes_per_weight("none", dtype))
+        return max(sampling, decoder) if self.offload else sampling + decoder
 
     def plus(self, other: "MemoryEstimate") -> "MemoryEstimate":
         """This model with `other`'s weights loaded too (a text encoder: no KV cache of its own)."""
@@ -149,11 +158,11 @@ def t5_folder_estimate(folder: Path) -> MemoryEstimate:
 
 def fitting_precision(estimate: MemoryEstimate, dtype: torch.dtype, free_bytes: int, rows: int,
                       offered: tuple[str, ...], margin: float = 0.2) -> Optional[str]:
-    """The most precise of `offered` (best first) whose weights plus KV cache for `rows` rows, `margin` more for
-    activations, fit in `free_bytes`; None when none fits (ComfyUI then streams what does not)."""
-    cache = estimate.cache_bytes(estimate.tokens, rows, dtype)
+    """The most precise of `offered` (best first) whose peak (weights plus KV cache for `rows` rows, a decoder's
+    weights: `MemoryEstimate.peak_bytes`), `margin` more for activations, fits in `free_bytes`; None when none
+    fits (ComfyUI then streams what does not)."""
     for precision in offered:
-        if (estimate.weight_bytes(precision, dtype) + cache) * (1 + margin) <= free_bytes:
+        if estimate.peak_bytes(precision, dtype, rows) * (1 + margin) <= free_bytes:
             return precision
     return None
 
