@@ -6,8 +6,8 @@ from typing import Optional
 
 from comfy_api.latest import io
 
+from scd_core import own_size_prompt
 from scd_core.model import set_image_size
-from scd_core.models.families.emu3p5_auto import auto_size
 from scd_core.models.family import families, joined
 
 from .checks import CheckedCombo
@@ -44,9 +44,10 @@ class SCDPromptEncode(io.ComfyNode):
                              tooltip=size_tooltip("height")),
                 # optional and last: workflows saved before it existed keep their widgets' values
                 CheckedCombo("size", options=[GIVEN, AUTO], default=GIVEN, optional=True,
-                     tooltip="Emu3.5 text to image: auto lets the model write its own image size "
-                             "(the authors' aspect auto: two digits, '*', two digits under their "
-                             "mask, 10..99 codes a side), for each seed; width and height 0, batch 1."),
+                     tooltip="Text to image on a model that writes its own image size: auto lets it "
+                             "write the size for each seed (the authors' aspect auto: two digits, '*', "
+                             "two digits under their mask, 10..99 codes a side); width and height 0, "
+                             "batch 1."),
             ],
             outputs=[SCDCond.Output(display_name="conditioning")],
         )
@@ -61,5 +62,5 @@ class SCDPromptEncode(io.ComfyNode):
         set_image_size(model.model, width, height)
         cond = model.model.encode(prompt, negative_prompt if negative_prompt and negative_prompt.strip() else None)
         if size == AUTO:
-            cond = auto_size(model.model, cond)
+            cond = own_size_prompt(model.model, cond)
         return io.NodeOutput(EncodedPrompt(model_name=model.name, cond=cond))

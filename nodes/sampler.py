@@ -6,13 +6,12 @@ import logging
 
 import comfy.model_management as mm
 from comfy_api.latest import io
-from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate
+from scd_core import COUPLERS, DRAFT_INITS, SamplerConfig, generate, prompt_for_run
 from scd_core.decoding import couplers
 from scd_core.windows import window_policies
 from scd_core.decoding.config import DEFAULT_COUPLER, MAX_CANDIDATES, MAX_SEED
 from scd_core.windows.window_policies import AUTO_WINDOW, MAX_WINDOW
 from scd_core.model import unusual_settings
-from scd_core.models.families.emu3p5_auto import for_run
 from scd_core.models.family import families
 from scd_core.decoding.sampler_options import OPTIONS, Option
 
@@ -147,8 +146,8 @@ class SCDSampler(io.ComfyNode):
         if streamed:
             warnings = [*warnings, f"streaming {streamed / 2**30:.2f} GiB of weights from the CPU"]
             logging.info("SCD Sampler (model '%s'): %s per call", model.name, warnings[-1])
-        # size auto (Emu3.5): the model writes its size for this seed first, so the progress sees that grid
-        cond = for_run(model.model, conditioning.cond, config, batch_size)
+        # size auto: the model writes its size for this seed first, so the progress sees that grid
+        cond = prompt_for_run(model.model, conditioning.cond, config, batch_size)
         reporter = ProgressReporter(str(cls.hidden.unique_id), model.model, warnings)
         interrupted = False
         try:
