@@ -448,3 +448,28 @@ def test_a_one_pixel_reference_is_refused_in_one_line(story_model: emu3p5.Emu3p5
                                           references=[torch.rand(2, 32, 32, 3)]), "reference image 1 is a batch")
     assert generate_story(story_model, QUESTION, config, replace(options, text_top_k=1),
                           references=story_references(1)).sizes[0] == (2, 3)
+
+
+def test_command_line_takes_reference_images(tiny_emu3p5_base_dir: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """`--image` twice: the story's images take the last reference's grid (5 x 1 codes: 16 x 80 px), the tokens
+    the library's with the same pictures; a file that is no image is one line, exit 2, nothing written."""
+    from PIL import Image
+
+    from scd_core.frontends.cli import main
+
+    paths = [tmp_path / "first.png", tmp_path / "second.png"]
+    for path, image in zip(paths, story_references(2)):
+        Image.fromarray((image[0] * 255).round().to(torch.uint8).numpy(), "RGB").save(path)
+    out = tmp_path / "story"
+    args = ["story", "--model", str(tiny_emu3p5_base_dir), "--prompt", QUESTION, "--max-new-tokens", "40",
+            "--text-top-k", "1", "--dtype", "float64", "--device", "cpu", "--window", "4",
+            "--image-area", str(REF_AREA)]
+    assert main([*args, "--out", str(out), "--image", str(paths[0]), "--image", str(paths[1])]) == 0
+    assert Image.open(out / "image_01.png").size == (16, 80) and (out / "image_02.png").is_file()
+    assert "2 images, 38 new tokens" in capsys.readouterr().out  # a third image did not fit
+    (tmp_path / "notes.txt").write_text("not a picture")
+    assert main([*args, "--out", str(tmp_path / "other"), "--image", str(tmp_path / "notes.txt")]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and "cannot be read as an image" in errors[0], errors
+    assert not (tmp_path / "other").exists()
