@@ -1,6 +1,9 @@
-"""SCD Emu3.5 Story: SCD_MODEL (the base Emu3.5) + prompt -> the story's images (IMAGE) and text (STRING)."""
+"""SCD Emu3.5 Story: SCD_MODEL (the base Emu3.5) + prompt (+ reference images) -> the story's images (IMAGE) and
+text (STRING)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import comfy.model_management as mm
 import torch
@@ -15,7 +18,7 @@ from .progress import ProgressReporter
 from .sampler import DEFAULT_WINDOW, sampler_config
 from .sockets import LoadedModel, SCDModel
 
-OPTIONS = StoryOptions()
+OPTIONS = StoryOptions()  # the authors' defaults; the node's inputs replace some
 
 
 class StoryReporter:
@@ -66,6 +69,10 @@ class SCDEmu3p5Story(io.ComfyNode):
                              tooltip="Every image's width in pixels; 0 (with height 0) = the model writes the "
                                      "first image's size, which the later ones keep."),
                 io.Int.Input("height", default=0, min=0, max=4096, step=16, tooltip="See width."),
+                io.Image.Input("references", optional=True,
+                               tooltip="Reference images (a batch: one reference each) in the prompt, as the "
+                                       "authors give them; every image then takes the last one's size (or width "
+                                       "x height with one reference)."),
             ],
             outputs=[io.Image.Output(display_name="images"), io.String.Output(display_name="text")],
             hidden=[io.Hidden.unique_id],
@@ -73,15 +80,17 @@ class SCDEmu3p5Story(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: LoadedModel, prompt: str, task: str, window: int, cfg_scale: float, seed: int,
-                max_new_tokens: int, width: int, height: int) -> io.NodeOutput:
+                max_new_tokens: int, width: int, height: int,
+                references: torch.Tensor | None = None) -> io.NodeOutput:
         if (width == 0) != (height == 0):
             raise ValueError(f"give both width and height, or 0 for both (the model writes the size); got "
                              f"{width} x {height}")
-        options = StoryOptions(task=task, max_new_tokens=max_new_tokens,
-                               size=grid_for(width, height) if width else None)
+        options = replace(OPTIONS, task=task, max_new_tokens=max_new_tokens,
+                          size=grid_for(width, height) if width else None)
         config = sampler_config("faithful", window, seed, "auto", cfg_scale=cfg_scale)
         model.to_compute_device(model.run_memory(1, config.window))
         result = generate_story(model.model, prompt, config, options,
+                                references=() if references is None else list(references),
                                 callback=StoryReporter(str(cls.hidden.unique_id), model))
         images = decode_images(model.model, result)
         batch = torch.stack(images) if images else torch.zeros(0, 64, 64, 3)

@@ -9,13 +9,15 @@ The copy follows planted bigrams greedily (emu3p5_fixture.STORY_BIGRAMS): "Q", a
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 import torch
 from emu3p5_fixture import STORY_SIZE, byte_id, reference_network, write_tiny_emu3p5
 from emu3p5_fixture import tiny_emu3p5_base_dir, tiny_emu3p5_dir  # noqa: F401  (fixtures)
+from test_emu3p5 import authors_parse_hw, authors_reference_string, eight_bit_image
 from test_lossless import P_MIN, chi_square_pvalue
 
 from scd_core import SamplerConfig, load_model
@@ -23,7 +25,8 @@ from scd_core.decoding import rng
 from scd_core.decoding.engine import generate
 from scd_core.models.families import emu3p5
 from scd_core.models.families.emu3p5_header import SizeMask
-from scd_core.models.families.emu3p5_story import StoryOptions, decode_images, generate_story, story_prompts
+from scd_core.models.families.emu3p5_story import StoryOptions, StoryRun, decode_images, generate_story, \
+    story_prompts
 
 QUESTION = "a hedgehog afraid of the dark"
 # the authors' ids (logits_processor.py): '*' 9, '0' 15, '1'..'9' 16..24 (byte ranks, the same in the tiny copy)
@@ -77,17 +80,21 @@ def authors_grid_step(offset: int, size: tuple[int, int], ends: tuple[int, int],
 
 
 def authors_loop(net: torch.nn.Module, model: emu3p5.Emu3p5Model, options: StoryOptions, cfg: float,
-                 image: tuple[float, int, float], draw: Callable[[torch.Tensor, int, str], int]) -> list[int]:
-    """The authors' generate loop with their processor, one token per step; `draw(scores, position, kind)` picks
-    each token from the processed scores (kind "text", "size" or "image")."""
+                 image: tuple[float, int, float], draw: Callable[[torch.Tensor, int, str], int],
+                 prompts: Optional[tuple[list[int], list[int]]] = None) -> list[int]:
+    """The authors' generate loop with their processor, one token per step, from `prompts` (cond, uncond; default:
+    the story's without images); `draw(scores, position, kind)` picks each token from the processed scores (kind
+    "text", "size" or "image")."""
     ids = model._tokenizer.ids
     boi, img, eoi, eol, eos = (ids[t] for t in ("<|image start|>", "<|image token|>", "<|image end|>",
                                                  "<|extra_200|>", "<|extra_204|>"))
     first_visual = int(model.code_ids[0])
-    cond, uncond = story_prompts(model, QUESTION, options.task)
+    cond, uncond = prompts or story_prompts(model, QUESTION, options.task)
     seq, unc, new = list(cond), list(uncond), []
     in_image = in_visual = False
     height = width = None
+    if img in unc:  # the processor's __init__: parse_hw on the uncond ids, the last reference's grid
+        height, width = authors_parse_hw(model, tuple(unc))
     logits = lambda ids_: net(torch.tensor([ids_])).logits[0, -1]
     last_index = lambda token: len(seq) - 1 - seq[::-1].index(token)
     with torch.no_grad():
@@ -358,3 +365,111 @@ def test_the_models_positions_cap_the_budget(story_model: emu3p5.Emu3p5Model) ->
     assert room - 4 * (1 + 1 + 6 + 10 * 21) < 1 + 1 + 6 + 10 * 21  # a fifth image (and its text) did not fit
     one_line_error(lambda: generate_story(story_model, QUESTION + " x" * 420, SamplerConfig()),
                    "positions the prompt leaves the model cannot hold one image")
+
+
+# Reference images (inference.py with a "reference_image" list; example_config_visual_guidance.py's templates)
+REF_AREA = 48 * 32  # image_area for the tiny copy: a 40 x 60 picture is stretched to 32 x 48 px, 2 x 3 codes
+WITH_IMAGES = ("<|extra_203|>You are a helpful assistant for {task} task.{extra} USER: {{question}}<|IMAGE|> "
+               "ASSISTANT: <|extra_100|>")
+UNCOND_WITH_IMAGES = "<|extra_203|>You are a helpful assistant. USER: <|IMAGE|> ASSISTANT: <|extra_100|>"
+
+
+def story_references(count: int) -> list[torch.Tensor]:
+    """A 40 x 60 picture (2 x 3 codes at REF_AREA), then a 70 x 20 one (5 x 1 codes)."""
+    return [eight_bit_image(40, 60, seed=7), eight_bit_image(70, 20, seed=8)][:count]
+
+
+def authors_reference_prompts(model: emu3p5.Emu3p5Model, references: list[torch.Tensor],
+                              task: str = "story") -> tuple[list[int], list[int]]:
+    """inference.py: the template's <|IMAGE|> replaced by the references' build_image strings joined, in the cond
+    and the uncond prompt, each tokenised whole; a BOS put first where the template lacks it."""
+    extra = " Please generate a response with interleaved text and images." if task == "howto" else ""
+    images = "".join(authors_reference_string(model, image, REF_AREA) for image in references)
+    encode = model._tokenizer.encode
+    cond = encode(WITH_IMAGES.format(task=task, extra=extra).format(question=QUESTION).replace("<|IMAGE|>", images))
+    bos = model._tokenizer.ids["<|extra_203|>"]
+    return ([bos] if cond[0] != bos else []) + cond, encode(UNCOND_WITH_IMAGES.replace("<|IMAGE|>", images))
+
+
+@pytest.mark.parametrize("count, task", [(1, "story"), (2, "howto")])
+def test_reference_prompts_are_the_authors_template_with_the_images(story_model: emu3p5.Emu3p5Model, count: int,
+                                                                     task: str) -> None:
+    """Both prompts hold the references' ids where the authors' templates say <|IMAGE|> (after the question; alone
+    after "USER: " in the uncond one, whose guidance thus holds the references); every image takes the last
+    reference's grid (their parse_hw on the uncond ids)."""
+    options = StoryOptions(task=task, image_area=REF_AREA)
+    run = StoryRun(story_model, QUESTION, SamplerConfig(), options, story_references(count))
+    cond, uncond = authors_reference_prompts(story_model, story_references(count), task)
+    assert run.prompt == cond and run.uncond == uncond
+    assert run.size == [(2, 3), (5, 1)][count - 1] == authors_parse_hw(story_model, tuple(uncond))
+    assert story_prompts(story_model, QUESTION, task) != (cond, uncond)  # the images are in them
+
+
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("window", [1, 8])
+def test_greedy_story_with_references_equals_the_authors_loop(story_model: emu3p5.Emu3p5Model,
+                                                              network: torch.nn.Module, count: int,
+                                                              window: int) -> None:
+    """One reference (the authors keep force_same_image_size) or two (they turn it off): every image takes the last
+    reference's grid, its header forced, guided against the uncond prompt holding the references."""
+    options = StoryOptions(max_new_tokens=60, text_top_k=1, image_area=REF_AREA)
+    result = generate_story(story_model, QUESTION, SamplerConfig(window=window, top_k=1), options,
+                            references=story_references(count))
+    prompts = authors_reference_prompts(story_model, story_references(count))
+    expected = authors_loop(network, story_model, options, 3.0, (1.0, 1, 1.0), greedy, prompts)
+    grid = [(2, 3), (5, 1)][count - 1]
+    assert len(result.images) >= 3 and result.sizes == [grid] * len(result.images)
+    assert result.tokens == expected[:len(result.tokens)]
+    images = decode_images(story_model, result)
+    assert {tuple(image.shape) for image in images} == {(grid[0] * 16, grid[1] * 16, 3)}
+
+
+def test_a_size_given_with_references(story_model: emu3p5.Emu3p5Model) -> None:
+    """With one reference a size given wins (their parse_hw returns at once when a target size is set and the flag
+    on); with two their processor takes the last reference's grid over it, so a size given is refused, as is
+    letting the model write each size; nothing is lost."""
+    config = SamplerConfig(window=4, top_k=1)
+    options = StoryOptions(max_new_tokens=30, text_top_k=1, image_area=REF_AREA, size=(1, 2))
+    result = generate_story(story_model, QUESTION, config, options, references=story_references(1))
+    assert result.sizes and set(result.sizes) == {(1, 2)}
+    one_line_error(lambda: generate_story(story_model, QUESTION, config, options, references=story_references(2)),
+                   "2 reference images", "5 x 1 codes", "give no size")
+    one_line_error(lambda: generate_story(story_model, QUESTION, config,
+                                          replace(options, size=None, force_same_image_size=False),
+                                          references=story_references(1)), "cannot write each image's size")
+
+
+def test_a_one_pixel_reference_is_refused_in_one_line(story_model: emu3p5.Emu3p5Model) -> None:
+    config, options = SamplerConfig(window=4, top_k=1), StoryOptions(max_new_tokens=30, image_area=REF_AREA)
+    one_line_error(lambda: generate_story(story_model, QUESTION, config, options,
+                                          references=[story_references(1)[0], torch.rand(1, 1, 1, 3)]),
+                   "1 x 1 px", "at least 16 x 16 px")
+    one_line_error(lambda: generate_story(story_model, QUESTION, config, options,
+                                          references=[torch.rand(2, 32, 32, 3)]), "reference image 1 is a batch")
+    assert generate_story(story_model, QUESTION, config, replace(options, text_top_k=1),
+                          references=story_references(1)).sizes[0] == (2, 3)
+
+
+def test_command_line_takes_reference_images(tiny_emu3p5_base_dir: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    """`--image` twice: the story's images take the last reference's grid (5 x 1 codes: 16 x 80 px), the tokens
+    the library's with the same pictures; a file that is no image is one line, exit 2, nothing written."""
+    from PIL import Image
+
+    from scd_core.frontends.cli import main
+
+    paths = [tmp_path / "first.png", tmp_path / "second.png"]
+    for path, image in zip(paths, story_references(2)):
+        Image.fromarray((image[0] * 255).round().to(torch.uint8).numpy(), "RGB").save(path)
+    out = tmp_path / "story"
+    args = ["story", "--model", str(tiny_emu3p5_base_dir), "--prompt", QUESTION, "--max-new-tokens", "40",
+            "--text-top-k", "1", "--dtype", "float64", "--device", "cpu", "--window", "4",
+            "--image-area", str(REF_AREA)]
+    assert main([*args, "--out", str(out), "--image", str(paths[0]), "--image", str(paths[1])]) == 0
+    assert Image.open(out / "image_01.png").size == (16, 80) and (out / "image_02.png").is_file()
+    assert "2 images, 38 new tokens" in capsys.readouterr().out  # a third image did not fit
+    (tmp_path / "notes.txt").write_text("not a picture")
+    assert main([*args, "--out", str(tmp_path / "other"), "--image", str(tmp_path / "notes.txt")]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and "cannot be read as an image" in errors[0], errors
+    assert not (tmp_path / "other").exists()

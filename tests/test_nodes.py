@@ -1071,3 +1071,26 @@ def test_glm_image_stages_evict_each_other_through_comfyuis_model_management(
         assert torch.equal(again, images) and torch.equal(images, model.decode(tokens))
     finally:
         mm.unload_all_models()
+
+
+def test_emu3p5_story_node_takes_reference_images(node_classes: dict[str, Any], comfy: SimpleNamespace,
+                                                  tiny_emu3p5_base_dir: Path, fake_server: FakeServer,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The optional `references` batch: one reference each, every image at the last one's grid (2 x 3 codes, the
+    reference area made small for the tiny copy), the core's story with the same pictures; a 1 x 1 px reference
+    is one line."""
+    from scd_core.models.families.emu3p5_story import StoryOptions, generate_story
+
+    story_node = sys.modules[f"{node_classes['SCDEmu3p5Story'].__module__}"]
+    monkeypatch.setattr(story_node, "OPTIONS", StoryOptions(image_area=48 * 32))
+    list_in_comfyui(comfy, "scd", tiny_emu3p5_base_dir, "Emu3.5")
+    (model,) = node_classes["SCDModelLoader"].execute("Emu3.5", "auto", "auto").result
+    references = torch.randint(0, 256, (2, 32, 48, 3), generator=torch.Generator().manual_seed(5)).float() / 255
+    inputs = dict(model=model, prompt="a hedgehog", task="story", window=4, cfg_scale=3.0, seed=1,
+                  max_new_tokens=30, width=0, height=0, references=references)
+    images, text = run_node(node_classes["SCDEmu3p5Story"], **inputs)
+    core = generate_story(model.model, "a hedgehog", SamplerConfig(window=4, seed=1, cfg_scale=3.0),
+                          StoryOptions(max_new_tokens=30, image_area=48 * 32), references=list(references))
+    assert images.shape == (len(core.images), 32, 48, 3) and len(core.images) >= 2 and text == core.text.strip()
+    with pytest.raises(ValueError, match="1 x 1 px"):
+        run_node(node_classes["SCDEmu3p5Story"], **(inputs | dict(references=torch.rand(1, 1, 1, 3))))

@@ -4,6 +4,7 @@
 
 writes story/image_01.png, image_02.png, ... and story/story.md (the text with its images in order), and prints
 the calls it took.  The text is drawn as the authors draw it; the images by the sampler the flags choose.
+`--image PATH` (repeatable) puts reference images into the prompts, as the authors' inference.py does.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
 
 from ..models.families.emu3p5 import grid_for
 from ..models.families.emu3p5_story import TASKS, StoryEvent, StoryOptions, StoryResult, decode_images, \
@@ -38,6 +43,12 @@ def add_story_arguments(parser: argparse.ArgumentParser) -> None:
     text.add_argument("--text-top-p", type=float, default=OPTIONS.text_top_p)
     text.add_argument("--each-size", action="store_true",
                       help="let the model write every image's size (the authors keep the first one's)")
+    images = parser.add_argument_group("reference images (the authors' inference.py: in both prompts; every image "
+                                       "takes the last one's grid, or --width / --height with one reference)")
+    images.add_argument("--image", type=Path, action="append", default=[], metavar="PATH",
+                        help="a reference image file (repeat for several, in order)")
+    images.add_argument("--image-area", type=positive_int, default=OPTIONS.image_area,
+                        help=f"pixels each reference is resized to, about (default: {OPTIONS.image_area})")
     out = parser.add_argument_group("output")
     out.add_argument("--out", required=True, type=Path, help=f"folder for the images and {STORY_FILE} (created)")
 
@@ -53,9 +64,19 @@ def story_options(args: argparse.Namespace) -> StoryOptions:
     size = grid_for(args.width, args.height) if args.width else None
     options = StoryOptions(task=args.task, max_new_tokens=args.max_new_tokens, size=size,
                            force_same_image_size=not args.each_size, text_temperature=args.text_temperature,
-                           text_top_k=args.text_top_k, text_top_p=args.text_top_p)
+                           text_top_k=args.text_top_k, text_top_p=args.text_top_p, image_area=args.image_area)
     options.check()
     return options
+
+
+def read_reference(path: Path) -> torch.Tensor:
+    """An image file as a ComfyUI IMAGE of one picture, (1, H, W, 3) levels / 255 (as Load Image gives it)."""
+    try:
+        with Image.open(path) as picture:
+            pixels = np.array(picture.convert("RGB"))
+    except (OSError, ValueError) as err:  # PIL's UnidentifiedImageError is an OSError
+        raise ValueError(f"--image {str(path)!r} cannot be read as an image: {err}") from None
+    return torch.from_numpy(pixels)[None].float() / 255
 
 
 def report(event: StoryEvent) -> None:
@@ -86,8 +107,9 @@ def run_story(args: argparse.Namespace) -> int:
     options = story_options(args)
     check_device(args.device)
     check_out(args.out)
+    references = [read_reference(path) for path in args.image]
     model = open_model(args.model, args.device, args.dtype, args.quantize, 0, 0, args.compile)
-    result = generate_story(model, args.prompt, config, options, callback=report)
+    result = generate_story(model, args.prompt, config, options, references=references, callback=report)
     path = write_story(args.out, result, decode_images(model, result))
     print(f"{len(result.images)} images, {len(result.tokens)} new tokens (stopped at {result.stop}); calls: "
           f"{result.text_calls} for the text and sizes, {result.image_calls} for the images")

@@ -283,17 +283,18 @@ class Emu3p5Model(Compilable):
         if images.shape[0] != 1:
             raise ValueError(f"give one reference image per SCD Image Prompt (chain up to {MAX_REFERENCES}), got a "
                              f"batch of {images.shape[0]}")
-        if min(images.shape[1:3]) < DOWNSAMPLE:  # less than one code of picture: surely not the image meant
-            raise ValueError(f"the reference image is {images.shape[2]} x {images.shape[1]} px: give one of at "
-                             f"least {DOWNSAMPLE} x {DOWNSAMPLE} px (Emu3.5 draws {DOWNSAMPLE} px codes)")
-        reference, grid = self._reference_ids(images)
+        reference, grid = self.reference_ids(images, self.reference_area)
         self._set_grid(*(cond.size if cond.size_asked else grid))
         return self._prompt(cond.question, (*cond.references, reference), cond.size_asked)
 
-    def _reference_ids(self, images: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, int]]:
-        """One image's tokens as the prompt holds them (the header at its own size, its rows, EOL between) and
-        its grid (rows, cols): stretched as smart_resize does it (Pillow's bicubic on the 8-bit picture)."""
-        height, width = reference_size(images.shape[2], images.shape[1], self.reference_area)
+    def reference_ids(self, images: torch.Tensor, area: int) -> tuple[tuple[int, ...], tuple[int, int]]:
+        """One checked image's (a (1, H, W, 3) IMAGE) tokens as the prompt holds them (the header at its own size,
+        its rows, EOL between) and its grid (rows, cols): stretched to about `area` px as smart_resize does it
+        (Pillow's bicubic on the 8-bit picture)."""
+        if min(images.shape[1:3]) < DOWNSAMPLE:  # less than one code of picture: surely not the image meant
+            raise ValueError(f"the reference image is {images.shape[2]} x {images.shape[1]} px: give one of at "
+                             f"least {DOWNSAMPLE} x {DOWNSAMPLE} px (Emu3.5 draws {DOWNSAMPLE} px codes)")
+        height, width = reference_size(images.shape[2], images.shape[1], area)
         prepared = prepare_images(images, (height, width), "stretch")
         log_note(prepared)
         encoder = self.vq.encoder().to(self.vq.decoder.post_quant_conv.weight.device)

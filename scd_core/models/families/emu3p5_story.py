@@ -14,6 +14,8 @@ configs/config.py, example_config_visual_narrative.py, example_config_visual_gui
 - their processor keeps the first image's height / width for every later image (force_same_image_size, the
   default; it does so even when the flag is off, since the size stays set: `force_same_image_size=False` here
   lets the model write each image's size, which is not their law);
+- reference images (emu3p5_story_prompt) go into both prompts, and every image then takes the last one's grid
+  (a size given wins with one reference only);
 - the run stops at EOS or after max_new_tokens.
 
 Here each text token or size digit is drawn by emu3p5_steps.PlainSteps: inverse CDF from that law on the cond row
@@ -28,7 +30,7 @@ sequence again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -36,15 +38,13 @@ from ...decoding.config import SamplerConfig
 from ...decoding.engine import GenerationCancelled, IterationStats, generate
 from ...decoding.run_settings import sampling_settings
 from ...decoding.sampling import Sampling
-from .emu3p5 import BOS, DOWNSAMPLE, IMAGE_END, IMAGE_START, IMAGE_TOKEN, UNCOND_PROMPT, Emu3p5Model, \
-    Emu3p5Prompt
+from .emu3p5 import DOWNSAMPLE, IMAGE_END, IMAGE_START, IMAGE_TOKEN, Emu3p5Model, Emu3p5Prompt
 from .emu3p5_header import HEADER_STEPS, SizeMask, forced_header
 from .emu3p5_steps import PlainSteps
+from .emu3p5_story_prompt import IMAGE_AREA, encode_references, story_prompts, story_size
 from ..sessions.kept_rows import KeptRows
 
 TASKS = ("story", "howto", "explore")
-TEMPLATE = "<|extra_203|>You are a helpful assistant for {task} task.{extra} USER: {question} ASSISTANT: <|extra_100|>"
-EXTRA = {"howto": " Please generate a response with interleaved text and images."}  # example_config_visual_guidance
 EOS, END_OF_ANSWER = "<|extra_204|>", "<|extra_101|>"  # multimodal_decode drops both from the text
 STORY_CFG = 3.0  # configs/config.py: classifier_free_guidance 3.0 for the interleaved tasks
 SMALLEST_WRITTEN = (10, 10)  # the format mask's smallest size: two digits a side, the first not 0
@@ -59,6 +59,7 @@ class StoryOptions:
     max_new_tokens: int = 32768
     size: Optional[tuple[int, int]] = None  # (rows, cols) in 16 px codes; None: the model writes the first's
     force_same_image_size: bool = True
+    image_area: int = IMAGE_AREA  # pixels a reference image is resized to, about (their image_area)
     text_temperature: float = 1.0
     text_top_k: int = 1024
     text_top_p: float = 0.9
@@ -71,6 +72,8 @@ class StoryOptions:
         if self.size is not None and not (len(self.size) == 2 and all(isinstance(s, int) and s > 0
                                                                       for s in self.size)):
             raise ValueError(f"size must be (rows, cols) of positive code counts or None, got {self.size!r}")
+        if not isinstance(self.image_area, int) or self.image_area < 1:
+            raise ValueError(f"image_area must be a positive pixel count, got {self.image_area!r}")
         if not (self.text_temperature > 0 and isinstance(self.text_top_k, int) and self.text_top_k >= 1
                 and 0 < self.text_top_p <= 1):
             raise ValueError("text sampling needs temperature > 0, top-k >= 1 and top-p in (0, 1], got "
@@ -105,17 +108,6 @@ class StoryResult:
         return "".join(part if isinstance(part, str) else f"\n[image {part + 1}]\n" for part in self.parts)
 
 
-def story_prompts(model: Emu3p5Model, question: str, task: str) -> tuple[list[int], list[int]]:
-    """The cond and uncond ids of the authors' interleaved templates (no reference image)."""
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError("an interleaved run needs a non-empty prompt")
-    encode = model._tokenizer.encode
-    cond = encode(TEMPLATE.format(task=task, extra=EXTRA.get(task, ""), question=question))
-    if cond[0] != model._tokenizer.ids[BOS]:  # inference.py puts a BOS first when the template did not
-        cond.insert(0, model._tokenizer.ids[BOS])
-    return cond, encode(UNCOND_PROMPT)
-
-
 def check_story_model(model: object) -> Emu3p5Model:
     """The base Emu3.5, which writes text (Emu3.5-Image keeps the visual rows of its head only)."""
     if not isinstance(model, Emu3p5Model):
@@ -135,15 +127,18 @@ def image_seed(seed: int, index: int) -> int:
 class StoryRun:
     """One interleaved sequence, token by token outside the images, image by image through the engine."""
 
-    def __init__(self, model: Emu3p5Model, question: str, config: SamplerConfig, options: StoryOptions) -> None:
+    def __init__(self, model: Emu3p5Model, question: str, config: SamplerConfig, options: StoryOptions,
+                 references: Sequence[torch.Tensor] = ()) -> None:
         self.model, self.options = check_story_model(model), options
         options.check()
+        reference_ids, grids = encode_references(model, references, options.image_area)
+        self.size = story_size(options.size, options.force_same_image_size, grids)  # None: the model writes it
         self.config = replace(config, cfg_scale=STORY_CFG if config.cfg_scale is None else config.cfg_scale)
         ids = model._tokenizer.ids
         self.boi, self.img, self.eoi, self.eos, self.ess = (ids[t] for t in (IMAGE_START, IMAGE_TOKEN, IMAGE_END,
                                                                                 EOS, END_OF_ANSWER))
         self.mask = SizeMask.for_tokenizer(model._tokenizer.encode, self.img)
-        self.prompt, self.uncond = story_prompts(model, question, options.task)
+        self.prompt, self.uncond = story_prompts(model, question, options.task, reference_ids)
         self.budget = min(options.max_new_tokens, model.module.config.max_position_embeddings - len(self.prompt))
         self._check_budget()
         self.text_sampling = Sampling(temperature=options.text_temperature, top_k=options.text_top_k,
@@ -156,8 +151,8 @@ class StoryRun:
         self.text: list[int] = []  # the text since the last image
 
     def _check_budget(self) -> None:
-        size = self.options.size or SMALLEST_WRITTEN
-        header = 1 + (len(forced_header(self.model._tokenizer.encode, size, self.img)) if self.options.size
+        size = self.size or SMALLEST_WRITTEN
+        header = 1 + (len(forced_header(self.model._tokenizer.encode, size, self.img)) if self.size
                       else HEADER_STEPS)
         smallest = header + size[0] * (size[1] + 1)
         if self.budget < smallest:
@@ -206,8 +201,8 @@ class StoryRun:
     def _header(self) -> Optional[tuple[int, int]]:
         """The tokens after <|image start|> up to <|image token|>, forced or written; the size, None where the
         budget ends first."""
-        sizes, options = self.result.sizes, self.options
-        size = options.size or (sizes[0] if sizes and options.force_same_image_size else None)
+        sizes = self.result.sizes
+        size = self.size or (sizes[0] if sizes and self.options.force_same_image_size else None)
         if size is not None:
             header = forced_header(self.model._tokenizer.encode, size, self.img)
             if len(header) > self.left():
@@ -253,11 +248,14 @@ class StoryRun:
 
 
 def generate_story(model: Emu3p5Model, question: str, config: SamplerConfig,
-                   options: StoryOptions = StoryOptions(), *, callback: Optional[Callable[[StoryEvent], None]] = None,
+                   options: StoryOptions = StoryOptions(), *, references: Sequence[torch.Tensor] = (),
+                   callback: Optional[Callable[[StoryEvent], None]] = None,
                    should_cancel: Optional[Callable[[], bool]] = None) -> StoryResult:
-    """An interleaved run of `options.task` on `question`; `config` samples the images (cfg_scale None: 3, the
-    authors' interleaved value; top-k None: the model's 10240)."""
-    return StoryRun(model, question, config, options).run(callback, should_cancel)
+    """An interleaved run of `options.task` on `question`, with the `references` (each one picture, a ComfyUI
+    IMAGE) in its prompts, the last one's grid for every image unless one reference and a size are given;
+    `config` samples the images (cfg_scale None: 3, the authors' interleaved value; top-k None: the model's
+    10240)."""
+    return StoryRun(model, question, config, options, references).run(callback, should_cancel)
 
 
 def decode_images(model: Emu3p5Model, result: StoryResult) -> list[torch.Tensor]:
