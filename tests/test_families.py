@@ -40,6 +40,17 @@ def test_the_front_ends_name_no_family() -> None:
     assert not any(found.values()), found
 
 
+def test_a_diffusion_decoders_declared_defaults_are_its_models() -> None:
+    """Family.decoder (the CLI's and the node's help) states the steps and guidance `set_decoding` starts from."""
+    from scd_core.models.families import glm_image, mammothmoda2
+
+    for module, model in ((glm_image, glm_image.GlmImageModel), (mammothmoda2, mammothmoda2.MammothModa2Model)):
+        defaults = model.default_decoding
+        assert module.FAMILY.decoder.startswith(f"{module.FAMILY.label} {defaults.steps} steps, guidance "
+                                                f"{defaults.guidance:g}"), module.__name__
+    assert {family.label for family in families() if family.decoder} == {"GLM-Image", "MammothModa2"}
+
+
 def test_joined() -> None:
     assert [joined([]), joined(["a"]), joined(["a", "b"]), joined("abc", last="or")] == \
         ["", "a", "a and b", "a, b or c"]

@@ -20,7 +20,7 @@ from packaging.version import Version
 
 from pace import assert_each_row_matches, assert_own_pace_gives_ar_tokens, staggered_logits
 
-from scd_core import ModelLoadError, SamplerConfig, TokenModel, generate, load_model
+from scd_core import ModelLoadError, SamplerConfig, TokenModel, generate, load_model, set_decoding
 from scd_core.models.families import glm_image
 from scd_core.decoding.run_settings import start_session
 from scd_core.models.pixels import one_thread
@@ -222,7 +222,7 @@ def test_image_to_image_greedy_tokens_equal_transformers_generate(model: glm_ima
         config = SamplerConfig(coupler=coupler, window=window, top_k=1, cfg_scale=1.0, seed=0)
         tokens = generate(model, cond, config).tokens[0]
         assert model.grids == ((rows, cols),) and torch.equal(tokens, expected), (coupler, window)
-    model.decode_steps = 2
+    set_decoding(model, steps=2)
     images = model.decode(tokens[None])
     assert images.shape == (1, *model.size, 3)
     generate(model, model.encode(PROMPT), SamplerConfig(window=8, seed=0))  # back to text-to-image
@@ -327,7 +327,7 @@ def test_decode_equals_the_pipeline_for_the_same_tokens(model: glm_image.GlmImag
     from diffusers import GlmImagePipeline
 
     tokens = torch.randint(0, model.vocab_size, (2, model.num_tokens), generator=torch.Generator().manual_seed(1))
-    model.decode_steps = 2
+    set_decoding(model, steps=2)
     images = model.decode(tokens, model.encode('a sign saying "hi"'))
     height, width = model.size
     assert images.shape == (2, height, width, 3) and images.dtype == torch.float32
@@ -357,7 +357,7 @@ def test_image_to_image_decode_resizes_the_source_as_the_pipeline(model: glm_ima
     picture = Image.fromarray((pixels * 255).to(torch.uint8).numpy())
     cond = model.encode(PROMPT, image=picture)
     tokens = generate(model, cond, SamplerConfig(window=8, seed=0)).tokens
-    model.decode_steps = 2
+    set_decoding(model, steps=2)
     images = model.decode(tokens, cond)
     assert images.shape == (1, *model.size, 3)
     (rows, cols), (source_rows, source_cols) = model.grid, cond.source.grid

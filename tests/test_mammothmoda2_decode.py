@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -16,11 +17,12 @@ import torch
 from mammothmoda2_fixture import DIT_CONFIG, VISUAL_START, tiny_dev_dir, tiny_preview_dir  # noqa: F401
 from test_mammothmoda2 import AuthorsNetwork
 
-from scd_core import SamplerConfig, generate, load_model
-from scd_core.models.families.mammothmoda2_condition import (NEGATIVE_PROMPT, negative_condition,
+from scd_core import SamplerConfig, generate, load_model, set_decoding
+from scd_core.models.families.mammothmoda2_condition import (NEGATIVE_PROMPT, for_dit, negative_condition,
                                                               positive_condition)
 from scd_core.models.families.mammothmoda2_decode import (DiTCondition, DiTSettings, denoise, flow_times,
                                                            latents_to_pixels, load_decoder)
+from scd_core.models.families.mammothmoda2_dit import check_rotary_range
 from scd_core.models.weights.checkpoints import ModelLoadError
 from scd_core.models.weights.tokenizer_files import read_json
 
@@ -199,7 +201,7 @@ def test_denoise_guides_against_the_negative_and_reports_each_step(tiny_preview_
     generator = torch.Generator().manual_seed(6)
     noise = torch.randn(1, 4, 4, 4, generator=generator)
     cond, neg = (DiTCondition(torch.randn(1, n, WIDTH, generator=generator)) for n in (6, 3))
-    settings = DiTSettings(steps=4, text_guidance=3.0, cfg_range=(0.0, 0.5))
+    settings = DiTSettings(steps=4, guidance=3.0, cfg_range=(0.0, 0.5))
     seen = []
     with torch.no_grad():
         ours = denoise(dit, noise, cond, neg, settings, lambda done, total: seen.append((done, total)))
@@ -297,7 +299,7 @@ def test_condition_is_the_authors_fresh_forward(dev: bool, tiny_preview_dir: Pat
     states = authors_states(authors, ids, config, dev)
     refiner = model.decoder().gen_image_condition_refiner
     with torch.no_grad():
-        ours = positive_condition(model.module, ids, model.rule, refiner)
+        ours = for_dit(positive_condition(model.module, ids, model.rule), model.rule, refiner)
         image = states[:, -10:]
         if dev:
             question_text = states[:, :-10][:, ids[0, :-10] < 152064]
@@ -315,7 +317,7 @@ def test_text_to_image_gives_pixels_with_the_dit_progress(tiny_dev_dir: Path) ->
     """A whole run on the tiny Dev folder: tokens, then an image of the set size; the same seed the same image."""
     model = load_model(tiny_dev_dir, device="cpu", dtype=torch.float32)
     model.set_image_size(64, 32)
-    model.dit = DiTSettings(steps=3)
+    set_decoding(model, steps=3)
     steps = []
     model.decode_progress = lambda done, total: steps.append((done, total))
     prompt = model.encode("a red cube")
@@ -327,6 +329,85 @@ def test_text_to_image_gives_pixels_with_the_dit_progress(tiny_dev_dir: Path) ->
     model.set_image_size(64, 48)  # the same 1 x 2 grid; a later size leaves a prompt encoded before it as it was
     assert model.decode(tokens, model.encode("a red cube")).shape == (1, 48, 64, 3)
     assert torch.equal(model.decode(tokens, prompt), images)
+
+
+@pytest.mark.parametrize("variant", ("preview", "dev"))
+def test_every_llm_forward_comes_before_the_stage_switch(variant: str, request: pytest.FixtureRequest) -> None:
+    """decode runs every LLM forward (the negative and each row's re-encode) before `stage_switch`, so a host may
+    offload the LLM there: with its weights gone (on the meta device) after the switch, the pixels are the same."""
+    model = load_model(request.getfixturevalue(f"tiny_{variant}_dir"), device="cpu", dtype=torch.float32)
+    model.set_image_size(64, 64)
+    set_decoding(model, steps=2)
+    prompt = model.encode("a red cube")
+    tokens = generate(model, prompt, SamplerConfig(window=4, seed=3), batch_size=2).tokens
+    expected = model.decode(tokens)
+    order: list[str] = []
+    handles = [model.module.model.embed_tokens.register_forward_pre_hook(lambda *_: order.append("llm")),
+               model.decoder().gen_transformer.register_forward_pre_hook(lambda *_: order.append("dit"))]
+
+    def offload_the_llm() -> None:
+        order.append("switch")
+        model.module.to("meta")
+
+    model.stage_switch = offload_the_llm
+    try:
+        assert torch.equal(model.decode(tokens, prompt), expected)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert order == ["llm"] * 3 + ["switch"] + ["dit"] * 2 * 2 * 2  # 2 images, 2 steps, guided: 2 DiT calls each
+
+
+def test_the_dit_refuses_positions_past_the_authors_rotary_table() -> None:
+    """gen_dit_config's axes_lens bound the condition (axis 0, the image after it) and the patch grid: one line
+    past them, where the authors' table lookup fails."""
+    check_rotary_range(7, 8, 8, (8, 8, 8))  # condition 0..6, the image at 7: the last row of the table
+    for length, rows, cols in ((8, 8, 8), (7, 9, 8), (7, 8, 9), (9, 1, 1)):
+        with pytest.raises(ValueError, match=rf"^MammothModa2's DiT places at most 7 condition tokens and 8 x 8 "
+                                             rf"latent patches \(16 px each with the published VAE; gen_dit_config "
+                                             rf"axes_lens \[8, 8, 8\]\); this decode has {length} and {rows} x "
+                                             rf"{cols}: shorten the prompt or ask for a smaller image$"):
+            check_rotary_range(length, rows, cols, (8, 8, 8))
+
+
+def test_a_prompt_too_long_for_the_dits_rotary_table_is_one_line(tiny_dev_dir: Path) -> None:  # noqa: F811
+    """Dev's condition holds the prompt's text states: past the published table's 300 positions (the tiny
+    tokenizer spends a token per byte) the decode is refused in one line before any DiT step."""
+    model = load_model(tiny_dev_dir, device="cpu", dtype=torch.float32)
+    set_decoding(model, steps=1)
+    model.set_image_size(32, 32)
+    steps: list[int] = []
+    model.decode_progress = lambda done, total: steps.append(done)
+    for prompt, fits in (("a red cube", True), ("a red cube " * 30, False)):
+        cond = model.encode(prompt)
+        tokens = generate(model, cond, SamplerConfig(window=4, seed=0)).tokens
+        if fits:
+            assert model.decode(tokens, cond).shape == (1, 32, 32, 3)
+            continue
+        with pytest.raises(ValueError, match=r"^MammothModa2's DiT places at most 299 condition tokens .* this "
+                                             r"decode has 3\d\d and \d+ x \d+: shorten the prompt or ask for a "
+                                             r"smaller image$"):
+            model.decode(tokens, cond)
+    assert steps == [1]  # the long prompt's decode stopped before its first step
+
+
+def test_decoder_settings_are_the_pipelines_but_what_is_given(tiny_preview_dir: Path) -> None:  # noqa: F811
+    """set_decoding starts from the published pipeline's settings each time, checks each value, and is refused by a
+    VQ decoder."""
+    model = load_model(tiny_preview_dir, device="cpu", dtype=torch.float32)
+    assert model.decoding == DiTSettings(steps=50, guidance=5.0, seed=0, cfg_range=(0.0, 1.0))
+    set_decoding(model, steps=3, seed=9)
+    set_decoding(model, guidance=2.0)
+    assert model.decoding == DiTSettings(steps=50, guidance=2.0, seed=0)
+    for name, bad, expected in (("steps", 0, "a whole number in 1..1000"), ("steps", 2.0, "a whole number in 1..1000"),
+                                ("guidance", math.nan, "a number in 0..100"), ("guidance", -1, "a number in 0..100"),
+                                ("seed", -1, "a whole number in 0..2**64 - 1")):
+        with pytest.raises(ValueError, match=rf"^the decoder's {name} must be {re.escape(expected)}, got "):
+            set_decoding(model, **{name: bad})
+    demo = load_model("demo", device="cpu")
+    set_decoding(demo)  # nothing asked: nothing to refuse
+    with pytest.raises(ValueError, match=r"^this model's decoder is a VQ decoder, which takes no steps, seed \("):
+        set_decoding(demo, steps=2, seed=1)
 
 
 def test_previews_are_a_token_map_without_the_dit(tiny_preview_dir: Path) -> None:  # noqa: F811

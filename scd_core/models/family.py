@@ -47,6 +47,7 @@ class Family:
     video: str = ""  # a video family: the context frames (its image prompts) it continues; "" for image families
     image_tasks: tuple[str, ...] = ()  # what its checkpoints may take an image in the prompt for (model.image_tasks)
     compile: bool = False  # static-shape window calls: load_model(..., compile=True)
+    decoder: str = ""  # a diffusion decoder's defaults (`set_decoding`), as its options list them: "X 50 steps, ..."
     quantize: bool = True  # its backbone stored in int8 / nf4
 
     @property
@@ -108,6 +109,13 @@ def families() -> tuple[Family, ...]:
 def published_repos() -> dict[str, Family]:
     """Each repository that fetch downloads whole, and its family."""
     return {repo: family for family in families() for repo in family.repos}
+
+
+def diffusion_decoders() -> tuple[str, str]:
+    """(the families whose decoder is a diffusion model, their decoders' defaults): ("GLM-Image and ...",
+    "GLM-Image 50 steps, guidance 1.5; ...")."""
+    decoding = [family for family in families() if family.decoder]
+    return joined(family.label for family in decoding), "; ".join(family.decoder for family in decoding)
 
 
 def compilable() -> str:

@@ -102,7 +102,7 @@ def load_model(path: Union[str, Path], device: Union[str, torch.device, None] = 
                              "at full precision (quantize='none')")
     model = family.load(folder, device, dtype, quantize=precision)
     if callable(getattr(model, "decode", None)):  # an image's bytes then depend on its tokens alone
-        model.decode = steady_decode(model.decode)
+        model.decode = steady_decode(model.decode, getattr(model, "decodes_rows_alone", False))
     if compile:
         model.enable_compile()
     return model

@@ -27,15 +27,17 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def steady_decode(decode: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def steady_decode(decode: Callable[..., torch.Tensor], rows_alone: bool = False) -> Callable[..., torch.Tensor]:
     """`decode(tokens (batch, N), ...)` run row by row on one thread, the rows' outputs concatenated in order
     (a video's frames stay grouped by row); anything but a batch of several rows goes to `decode` as it is,
-    which checks it."""
+    which checks it.  `rows_alone`: `decode` already takes each row by itself (MammothModa2's, which runs every
+    row's LLM re-encode before its first DiT step, so that a host swaps the two stages once a batch), so only the
+    thread count is set."""
 
     @functools.wraps(decode)
     def decode_each_alone(tokens: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         with one_thread():
-            if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] < 2:
+            if rows_alone or not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[0] < 2:
                 return decode(tokens, *args, **kwargs)
             return torch.cat([decode(row, *args, **kwargs) for row in tokens.split(1)])
 

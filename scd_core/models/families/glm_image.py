@@ -28,11 +28,13 @@ import torch
 from ..sessions.cfg_session import CFGSession, cfg_prefix, check_positions
 from ..weights.checkpoints import ModelLoadError
 from ..family import Family
+from ..decoder_settings import DecoderSettings
 from ..generate_defaults import generate_sampling
 from ..weights.generation_only import code_rows_head
 from ..weights.hf_folders import check_safetensors_weights, config_model_type
 from ..sessions.hf_cache import cache_keyword, row_cache_view
-from ..weights.memory import MemoryEstimate, checkpoint_shapes, estimate_from_shapes, weight_files
+from ..weights.memory import (MemoryEstimate, checkpoint_shapes, estimate_from_shapes, kl_vae_decode_bytes,
+                              weight_files)
 from ..weights.quantize import quantize_then_move
 from ..sessions.row_cache import RowCache
 from ..weights.streaming import HFNetwork, read_hf_network
@@ -49,7 +51,7 @@ FAMILY = Family(
     roots=("GLM-Image",), top_k="GLM-Image its generation_config.json's (as published: none, so generate's 50)",
     top_p="GLM-Image its generation_config.json's (0.75 as published)",
     temperature="GLM-Image its generation_config.json's (0.9 as published)",
-    sizes=("GLM-Image (multiples of 32)",))
+    sizes=("GLM-Image (multiples of 32)",), decoder="GLM-Image 50 steps, guidance 1.5")
 MODEL_TYPE = "glm_image"
 PIPELINE_CLASS = "GlmImagePipeline"
 AR_FOLDER, PROCESSOR_FOLDER = "vision_language_encoder", "processor"
@@ -180,6 +182,7 @@ class GlmImageModel:
 
     family = "glm_image"
     default_cfg_scale = 1.0  # the published pipeline samples the AR stage without guidance
+    default_decoding = DecoderSettings(DECODE_STEPS, DECODE_GUIDANCE)  # `decoding`: what the next decode runs
     image_tasks = ("edit",)  # image-to-image: the source image in the prompt (`add_image`)
 
     def __init__(self, module: torch.nn.Module, processor: Any, folder: Path,
@@ -193,7 +196,7 @@ class GlmImageModel:
         self.default_temperature, self.default_top_k, self.default_top_p = (
             sampling.temperature, sampling.top_k, sampling.top_p)
         self.pad = processor.tokenizer.pad_token_id or 0  # left padding is masked: any id will do
-        self.decode_steps, self.decode_guidance, self.decode_seed = DECODE_STEPS, DECODE_GUIDANCE, 0
+        self.decoding = self.default_decoding
         self._pipeline: Optional[Any] = None
         self._image_tokenizer: Optional[torch.nn.Module] = None
         self._decoding = GlmImagePrompt(cond=(), uncond=(), text="", size=DEFAULT_SIZE)
@@ -333,9 +336,9 @@ class GlmImageModel:
                           source_image_grid_thw=[torch.tensor([[1, 2 * rows, 2 * cols]], device=device)])
         images = []
         for row in prior:
-            generator = torch.Generator(device).manual_seed(self.decode_seed)
+            generator = torch.Generator(device).manual_seed(self.decoding.seed)
             out = pipeline(prompt=cond.text, prior_token_ids=row[None], height=self.size[0], width=self.size[1],
-                           num_inference_steps=self.decode_steps, guidance_scale=self.decode_guidance,
+                           num_inference_steps=self.decoding.steps, guidance_scale=self.decoding.guidance,
                            generator=generator, output_type="pt", **source)
             images.append(out.images.float().cpu())
         return torch.cat(images).permute(0, 2, 3, 1).clamp(0, 1)
@@ -365,11 +368,9 @@ class GlmImageModel:
         return self._pipeline
 
     def decoding_memory(self) -> int:
-        """Bytes beyond the weights that decoding one image at the current size may take at once: what ComfyUI
-        reserves for a KL VAE's decode of that size (comfy/sd.py: 2178 x 64 bytes per latent pixel, latents 8x
-        smaller than the image, per byte of the dtype); images are decoded one at a time."""
-        height, width = self.size
-        return 2178 * 64 * (height // 8) * (width // 8) * next(self.module.parameters()).element_size()
+        """Bytes beyond the weights that decoding one image at the current size may take at once (its VAE's
+        decode); images are decoded one at a time."""
+        return kl_vae_decode_bytes(*self.size, next(self.module.parameters()).element_size())
 
     def decoding_weights(self) -> int:
         """How many weights the decoding stage holds (`decoder_weights`), for a host's memory notes."""

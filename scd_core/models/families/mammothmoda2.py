@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -66,15 +66,16 @@ from ..text.tiktoken_bpe import TiktokenBPE, read_ranks
 from ..weights.checkpoints import ModelLoadError
 from ..weights.generation_only import code_rows_head
 from ..weights.hf_folders import check_safetensors_weights
-from ..weights.memory import MemoryEstimate, checkpoint_shapes, weight_files
+from ..weights.memory import MemoryEstimate, checkpoint_shapes, kl_vae_decode_bytes, weight_files
 from ..weights.quantize import quantize_then_move
 from ..weights.streaming import HFNetwork, read_hf_network
 from ..weights.tokenizer_files import read_json, without_nulls
 from ...model import check_start, check_tokens, compute_device
-from .mammothmoda2_condition import (NEGATIVE_PROMPT, NEGATIVE_TEMPLATE, ConditionRule, condition_rule,
+from .mammothmoda2_condition import (NEGATIVE_PROMPT, NEGATIVE_TEMPLATE, ConditionRule, condition_rule, for_dit,
                                      negative_condition, positive_condition)
-from .mammothmoda2_decode import DiTSettings, MammothDecoder, denoise, latents_to_pixels, load_decoder
-from .mammothmoda2_memory import staged_estimate
+from .mammothmoda2_decode import (DiTCondition, DiTSettings, MammothDecoder, denoise, latents_to_pixels,
+                                  load_decoder)
+from .mammothmoda2_memory import decoder_weights, staged_estimate
 from .mammothmoda2_routing import routed_layer
 
 MODEL_TYPE = "mammothmoda2"
@@ -87,7 +88,8 @@ FAMILY = Family(
     roots=("MammothModa2",), cfg="MammothModa2 6",
     top_k="MammothModa2 its t2i_generation_config.json's, else 50 (1 where it sets do_sample false); at least 3",
     top_p="MammothModa2 its t2i_generation_config.json's, if it sets one",
-    temperature="MammothModa2 its t2i_generation_config.json's, if any")
+    temperature="MammothModa2 its t2i_generation_config.json's, if any",
+    decoder="MammothModa2 50 steps, guidance 5 (the READMEs pass 9)")
 HINT = ("a MammothModa2 folder holds bytedance-research/MammothModa2-Preview or -Dev as published: config.json, "
         "t2i_generation_config.json, mammothu.tiktoken, mammothu_vision_tokens.txt and the *.safetensors shards")
 GENERATION_FILE = "t2i_generation_config.json"
@@ -293,13 +295,17 @@ def check_grid(rows: Any, cols: Any) -> tuple[int, int]:
 
 class MammothModa2Model:
     """A loaded MammothModa2: TokenModel for the engine, encode for prompts, decode through its DiT.  Decode
-    settings: `dit` (DiTSettings: steps, text guidance, cfg_range), `decode_seed` (the starting noise), `pixels`
-    (height, width; set_image_size: each prompt keeps the size it was encoded at) and `decode_progress` (called
-    (step, steps) after each DiT step)."""
+    settings: `decoding` (DiTSettings: steps, guidance, the starting noise's seed, cfg_range; `set_decoding`),
+    `pixels` (height, width; set_image_size: each prompt keeps the size it was encoded at); a host's hooks:
+    `decode_progress` (called (step, steps) after each DiT step) and `stage_switch` (called once the LLM's
+    re-encodes are done, before the DiT's first step: a host that keeps the stages apart loads the decoder's there,
+    and may offload the LLM)."""
 
     family = "mammothmoda2"
     default_cfg_scale = DEFAULT_CFG
     min_tokens_kept = MIN_TOKENS_KEPT
+    default_decoding = DiTSettings()
+    decodes_rows_alone = True  # each row's forwards and DiT run alone, the LLM's for every row first
 
     def __init__(self, module: MammothNetwork, tokenizer: MammothTokenizer, t2i: T2IConfig, variant: Variant,
                  folder: Path, config: dict) -> None:
@@ -308,8 +314,9 @@ class MammothModa2Model:
         self.rule: ConditionRule = condition_rule(config, variant.layers == "qwen3")
         self._decoder: Optional[MammothDecoder] = None
         self._decoding: Optional[MammothPrompt] = None
-        self.dit, self.decode_seed, self.pixels = DiTSettings(), 0, DEFAULT_PIXELS
-        self.decode_progress: Optional[Any] = None
+        self.decoding, self.pixels = self.default_decoding, DEFAULT_PIXELS
+        self.decode_progress: Optional[Callable[[int, int], None]] = None
+        self.stage_switch: Optional[Callable[[], None]] = None
         self.label = variant.label
         sampling = t2i.sampling
         # do_sample false: the authors take the argmax of the processed scores, which top-k 1 keeps alone
@@ -389,13 +396,28 @@ class MammothModa2Model:
                           embed_prefix=net.embed, embed_image=net.embed, head=partial(net.logits, self.vocab_size),
                           guided=guided)
 
-    def decoder(self) -> MammothDecoder:
-        """The DiT, refiner and VAE, read from the folder on first use, on the language model's device."""
+    def decoder(self, device: Optional[torch.device] = None) -> MammothDecoder:
+        """The DiT, refiner and VAE, read from the folder on first use, on `device` (default: the language model's;
+        a host that offloads one stage for the other builds it where it keeps it offloaded)."""
         if self._decoder is None:
             self._decoder = load_decoder(self.folder, self.config, self.module.model.config.hidden_size,
                                          self.variant.layers == "qwen3", self.module.gen_embed_tokens.weight.dtype,
-                                         self.device)
+                                         device or self.device)
         return self._decoder
+
+    def decoding_memory(self) -> int:
+        """Bytes beyond the weights that decoding one image at the current size may take at once (its VAE's
+        decode); images are decoded one at a time."""
+        return kl_vae_decode_bytes(*self.pixels, self.module.gen_embed_tokens.weight.element_size())
+
+    def decoding_weights(self) -> int:
+        """How many weights the DiT, VAE and refiner hold, for a host's memory notes."""
+        return decoder_weights(checkpoint_shapes(weight_files(self.folder)))
+
+    def decoding_modules(self, device: Optional[torch.device] = None) -> MammothDecoder:
+        """The decoding stage's networks, for a host that moves them in and out of the compute device apart from
+        the LLM (ComfyUI's model management); the LLM's re-encode runs before `stage_switch`."""
+        return self.decoder(device)
 
     def decode(self, tokens: torch.Tensor, cond: Optional[MammothPrompt] = None) -> torch.Tensor:
         """Tokens (batch, num_tokens) to float32 CPU images (batch, H, W, 3) in 0..1: each row re-encoded after its
@@ -409,21 +431,28 @@ class MammothModa2Model:
         check_tokens(tokens, rows * (cols + 1), self.module.gen_start + self.module.gen_embed_tokens.num_embeddings,
                      "MammothModa2 token ids")
         decoder = self.decoder()
-        return torch.cat([self.decode_row(row, cond, decoder) for row in tokens.cpu()])
+        with torch.no_grad():  # every LLM forward first, so that a host may offload the LLM before the DiT
+            device = self.device
+            negative = negative_condition(self.module, torch.tensor([self._negative_ids], device=device), self.rule)
+            conditions = [positive_condition(self.module, torch.tensor([[*cond.cond, *row, self._image_end]],
+                                                                       device=device), self.rule)
+                          for row in tokens.tolist()]
+        if self.stage_switch is not None:
+            self.stage_switch()
+        return torch.cat([self.render(condition, negative, cond.pixels, decoder) for condition in conditions])
 
     @torch.no_grad()
-    def decode_row(self, row: torch.Tensor, cond: MammothPrompt, decoder: MammothDecoder) -> torch.Tensor:
-        """One image: the condition and the negative from fresh LLM forwards, then the DiT's loop and the VAE."""
-        device, dtype = self.device, self.module.gen_embed_tokens.weight.dtype
-        ids = torch.tensor([[*cond.cond, *row.tolist(), self._image_end]], device=device)
-        condition = positive_condition(self.module, ids, self.rule, decoder.gen_image_condition_refiner)
-        negative = negative_condition(self.module, torch.tensor([self._negative_ids], device=device), self.rule)
-        height, width = cond.pixels
+    def render(self, condition: DiTCondition, negative: DiTCondition, pixels: tuple[int, int],
+               decoder: MammothDecoder) -> torch.Tensor:
+        """One image from its LLM condition: the DiT's loop from the seeded noise, then the VAE."""
+        height, width = pixels
         scale, channels = decoder.scale_factor, decoder.gen_transformer.channels
-        generator = torch.Generator().manual_seed(self.decode_seed)
+        generator = torch.Generator().manual_seed(self.decoding.seed)
         where = next(decoder.parameters()).device  # the DiT's, which a host may keep apart from the LLM
-        noise = torch.randn(1, channels, height // scale, width // scale, generator=generator).to(where, dtype)
-        latents = denoise(decoder.gen_transformer, noise, condition.to(where), negative.to(where), self.dit,
+        noise = torch.randn(1, channels, height // scale, width // scale, generator=generator)
+        noise = noise.to(where, self.module.gen_embed_tokens.weight.dtype)
+        condition = for_dit(condition.to(where), self.rule, decoder.gen_image_condition_refiner)
+        latents = denoise(decoder.gen_transformer, noise, condition, negative.to(where), self.decoding,
                           self.decode_progress)
         return latents_to_pixels(decoder.gen_vae, latents)
 

@@ -92,20 +92,24 @@ def condition_states(net: Any, ids: torch.Tensor, rule: ConditionRule) -> torch.
     return torch.stack([states[index] for index in rule.layers]).mean(dim=0)
 
 
-def positive_condition(net: Any, ids: torch.Tensor, rule: ConditionRule,
-                       refiner: Optional[torch.nn.Module]) -> DiTCondition:
-    """The DiT's condition from (1, L) ids: prompt, sampled rows and <|image end|>."""
+def positive_condition(net: Any, ids: torch.Tensor, rule: ConditionRule) -> DiTCondition:
+    """The LLM's part of the DiT's condition from (1, L) ids (prompt, sampled rows and <|image end|>): the text
+    states and the raw image states (`for_dit` finishes it on the decoder's side)."""
     states = condition_states(net, ids, rule)
     generation = ids[0] >= net.gen_start
     answer = torch.arange(ids.shape[1], device=ids.device) >= ids.shape[1] - ANSWER_TAIL
     text_positions = ~generation if rule.text_with_answer else ~generation & ~answer
     text = states[:, text_positions] if rule.text else states[:, :0]
-    image = states[:, generation & answer] if rule.image else None
-    if rule.layers is not None or image is None:  # Dev: its DiT's Q-Former condenses the image condition
-        return DiTCondition(text, image)
-    if refiner is not None:
-        image = refiner(image)
-    return DiTCondition(torch.cat([text, image], dim=1))
+    return DiTCondition(text, states[:, generation & answer] if rule.image else None)
+
+
+def for_dit(condition: DiTCondition, rule: ConditionRule, refiner: Optional[torch.nn.Module]) -> DiTCondition:
+    """What the DiT reads: Dev's as it is (its DiT's Q-Former condenses the image part); Preview's image part
+    through its refiner (a decoder-stage module), after the text."""
+    if rule.layers is not None or condition.image is None:
+        return condition
+    image = condition.image if refiner is None else refiner(condition.image)
+    return DiTCondition(torch.cat([condition.text, image], dim=1))
 
 
 def negative_condition(net: Any, ids: torch.Tensor, rule: ConditionRule) -> DiTCondition:

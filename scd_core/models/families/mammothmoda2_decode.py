@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..decoder_settings import DecoderSettings
 from ..weights.checkpoints import ModelLoadError
 from ..weights.hf_folders import load_or_refuse
 from ..weights.streaming import fill_from_safetensors, parameters_on_meta
@@ -55,11 +56,11 @@ class DiTCondition:
 
 
 @dataclass(frozen=True)
-class DiTSettings:
-    """The DiT stage's settings, decode_diffusion_image's defaults."""
+class DiTSettings(DecoderSettings):
+    """The DiT stage's settings, decode_diffusion_image's defaults (`guidance`: its text_guidance_scale)."""
 
     steps: int = 50
-    text_guidance: float = 5.0
+    guidance: float = 5.0
     cfg_range: tuple[float, float] = (0.0, 1.0)
 
 
@@ -132,7 +133,7 @@ def flow_times(steps: int, latent_pixels: int) -> torch.Tensor:
 def guided(step: int, settings: DiTSettings) -> bool:
     """Whether step `step` runs the negative prompt too (processing: i / steps within cfg_range, scale > 1)."""
     low, high = settings.cfg_range
-    return settings.text_guidance > 1.0 and low <= step / settings.steps <= high
+    return settings.guidance > 1.0 and low <= step / settings.steps <= high
 
 
 def denoise(dit: MammothDiT, noise: torch.Tensor, condition: DiTCondition, negative: Optional[DiTCondition],
@@ -146,7 +147,7 @@ def denoise(dit: MammothDiT, noise: torch.Tensor, condition: DiTCondition, negat
         velocity = dit(latents, timestep, condition.text, condition.image)
         if negative is not None and guided(step, settings):
             unguided = dit(latents, timestep, negative.text, negative.image)
-            velocity = unguided + settings.text_guidance * (velocity - unguided)
+            velocity = unguided + settings.guidance * (velocity - unguided)
         latents = (latents.to(torch.float32) + (t_next - t) * velocity).to(velocity.dtype).to(dtype)
         if progress is not None:
             progress(step + 1, settings.steps)

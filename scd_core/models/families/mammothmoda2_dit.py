@@ -14,7 +14,9 @@ Dev on main, Preview on branch qwen25vl; the two differ only where said):
   rotary positions, key/value heads shared by groups, no causal mask (one image at a time: nothing padded).
 - rotary positions (rope_real.py 160-300): a condition token i sits at (i, i, i), the latent patch (r, c) at
   (condition length, r, c); each axis rotates its own slice of the head (axes_dim_rope) by pairs (2k, 2k + 1) at
-  angles position / 10000^(2k / slice), computed in float64 and rounded to float32 as theirs.
+  angles position / 10000^(2k / slice), computed in float64 and rounded to float32 as theirs.  Their table holds
+  gen_dit_config's `axes_lens` positions per axis (default 300, 512, 512) and is read by index, so a longer
+  condition or a larger image fails there: refused here in one line (`check_rotary_range`).
 - the time embedding (block_lumina2.py 183-249, diffusers' Timesteps(256, flip_sin_to_cos=True, shift 0)): cos
   then sin of t * timestep_scale * 10000^(-k / 128), then linear, SiLU, linear; t runs from 0 (noise) to 1.
 - the Q-Former (image_refiner.py Dev / image_embedder.py Preview): learned queries, each layer self-attention,
@@ -221,6 +223,18 @@ def positions(condition: int, rows: int, cols: int) -> torch.Tensor:
     return torch.cat([text, torch.cat([torch.full((rows * cols, 1), condition), grid], dim=1)])
 
 
+def check_rotary_range(length: int, rows: int, cols: int, lengths: tuple[int, ...]) -> None:
+    """The authors' rotary table holds `lengths` positions per axis (gen_dit_config's axes_lens, read by index)
+    and their DiT fails past them: so does this one, in one line, rather than make an image theirs cannot."""
+    reach = (length, max(length, rows) - 1, max(length, cols) - 1)  # `positions`' largest per axis
+    if all(last < limit for last, limit in zip(reach, lengths)):
+        return
+    raise ValueError(f"MammothModa2's DiT places at most {lengths[0] - 1} condition tokens and {lengths[1]} x "
+                     f"{lengths[2]} latent patches (16 px each with the published VAE; gen_dit_config axes_lens "
+                     f"{list(lengths)}); this decode has {length} and {rows} x {cols}: shorten the prompt or ask for a "
+                     "smaller image")
+
+
 class MammothDiT(nn.Module):
     """gen_transformer for text-to-image: velocity (B, C, H, W) of latents at time t given the condition."""
 
@@ -228,14 +242,15 @@ class MammothDiT(nn.Module):
         super().__init__()
         settings = dict(patch_size=2, in_channels=16, hidden_size=2304, num_layers=26, num_refiner_layers=2,
                         num_attention_heads=24, num_kv_heads=8, multiple_of=256, ffn_dim_multiplier=None,
-                        norm_eps=1e-5, axes_dim_rope=(32, 32, 32), timestep_scale=1.0, out_channels=None)
+                        norm_eps=1e-5, axes_dim_rope=(32, 32, 32), axes_lens=(300, 512, 512), timestep_scale=1.0,
+                        out_channels=None)
         settings.update({key: value for key, value in config.items() if key in settings})
         dim, heads, kv_heads = settings["hidden_size"], settings["num_attention_heads"], settings["num_kv_heads"]
         if dim // heads != sum(settings["axes_dim_rope"]):
             raise ValueError(f"gen_dit_config: hidden_size // num_attention_heads ({dim // heads}) is not "
                              f"sum(axes_dim_rope) {sum(settings['axes_dim_rope'])}")
         self.patch, self.channels = settings["patch_size"], settings["in_channels"]
-        self.axes = tuple(settings["axes_dim_rope"])
+        self.axes, self.axes_lens = tuple(settings["axes_dim_rope"]), tuple(settings["axes_lens"])
         out = self.patch ** 2 * (settings["out_channels"] or self.channels)
         self.x_embedder = nn.Linear(self.patch ** 2 * self.channels, dim)
         self.time_caption_embed = TimeCaptionEmbed(dim, llm_width, settings["timestep_scale"], qformer)
@@ -261,6 +276,7 @@ class MammothDiT(nn.Module):
         patches = latents.reshape(batch, channels, rows, p, cols, p).permute(0, 2, 4, 3, 5, 1)
         x = self.x_embedder(patches.reshape(batch, rows * cols, p * p * channels))
         length = condition.shape[1]
+        check_rotary_range(length, rows, cols, self.axes_lens)
         cos, sin = (part.to(latents.device) for part in rope_angles(self.axes, positions(length, rows, cols)))
         for layer in self.context_refiner:
             condition = layer(condition, (cos[:, :length], sin[:, :length]))

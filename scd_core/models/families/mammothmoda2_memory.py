@@ -16,6 +16,8 @@ from ..weights.memory import MemoryEstimate, estimate_from_shapes
 
 # checkpoint prefixes of the decoder stage (Dev keeps its Q-Former inside gen_transformer)
 DECODER_PARTS = ("gen_transformer.", "gen_vae.", "gen_image_condition_refiner.")
+# the DiT's image-editing weights, which text-to-image never reads
+EDITING_ONLY = ("gen_transformer.ref_image_", "gen_transformer.image_index_embedding")
 
 
 def staged_estimate(shapes: dict[str, tuple[int, ...]], unused: tuple[str, ...], tokens: int,
@@ -23,5 +25,10 @@ def staged_estimate(shapes: dict[str, tuple[int, ...]], unused: tuple[str, ...],
     """The estimate of a checkpoint with these tensor shapes: the LLM without `unused` or the decoder's parts,
     caching `tokens` positions a row, and the decoder's weights beside it (after it with `offload`)."""
     llm = estimate_from_shapes(shapes, tuple(unused) + DECODER_PARTS, tokens)
-    decoder = sum(math.prod(shape) for name, shape in shapes.items() if name.startswith(DECODER_PARTS))
-    return replace(llm, decoder_weights=decoder, offload=offload)
+    return replace(llm, decoder_weights=decoder_weights(shapes), offload=offload)
+
+
+def decoder_weights(shapes: dict[str, tuple[int, ...]]) -> int:
+    """How many weights the DiT, VAE and refiner load from a checkpoint's tensor shapes."""
+    return sum(math.prod(shape) for name, shape in shapes.items()
+               if name.startswith(DECODER_PARTS) and not name.startswith(EDITING_ONLY))

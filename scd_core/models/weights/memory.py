@@ -79,6 +79,12 @@ class MemoryEstimate:
                        float16_kept_weights=self.float16_kept_weights + other.float16_kept_weights)
 
 
+def kl_vae_decode_bytes(height: int, width: int, element_size: int) -> int:
+    """Bytes a KL VAE's decode of one height x width image may take at once: what ComfyUI reserves for one
+    (comfy/sd.py: 2178 x 64 bytes per latent pixel, latents 8x smaller than the image, per byte of the dtype)."""
+    return 2178 * 64 * (height // 8) * (width // 8) * element_size
+
+
 def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
