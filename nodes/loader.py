@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -67,12 +68,13 @@ def offered_precisions(device: torch.device) -> tuple[str, ...]:
 
 def chosen_precision(choice: str, path: Union[str, Path], device: torch.device, dtype: torch.dtype) -> str:
     """`choice`, or for "auto" the best precision whose weights and KV cache fit the device's free memory (full
-    precision on the CPU, whose memory the weights share with everything else anyway)."""
+    precision on the CPU, whose memory the weights share with everything else anyway).  A decoding stage need not
+    fit beside them: SCD VQ Decode loads it as a model of its own, which ComfyUI offloads the sampling stage for."""
     if choice != "auto":
         return choice
     if device.type == "cpu":
         return "none"
-    return auto_precision(estimate_memory(path), dtype, available_memory(device), rows=2,
+    return auto_precision(replace(estimate_memory(path), offload=True), dtype, available_memory(device), rows=2,
                           offered=offered_precisions(device))
 
 

@@ -100,6 +100,30 @@ def test_a_mammothmoda2_folder_writes_its_dit_image(tiny_preview_dir, tmp_path, 
     assert Image.open(tmp_path / "out.png").size == (96, 64)
 
 
+def test_the_decoder_flags_set_the_dits_steps_and_noise(tiny_preview_dir, tmp_path, capsys):
+    """--decoder-steps / --decoder-seed reach the DiT (the tokens stay the sampler seed's); bad values are named by
+    their flag before any weight is read, and a VQ decoder refuses them."""
+    def pixels(*flags: object) -> np.ndarray:
+        out = tmp_path / f"{'_'.join(map(str, flags))}.png"
+        code, _, err = run_cli(capsys, "generate", "--model", tiny_preview_dir, "--prompt", "a red cube", "--width",
+                               64, "--height", 64, "--device", "cpu", "-o", out, *flags)
+        assert code == 0, err
+        return np.asarray(Image.open(out))
+
+    two = pixels("--decoder-steps", 2, "--decoder-seed", 5)
+    assert np.array_equal(two, pixels("--decoder-steps", 2, "--decoder-seed", 5))
+    assert not np.array_equal(two, pixels("--decoder-steps", 2, "--decoder-seed", 6))
+    assert not np.array_equal(two, pixels("--decoder-steps", 3, "--decoder-seed", 5))
+    assert not np.array_equal(two, pixels("--decoder-steps", 2, "--decoder-seed", 5, "--decoder-guidance", 1))
+    code, _, err = run_cli(capsys, "generate", "--model", tiny_preview_dir, "--prompt", "x", "--decoder-steps", 0,
+                           "-o", tmp_path / "bad.png")
+    assert code != 0 and "--decoder-steps must be a whole number in 1..1000, got 0" in err
+    code, _, err = run_cli(capsys, "generate", "--model", "demo", "--prompt", "7", "--decoder-seed", 3,
+                           "-o", tmp_path / "demo.png")
+    assert code != 0 and "this model's decoder is a VQ decoder, which takes no seed" in err
+    assert not (tmp_path / "demo.png").exists() and not (tmp_path / "bad.png").exists()
+
+
 def test_compare_in_a_log_prints_a_line_as_each_run_ends(tiny_janus_dir, tmp_path, capsys):
     """Where no bar draws (stderr not a terminal), a long --compare says how far it is after every run."""
     code, out, err = run_cli(capsys, "generate", "--model", tiny_janus_dir, "--prompt", "a red cube",

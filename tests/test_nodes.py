@@ -282,10 +282,13 @@ def test_sampler_schema(node_classes: dict[str, Any]) -> None:
 
 def test_decode_and_stats_schema(node_classes: dict[str, Any]) -> None:
     decode = inputs_of(node_classes["SCDVQDecode"])
-    assert {name: kind for name, (kind, _) in decode.items()} == {"model": "SCD_MODEL", "tokens": "SCD_TOKENS",
-                                                                  "conditioning": "SCD_COND", "tile_size": "INT"}
-    assert {"conditioning", "tile_size"} <= set(node_classes["SCDVQDecode"].GET_NODE_INFO_V1()["input"]["optional"])
-    assert decode["tile_size"][1]["default"] == 0  # auto: workflows saved before it decode as they did
+    assert {name: kind for name, (kind, _) in decode.items()} == {
+        "model": "SCD_MODEL", "tokens": "SCD_TOKENS", "conditioning": "SCD_COND", "tile_size": "INT",
+        "decoder_steps": "INT", "decoder_guidance": "FLOAT", "decoder_seed": "INT"}
+    later = {"conditioning", "tile_size", "decoder_steps", "decoder_guidance", "decoder_seed"}
+    assert later <= set(node_classes["SCDVQDecode"].GET_NODE_INFO_V1()["input"]["optional"])
+    # defaults that ask for nothing: workflows saved before them decode as they did
+    assert [decode[name][1]["default"] for name in sorted(later - {"conditioning"})] == [-1.0, 0, 0, 0]
     assert inputs_of(node_classes["SCDStats"]) == {"stats": ("SCD_STATS", {})}
 
 
@@ -407,7 +410,9 @@ def test_mammothmoda2_previews_its_token_map_and_reports_the_dit_steps(node_clas
                                                                        comfy: SimpleNamespace, tiny_preview_dir: Path,
                                                                        fake_server: FakeServer) -> None:
     """MammothModa2 through both stages: the sampler previews a token map (the DiT never runs for a preview), SCD
-    VQ Decode moves ComfyUI's bar once per DiT step and gives the image at the asked size."""
+    VQ Decode moves ComfyUI's bar once per DiT step (its decoder_steps) and gives the image at the asked size; its
+    decoder_seed and decoder_guidance are the library's set_decoding, each decode from the pipeline's defaults."""
+    from scd_core import set_decoding
     from scd_core.models.families.mammothmoda2_decode import DiTSettings
 
     list_in_comfyui(comfy, "scd", tiny_preview_dir, "tiny-mammothmoda2")
@@ -417,11 +422,16 @@ def test_mammothmoda2_previews_its_token_map_and_reports_the_dit_steps(node_clas
     tokens, stats = run_node(node_classes["SCDSampler"], **sampler_inputs(model, cond))
     assert tokens.shape == (1, 8) and stats.result.nfe == len(fake_server.previews)
     assert fake_server.previews[-1] is not None  # the finished token map at least
-    model.model.dit = DiTSettings(steps=3)
     sampled = len(fake_server.previews)
-    (image,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens)
+    (image,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens, decoder_steps=3)
     assert image.shape == (1, 64, 96, 3) and len(fake_server.previews) == sampled + 3
-    assert model.model.decode_progress is None  # the node's reporter is gone once it is done
+    assert model.model.decode_progress is None and model.model.stage_switch is None  # the node's hooks are gone
+    (seeded,) = run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens, decoder_steps=3, decoder_seed=4,
+                         decoder_guidance=2.0)
+    set_decoding(model.model, steps=3, seed=4, guidance=2.0)
+    assert torch.equal(seeded, model.model.decode(tokens)) and not torch.equal(seeded, image)
+    run_node(node_classes["SCDVQDecode"], model=model, tokens=tokens, decoder_steps=2)
+    assert model.model.decoding == DiTSettings(steps=2)  # the rest the pipeline's
 
 
 def test_pipeline_runs_and_reports_every_iteration(node_classes: dict[str, Any], janus: Any,
@@ -1026,19 +1036,47 @@ def test_glm_image_decode_loads_its_own_stage(pack: ModuleType, node_classes: di
     assert loader.decoding_note(load_model("demo", device="cpu"), torch.float32) == ""
 
 
-def test_glm_image_stages_evict_each_other_through_comfyuis_model_management(
-        pack: ModuleType, node_classes: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the AR stage and the decoding stage do not fit together, ComfyUI's own load_models_gpu offloads one
-    for the other: Decode evicts the AR stage, the next sampling evicts the decoding stage.  ComfyUI frees
-    nothing for the plain "cpu" device, so both stages load on "cpu:0" (the same memory, another device to its
-    model management) and its free memory is what a budget leaves after the models it holds there."""
+def tiny_mammothmoda2(pack: ModuleType, folder: Path, load_device: torch.device) -> tuple[Any, Any]:
+    """(the loader module, the tiny MammothModa2 Preview's LLM stage as the loader hands it on, loading on
+    `load_device`), at 64 x 64 px."""
+    from scd_core import load_model
+
+    loader = sys.modules[f"{pack.__name__}.nodes.loader"]
+    sockets = sys.modules[f"{pack.__name__}.nodes.sockets"]
+    model = load_model(folder, device="cpu", dtype=torch.float32)
+    model.set_image_size(64, 64)
+    patcher = loader.classic_patcher_class()(loader.module_holder(model.module, "mammothmoda2"),
+                                             load_device=load_device, offload_device=torch.device("cpu"),
+                                             size=loader.module_bytes(model.module))
+    return loader, sockets.LoadedModel(name="mammothmoda2", model=model, patcher=patcher)
+
+
+@pytest.mark.parametrize("family", ("glm_image", "mammothmoda2"))
+def test_two_stages_evict_each_other_through_comfyuis_model_management(
+        family: str, pack: ModuleType, node_classes: dict[str, Any], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Where the sampling stage and the decoding stage do not fit together, ComfyUI's own load_models_gpu offloads
+    one for the other: Decode evicts the sampling stage, the next sampling evicts the decoding stage.  MammothModa2
+    re-encodes its tokens with its LLM first: the LLM is whole on the device for those forwards, and leaves only
+    once they are done (the loader's auto precision counts the larger stage, not both).  ComfyUI frees nothing for
+    the plain "cpu" device, so both stages load on "cpu:0" (the same memory, another device to its model
+    management) and its free memory is what a budget leaves after the models it holds there."""
+    from scd_core import generate
     from scd_core.models.families import glm_image
 
     device = torch.device("cpu", 0)
-    loader, folder, loaded = tiny_glm_image(pack, tmp_path, device)
-    model, patcher, mm = loaded.model, loaded.patcher, loader.mm
+    if family == "glm_image":
+        loader, folder, loaded = tiny_glm_image(pack, tmp_path, device)
+        decoder_bytes = glm_image.decoder_weights(folder) * 4  # float32
+        model = loaded.model
+        tokens = torch.randint(0, model.vocab_size, (1, model.num_tokens), generator=torch.Generator().manual_seed(0))
+    else:
+        loader, loaded = tiny_mammothmoda2(pack, request.getfixturevalue("tiny_preview_dir"), device)
+        model = loaded.model
+        decoder_bytes = model.decoding_weights() * 4
+        tokens = generate(model, model.encode("a red cube"), SamplerConfig(window=4, seed=0)).tokens
+    patcher, mm = loaded.patcher, loader.mm
     ar_bytes = patcher.model_size()
-    decoder_bytes = glm_image.decoder_weights(folder) * 4  # float32
     budget = max(ar_bytes, decoder_bytes) + min(ar_bytes, decoder_bytes) // 2  # one stage fits, not both
 
     def held() -> int:
@@ -1058,17 +1096,21 @@ def test_glm_image_stages_evict_each_other_through_comfyuis_model_management(
     def stage_bytes(stage: Any) -> int:
         return sum(entry.model_loaded_memory() for entry in mm.current_loaded_models if entry.model is stage)
 
+    llm_loaded: list[int] = []  # what the LLM stage held at each of its forwards during a decode
+    if family == "mammothmoda2":
+        model.module.model.embed_tokens.register_forward_pre_hook(lambda *_: llm_loaded.append(stage_bytes(patcher)))
     try:
         loaded.to_compute_device(memory_required=0)  # what the sampler does before sampling
         assert stage_bytes(patcher) == ar_bytes
-        tokens = torch.randint(0, model.vocab_size, (1, model.num_tokens), generator=torch.Generator().manual_seed(0))
-        (images,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens)
+        (images,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens, decoder_steps=2)
         assert stage_bytes(loaded.decoder_patcher) == decoder_bytes and stage_bytes(patcher) < ar_bytes
         assert held() <= budget
         loaded.to_compute_device(memory_required=0)  # the next prompt's sampling
         assert stage_bytes(patcher) == ar_bytes and stage_bytes(loaded.decoder_patcher) < decoder_bytes
-        (again,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens)
+        (again,) = run_node(node_classes["SCDVQDecode"], model=loaded, tokens=tokens, decoder_steps=2)
         assert torch.equal(again, images) and torch.equal(images, model.decode(tokens))
+        if family == "mammothmoda2":  # two decodes, a negative and a re-encode each, the LLM whole for each
+            assert llm_loaded[:4] == [ar_bytes] * 4
     finally:
         mm.unload_all_models()
 

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from ..jobs.batching import generate_many
 from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
-                         open_model, positive_int, sampler_config, to_pil)
+                         decoder_settings, open_model, positive_int, sampler_config, to_pil)
 from ..decoding.config import MAX_SEED, SamplerConfig
 from ..decoding.engine import GenerationResult, generate
 from ..models.weights.checkpoints import ModelLoadError
@@ -217,8 +217,12 @@ def run_settings(args: argparse.Namespace, config: SamplerConfig) -> dict:
     """What makes an image what it is, as run.json records it (the seed is each image's own)."""
     model = "demo" if args.model == "demo" else str(Path(args.model).expanduser().resolve())
     sampler = {name: value for name, value in asdict(config).items() if name != "seed"}
-    return {"model": model, "dtype": args.dtype, "quantize": args.quantize, "compile": args.compile,
-            "width": args.width, "height": args.height, "sampler": sampler}
+    settings = {"model": model, "dtype": args.dtype, "quantize": args.quantize, "compile": args.compile,
+                "width": args.width, "height": args.height, "sampler": sampler}
+    decoding = decoder_settings(args)
+    if decoding:  # only when given, so that the run.json of a batch started before these existed still resumes
+        settings["decoder"] = decoding
+    return settings
 
 
 def flat(settings: dict) -> dict:
@@ -345,7 +349,7 @@ class Renderer:
     def load(cls, settings: dict, device: Optional[str], slots: int) -> "Renderer":
         """The renderer of run.json's settings, its model loaded once."""
         model = open_model(settings["model"], device, settings["dtype"], settings["quantize"], settings["width"],
-                           settings["height"], settings["compile"])
+                           settings["height"], settings["compile"], settings.get("decoder"))
         return cls(model, SamplerConfig(**settings["sampler"]), slots)
 
     def render(self, jobs: Iterable[Job]) -> Iterator[Rendered]:

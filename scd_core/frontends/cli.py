@@ -34,7 +34,7 @@ from .batch_job import add_batch_arguments, run_batch, seed_list
 from .fetch_command import add_fetch_arguments, run_fetch
 from .story_job import add_story_arguments, run_story
 from .cli_shared import (DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size,
-                         open_model, positive_int, sampler_config, to_pil)
+                         decoder_settings, open_model, positive_int, sampler_config, to_pil)
 from ..models.weights.checkpoints import ModelLoadError
 from ..decoding.config import SamplerConfig
 from ..decoding.engine import GenerationResult, IterationStats, ModelOutputError, generate
@@ -419,8 +419,9 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.size_auto and (args.width or args.batch_size != 1):
         raise ValueError("--size-auto lets the model write the size of one image: give no --width / --height and "
                          "--batch-size 1")
+    decoding = decoder_settings(args)
     model = open_model(args.model, args.device, args.dtype, args.quantize, args.width, args.height,
-                       args.compile)
+                       args.compile, decoding)
     cond = model.encode(args.prompt, args.negative_prompt)
     if args.size_auto:
         cond = auto_size(model, cond)

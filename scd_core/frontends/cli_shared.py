@@ -12,7 +12,8 @@ from PIL import Image
 from ..decoding import couplers, sampler_options
 from ..windows import window_policies
 from ..decoding.config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
-from ..models.family import compilable, families, joined
+from ..models.family import compilable, diffusion_decoders, families, joined
+from ..models.decoder_settings import DecoderSettings, checked_settings, set_decoding
 from ..models.loading import DTYPES, load_model, pick_device
 from ..models.weights.quantize import PRECISIONS
 from ..model import set_image_size
@@ -78,6 +79,26 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
                        help=f"image width in pixels ({sized}); 0: the model's size")
     group.add_argument("--height", type=_pixels, default=0,
                        help=f"image height in pixels ({sized}); 0: the model's size")
+    decoding, defaults = diffusion_decoders()
+    group.add_argument("--decoder-steps", type=int, metavar="N",
+                       help=f"diffusion decoders ({decoding}): the DiT's steps (default: the published pipeline's: "
+                            f"{defaults})")
+    group.add_argument("--decoder-guidance", type=float, metavar="SCALE",
+                       help="diffusion decoders: the DiT's guidance scale, 1 for none (default: the pipeline's)")
+    group.add_argument("--decoder-seed", type=int, metavar="SEED",
+                       help="diffusion decoders: the seed of the DiT's starting noise (default 0)")
+
+
+def decoder_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The --decoder-* values given, checked before any weight is read (the family refuses them after, if its
+    decoder takes none)."""
+    given = {name: getattr(args, f"decoder_{name}") for name in ("steps", "guidance", "seed")}
+    given = {name: value for name, value in given.items() if value is not None}
+    try:
+        checked_settings(DecoderSettings(1, 1.0), **given)
+    except ValueError as err:
+        raise ValueError(str(err).replace("the decoder's ", "--decoder-")) from None
+    return given
 
 
 def add_sampler_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -136,11 +157,12 @@ def check_image_size(width: int, height: int) -> None:
 
 
 def open_model(path: str, device: Optional[str], dtype: Optional[str], quantize: str, width: int, height: int,
-               compile: bool = False) -> Any:
+               compile: bool = False, decoding: Optional[dict[str, Any]] = None) -> Any:
     """The model in `path` at `quantize` precision (compiled with `compile`), asked for width x height images
-    (0 x 0: its own size)."""
+    (0 x 0: its own size), its diffusion decoder run with `decoding` (`decoder_settings`)."""
     model = load_model(path, device=device, dtype=dtype, quantize=quantize, compile=compile)
     set_image_size(model, width, height)
+    set_decoding(model, **(decoding or {}))
     return model
 
 

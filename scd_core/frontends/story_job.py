@@ -21,7 +21,7 @@ from ..models.families.emu3p5 import grid_for
 from ..models.families.emu3p5_story import TASKS, StoryEvent, StoryOptions, StoryResult, decode_images, \
     generate_story
 from .cli_shared import DEFAULTS, add_model_arguments, add_sampler_arguments, check_device, check_image_size, \
-    open_model, positive_int, sampler_config, to_pil
+    decoder_settings, open_model, positive_int, sampler_config, to_pil
 
 STORY_FILE = "story.md"
 OPTIONS = StoryOptions()
@@ -108,7 +108,8 @@ def run_story(args: argparse.Namespace) -> int:
     check_device(args.device)
     check_out(args.out)
     references = [read_reference(path) for path in args.image]
-    model = open_model(args.model, args.device, args.dtype, args.quantize, 0, 0, args.compile)
+    decoding = decoder_settings(args)
+    model = open_model(args.model, args.device, args.dtype, args.quantize, 0, 0, args.compile, decoding)
     result = generate_story(model, args.prompt, config, options, references=references, callback=report)
     path = write_story(args.out, result, decode_images(model, result))
     print(f"{len(result.images)} images, {len(result.tokens)} new tokens (stopped at {result.stop}); calls: "
