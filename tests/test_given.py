@@ -256,13 +256,17 @@ class WithoutPrefillTokens:
 
 def real_families(tiny_janus_dir, tmp_path) -> list:
     """(name, model, cond) of the demo (LlamaGen's session), Janus-Pro (text rows), Lumina-mGPT (row-end
-    tokens, a sub-vocabulary of codes) and GLM-Image (3-D M-RoPE positions)."""
+    tokens, a sub-vocabulary of codes), MammothModa2 (forced row ends, routed experts) and GLM-Image (3-D M-RoPE
+    positions)."""
     from lumina_fixture import RESOLUTION_1, write_tiny_lumina
+    from mammothmoda2_fixture import write_tiny_mammothmoda2
 
     from scd_core import load_model
 
     families = [load_model("demo", "cpu", torch.float64), load_model(tiny_janus_dir, "cpu", torch.float64),
-                load_model(write_tiny_lumina(tmp_path / f"Lumina-mGPT-7B-{RESOLUTION_1}"), "cpu", torch.float64)]
+                load_model(write_tiny_lumina(tmp_path / f"Lumina-mGPT-7B-{RESOLUTION_1}"), "cpu", torch.float64),
+                load_model(write_tiny_mammothmoda2(tmp_path / "mammothmoda2"), "cpu", torch.float64)]
+    families[-1].set_grid(4, 5)
     try:
         from glm_image_fixture import HEIGHT, WIDTH, write_tiny_glm_image
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from emu3p5_fixture import tiny_emu3p5_dir  # noqa: F401  (fixture, one checkpoint per session)
+from mammothmoda2_fixture import tiny_preview_dir  # noqa: F401  (fixture, one checkpoint per session)
 
 from scd_core import SamplerConfig, generate, load_model
 from scd_core.frontends.cli import main
@@ -100,6 +101,12 @@ def glm_case(folder: Path):
     return model, model.encode("a red cube")
 
 
+def mammothmoda2_case(folder: Path):
+    model = load_model(folder, device="cpu", dtype="bfloat16")
+    model.set_grid(6, 6)  # 42 positions (the row-ends forced): several calls at width 8
+    return model, model.encode("a cat")
+
+
 @pytest.fixture(scope="module")
 def emu3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from emu3_fixture import write_tiny_emu3
@@ -114,7 +121,8 @@ def glm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_glm_image(tmp_path_factory.mktemp("tiny_glm_image"))
 
 
-@pytest.fixture(params=["demo", "janus", "emu3", "emu3p5", "lumina", "llamagen", "cosmos", "glm_image"])
+@pytest.fixture(params=["demo", "janus", "emu3", "emu3p5", "lumina", "llamagen", "cosmos", "glm_image",
+                        "mammothmoda2"])
 def case(request: pytest.FixtureRequest, tmp_path: Path):
     name = request.param
     if name == "lumina":
@@ -131,6 +139,8 @@ def case(request: pytest.FixtureRequest, tmp_path: Path):
         return emu3_case(request.getfixturevalue("emu3_dir"))
     if name == "emu3p5":
         return emu3p5_case(request.getfixturevalue("tiny_emu3p5_dir"))
+    if name == "mammothmoda2":
+        return mammothmoda2_case(request.getfixturevalue("tiny_preview_dir"))
     return glm_case(request.getfixturevalue("glm_dir"))
 
 
