@@ -9,10 +9,12 @@ from .decoding.config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfig
 from .decoding.engine import GenerationCancelled, GenerationResult, IterationStats, ModelOutputError, generate
 from .models.loading import load_model
 from .models.decoder_settings import set_decoding
+from .models.two_stage import keep_stages_apart
 # prompts whose image size the model writes itself, per run (what the families that do so offer)
 from .models.families.emu3p5_auto import auto_size as own_size_prompt, for_run as prompt_for_run
 from .model import Session, TokenModel
 
 __all__ = ["COUPLERS", "DRAFT_INITS", "GenerationCancelled", "GenerationResult", "IterationStats",
            "ModelLoadError", "ModelOutputError", "SamplerConfig", "Session", "TokenModel", "VERIFICATIONS",
-           "generate", "generate_many", "load_model", "own_size_prompt", "prompt_for_run", "set_decoding"]
+           "generate", "generate_many", "keep_stages_apart", "load_model", "own_size_prompt", "prompt_for_run",
+           "set_decoding"]

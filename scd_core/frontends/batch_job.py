@@ -346,10 +346,11 @@ class Renderer:
         self.model, self.config, self.slots = model, config, slots
 
     @classmethod
-    def load(cls, settings: dict, device: Optional[str], slots: int) -> "Renderer":
-        """The renderer of run.json's settings, its model loaded once."""
+    def load(cls, settings: dict, device: Optional[str], slots: int, offload_stages: bool = False) -> "Renderer":
+        """The renderer of run.json's settings, its model loaded once (on `device`, its stages apart with
+        `offload_stages`: how it runs, not what it makes, so run.json does not record them)."""
         model = open_model(settings["model"], device, settings["dtype"], settings["quantize"], settings["width"],
-                           settings["height"], settings["compile"], settings.get("decoder"))
+                           settings["height"], settings["compile"], settings.get("decoder"), offload_stages)
         return cls(model, SamplerConfig(**settings["sampler"]), slots)
 
     def render(self, jobs: Iterable[Job]) -> Iterator[Rendered]:
@@ -411,8 +412,8 @@ def take_all(items: list) -> list:
 class RayWorker:
     """A Ray Data actor: a Renderer; its batches of jobs (JSON) become rows of results, one row per image."""
 
-    def __init__(self, settings: dict, device: Optional[str], slots: int) -> None:
-        self.renderer = Renderer.load(settings, device, slots)
+    def __init__(self, settings: dict, device: Optional[str], slots: int, offload_stages: bool) -> None:
+        self.renderer = Renderer.load(settings, device, slots, offload_stages)
 
     def __call__(self, batch: dict) -> Iterator[dict]:
         jobs = [Job(**json.loads(text)) for text in batch["job"]]
@@ -451,7 +452,8 @@ def render_on_ray(args: argparse.Namespace, settings: dict, jobs: Sequence[Job])
         per_task = max(1, min(BATCH_PER_SLOT * args.slots, math.ceil(len(jobs) / workers)))
         rows = ray.data.from_items([{"job": json.dumps(asdict(job))} for job in jobs])
         results = rows.map_batches(
-            RayWorker, fn_constructor_kwargs={"settings": settings, "device": args.device, "slots": args.slots},
+            RayWorker, fn_constructor_kwargs={"settings": settings, "device": args.device, "slots": args.slots,
+                                              "offload_stages": args.offload_stages},
             compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1),
             num_gpus=gpus, batch_size=per_task)
         for row in results.iter_rows():
@@ -506,7 +508,7 @@ def run_batch(args: argparse.Namespace) -> int:
     try:
         if todo:
             results = render_on_ray(args, folder.settings, todo) if args.ray is not None else \
-                Renderer.load(folder.settings, args.device, args.slots).render(todo)
+                Renderer.load(folder.settings, args.device, args.slots, args.offload_stages).render(todo)
             with closing(results):  # on Ctrl-C too: a cluster this command started is shut down
                 for file, entry, png in results:
                     if file in arrived:  # Ray delivers at least once: a retried batch sends its images again

@@ -421,7 +421,7 @@ def run_generate(args: argparse.Namespace) -> int:
                          "--batch-size 1")
     decoding = decoder_settings(args)
     model = open_model(args.model, args.device, args.dtype, args.quantize, args.width, args.height,
-                       args.compile, decoding)
+                       args.compile, decoding, args.offload_stages)
     cond = model.encode(args.prompt, args.negative_prompt)
     if args.size_auto:
         cond = auto_size(model, cond)

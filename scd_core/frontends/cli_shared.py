@@ -15,6 +15,7 @@ from ..decoding.config import COUPLERS, DRAFT_INITS, VERIFICATIONS, SamplerConfi
 from ..models.family import compilable, diffusion_decoders, families, joined
 from ..models.decoder_settings import DecoderSettings, checked_settings, set_decoding
 from ..models.loading import DTYPES, load_model, pick_device
+from ..models.two_stage import keep_stages_apart
 from ..models.weights.quantize import PRECISIONS
 from ..model import set_image_size
 
@@ -87,6 +88,10 @@ def add_model_arguments(group: argparse._ArgumentGroup) -> None:
                        help="diffusion decoders: the DiT's guidance scale, 1 for none (default: the pipeline's)")
     group.add_argument("--decoder-seed", type=int, metavar="SEED",
                        help="diffusion decoders: the seed of the DiT's starting noise (default 0)")
+    group.add_argument("--offload-stages", action="store_true",
+                       help=f"two-stage models ({decoding}): one stage on the device at a time, the sampling "
+                            "stage moved to the CPU while the DiT decodes (the peak is the larger stage; each "
+                            "decode moves both stages' weights twice)")
 
 
 def decoder_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,12 +162,15 @@ def check_image_size(width: int, height: int) -> None:
 
 
 def open_model(path: str, device: Optional[str], dtype: Optional[str], quantize: str, width: int, height: int,
-               compile: bool = False, decoding: Optional[dict[str, Any]] = None) -> Any:
+               compile: bool = False, decoding: Optional[dict[str, Any]] = None, offload_stages: bool = False) -> Any:
     """The model in `path` at `quantize` precision (compiled with `compile`), asked for width x height images
-    (0 x 0: its own size), its diffusion decoder run with `decoding` (`decoder_settings`)."""
+    (0 x 0: its own size), its diffusion decoder run with `decoding` (`decoder_settings`), apart from the sampling
+    stage with `offload_stages` (`keep_stages_apart`)."""
     model = load_model(path, device=device, dtype=dtype, quantize=quantize, compile=compile)
     set_image_size(model, width, height)
     set_decoding(model, **(decoding or {}))
+    if offload_stages:
+        keep_stages_apart(model)
     return model
 
 

@@ -109,7 +109,8 @@ def run_story(args: argparse.Namespace) -> int:
     check_out(args.out)
     references = [read_reference(path) for path in args.image]
     decoding = decoder_settings(args)
-    model = open_model(args.model, args.device, args.dtype, args.quantize, 0, 0, args.compile, decoding)
+    model = open_model(args.model, args.device, args.dtype, args.quantize, 0, 0, args.compile, decoding,
+                       args.offload_stages)
     result = generate_story(model, args.prompt, config, options, references=references, callback=report)
     path = write_story(args.out, result, decode_images(model, result))
     print(f"{len(result.images)} images, {len(result.tokens)} new tokens (stopped at {result.stop}); calls: "
