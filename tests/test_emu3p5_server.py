@@ -142,3 +142,37 @@ def test_shipped_story_workflow_on_the_tiny_base_folder(comfy_server: ComfyServe
     assert text == story.text.strip() and len(served) == len(expected) == 2
     assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(served, expected))
     assert any(text.endswith("tokens | image 2") for text in run.texts)
+
+
+def test_shipped_story_with_a_reference_on_the_tiny_base_folder(comfy_server: ComfyServer, server_base_model: Path,
+                                                                tmp_path: Path) -> None:
+    """The story-from-your-picture workflow's API twin (model, budget and size swapped for the tiny copy; its
+    Load Image given a picture in the server's input folder): the images and the text are the core's story with
+    that picture as its reference, and differ from the story without it."""
+    # the authors' reference area (720^2 px: about 2,000 codes in the prompt) needs more positions than the copy has
+    folder = Path(shutil.copytree(server_base_model, tmp_path / "Emu3.5-long"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 4096}))
+    comfy_server.add_model(folder.name, folder)
+    graph = json.loads((REPO_ROOT / "workflows" / "api" / "scd_emu3p5_story_references_api.json").read_text())
+    assert graph["2"]["inputs"]["references"] == [next(k for k, n in graph.items() if n["class_type"] == "LoadImage"),
+                                                  0]
+    pixels = torch.randint(0, 256, (48, 64, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    (comfy_server.base_dir / "input").mkdir(exist_ok=True)
+    Image.fromarray(pixels.numpy()).save(comfy_server.base_dir / "input" / graph["6"]["inputs"]["image"])
+    graph["1"]["inputs"]["model"] = folder.name
+    graph["2"]["inputs"] |= {"max_new_tokens": 20, "width": 32, "height": 16, "window": 4}
+    run = comfy_server.run(graph, timeout=600)
+    assert run.status == "success", run.events[-3:]
+    served = [np.asarray(image.convert("RGB")) for image in output_images(comfy_server, run, ["3"])]
+    (text,) = run.history()["outputs"]["4"]["text"]
+    model = load_model(folder, device="cpu", dtype="float32")
+    settings = (graph["2"]["inputs"]["prompt"], SamplerConfig(window=4, seed=42, cfg_scale=3.0),
+                StoryOptions(max_new_tokens=20, size=(1, 2)))
+    with torch.inference_mode():
+        story = generate_story(model, *settings, references=[pixels.float() / 255])
+        unreferenced = generate_story(model, *settings)
+        expected = [np.clip(255.0 * image.numpy(), 0, 255).astype(np.uint8) for image in decode_images(model, story)]
+    assert text == story.text.strip() and len(served) == len(expected) >= 1
+    assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(served, expected))
+    assert story.tokens != unreferenced.tokens

@@ -365,6 +365,8 @@ def test_the_models_positions_cap_the_budget(story_model: emu3p5.Emu3p5Model) ->
     assert room - 4 * (1 + 1 + 6 + 10 * 21) < 1 + 1 + 6 + 10 * 21  # a fifth image (and its text) did not fit
     one_line_error(lambda: generate_story(story_model, QUESTION + " x" * 420, SamplerConfig()),
                    "positions the prompt leaves the model cannot hold one image")
+    one_line_error(lambda: generate_story(story_model, QUESTION + " x" * 1100, SamplerConfig()),
+                   "(reference images included), the model's 1024 positions or more: leave room for the story")
 
 
 # Reference images (inference.py with a "reference_image" list; example_config_visual_guidance.py's templates)

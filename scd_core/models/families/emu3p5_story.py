@@ -155,6 +155,10 @@ class StoryRun:
         header = 1 + (len(forced_header(self.model._tokenizer.encode, size, self.img)) if self.size
                       else HEADER_STEPS)
         smallest = header + size[0] * (size[1] + 1)
+        if self.budget <= 0:
+            limit = self.model.module.config.max_position_embeddings
+            raise ValueError(f"the prompt takes {len(self.prompt)} tokens (reference images included), the model's "
+                             f"{limit} positions or more: leave room for the story (smaller or fewer references)")
         if self.budget < smallest:
             room = (f"max_new_tokens {self.options.max_new_tokens}" if self.budget == self.options.max_new_tokens
                     else f"the {self.budget} positions the prompt leaves the model")
