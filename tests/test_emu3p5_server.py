@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pytest
@@ -122,26 +122,50 @@ def test_shipped_emu3p5_workflow_with_size_auto_and_tiles(comfy_server: ComfySer
     assert np.abs(np.asarray(image.convert("RGB")).astype(int) - core.astype(int)).max() <= 1
 
 
-def test_shipped_story_workflow_on_the_tiny_base_folder(comfy_server: ComfyServer, server_base_model: Path) -> None:
-    """The story workflow's API twin (model, budget and size swapped for the tiny copy): the saved images and the
-    text are the core's story with the same settings (faithful, seed 42, CFG 3), and each image had its
-    progress."""
-    folder = server_base_model
-    graph = json.loads((REPO_ROOT / "workflows" / "api" / "scd_emu3p5_story_api.json").read_text())
+STORY_RUN = {"max_new_tokens": 20, "width": 32, "height": 16, "window": 4}  # the tiny copy's budget and size
+
+
+def story_twin(name: str, folder: Path) -> dict:
+    """A story workflow's API twin with the model, budget and size swapped for the tiny copy in `folder`."""
+    graph = json.loads((REPO_ROOT / "workflows" / "api" / f"{name}_api.json").read_text())
     graph["1"]["inputs"]["model"] = folder.name
-    graph["2"]["inputs"] |= {"max_new_tokens": 20, "width": 32, "height": 16, "window": 4}
+    graph["2"]["inputs"] |= STORY_RUN
+    return graph
+
+
+def served_story(comfy_server: ComfyServer, graph: dict) -> tuple[list[np.ndarray], str, list[str]]:
+    """The saved images, the text and the progress lines of a story graph run on the server."""
     run = comfy_server.run(graph, timeout=600)
     assert run.status == "success", run.events[-3:]
     served = [np.asarray(image.convert("RGB")) for image in output_images(comfy_server, run, ["3"])]
     (text,) = run.history()["outputs"]["4"]["text"]
+    return served, text, run.texts
+
+
+def core_story(folder: Path, graph: dict, references: Optional[list[torch.Tensor]] = None) -> tuple:
+    """(the core's story with the graph's settings: faithful, seed 42, CFG 3; its decoded 8-bit images)."""
     model = load_model(folder, device="cpu", dtype="float32")
     with torch.inference_mode():
         story = generate_story(model, graph["2"]["inputs"]["prompt"], SamplerConfig(window=4, seed=42, cfg_scale=3.0),
-                               StoryOptions(max_new_tokens=20, size=(1, 2)))
+                               StoryOptions(max_new_tokens=20, size=(1, 2)), references=references or ())
         expected = [np.clip(255.0 * image.numpy(), 0, 255).astype(np.uint8) for image in decode_images(model, story)]
-    assert text == story.text.strip() and len(served) == len(expected) == 2
-    assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(served, expected))
-    assert any(text.endswith("tokens | image 2") for text in run.texts)
+    return story, expected
+
+
+def same_story(served: list[np.ndarray], text: str, story: Any, expected: list[np.ndarray]) -> bool:
+    return (text == story.text.strip() and len(served) == len(expected) >= 1
+            and all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(served, expected)))
+
+
+def test_shipped_story_workflow_on_the_tiny_base_folder(comfy_server: ComfyServer, server_base_model: Path) -> None:
+    """The story workflow's API twin (model, budget and size swapped for the tiny copy): the saved images and the
+    text are the core's story with the same settings (faithful, seed 42, CFG 3), and each image had its
+    progress."""
+    graph = story_twin("scd_emu3p5_story", server_base_model)
+    served, text, progress = served_story(comfy_server, graph)
+    story, expected = core_story(server_base_model, graph)
+    assert same_story(served, text, story, expected) and len(served) == 2
+    assert any(line.endswith("tokens | image 2") for line in progress)
 
 
 def test_shipped_story_with_a_reference_on_the_tiny_base_folder(comfy_server: ComfyServer, server_base_model: Path,
@@ -154,25 +178,13 @@ def test_shipped_story_with_a_reference_on_the_tiny_base_folder(comfy_server: Co
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 4096}))
     comfy_server.add_model(folder.name, folder)
-    graph = json.loads((REPO_ROOT / "workflows" / "api" / "scd_emu3p5_story_references_api.json").read_text())
-    assert graph["2"]["inputs"]["references"] == [next(k for k, n in graph.items() if n["class_type"] == "LoadImage"),
-                                                  0]
+    graph = story_twin("scd_emu3p5_story_references", folder)
+    loader = next(key for key, node in graph.items() if node["class_type"] == "LoadImage")
+    assert graph["2"]["inputs"]["references"] == [loader, 0]
     pixels = torch.randint(0, 256, (48, 64, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
     (comfy_server.base_dir / "input").mkdir(exist_ok=True)
-    Image.fromarray(pixels.numpy()).save(comfy_server.base_dir / "input" / graph["6"]["inputs"]["image"])
-    graph["1"]["inputs"]["model"] = folder.name
-    graph["2"]["inputs"] |= {"max_new_tokens": 20, "width": 32, "height": 16, "window": 4}
-    run = comfy_server.run(graph, timeout=600)
-    assert run.status == "success", run.events[-3:]
-    served = [np.asarray(image.convert("RGB")) for image in output_images(comfy_server, run, ["3"])]
-    (text,) = run.history()["outputs"]["4"]["text"]
-    model = load_model(folder, device="cpu", dtype="float32")
-    settings = (graph["2"]["inputs"]["prompt"], SamplerConfig(window=4, seed=42, cfg_scale=3.0),
-                StoryOptions(max_new_tokens=20, size=(1, 2)))
-    with torch.inference_mode():
-        story = generate_story(model, *settings, references=[pixels.float() / 255])
-        unreferenced = generate_story(model, *settings)
-        expected = [np.clip(255.0 * image.numpy(), 0, 255).astype(np.uint8) for image in decode_images(model, story)]
-    assert text == story.text.strip() and len(served) == len(expected) >= 1
-    assert all(np.abs(a.astype(int) - b.astype(int)).max() <= 1 for a, b in zip(served, expected))
-    assert story.tokens != unreferenced.tokens
+    Image.fromarray(pixels.numpy()).save(comfy_server.base_dir / "input" / graph[loader]["inputs"]["image"])
+    served, text, _ = served_story(comfy_server, graph)
+    story, expected = core_story(folder, graph, [pixels.float() / 255])
+    assert same_story(served, text, story, expected)
+    assert story.tokens != core_story(folder, graph)[0].tokens
