@@ -407,6 +407,42 @@ def test_exploration_is_one_call_in_twenty_at_a_neighbour_of_the_best():
     assert time_factor(widths[early:], CPU_LIKE, learning) < 1.02  # what exploring costs here
 
 
+def test_a_run_keeps_its_best_width_a_few_calls_and_explores_on_the_same_clock():
+    """The engine's policy reads the costs and counts for the best width only when it may have moved: a best
+    width chosen twice in a row is kept for HOLD calls, chosen again every call once fewer tokens are left than
+    it, and exploration falls on the calls it falls on when every call is chosen."""
+    policy = auto_window.AutoWindow(types.SimpleNamespace(num_tokens=3000), 1, 1, None)
+    policy.__dict__["chooser"] = WindowChooser(auto_window.CallCosts(CPU_LIKE, fixed=True))  # no timed pass
+    every_call = WindowChooser(auto_window.CallCosts(CPU_LIKE, fixed=True))
+    readings = []
+    best = policy.chooser.best
+    rng = random.Random(0)
+    held, chosen, left, kept = [], [], [3000], []  # kept: the best width the policy went by (exploring or not)
+    policy.chooser.best = lambda remaining: readings.append(len(held)) or best(remaining)
+    while left[-1]:
+        width, reference = policy.choose(left[-1]), every_call.choose(left[-1])
+        held.append(width), chosen.append(reference), kept.append(policy.held)
+        k = 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - 0.12))
+        counts = [0] * (width + 1)
+        counts[min(k, width, left[-1])] = 1
+        policy.observe(auto_window.CallRecord(width, width, counts, [], 1))
+        every_call.observe(width, counts)  # both see the same calls
+        every_call.observe_cost(width, CPU_LIKE[width])
+        left.append(left[-1] - min(k, width, left[-1]))
+    calls = len(held)
+    # the clock ticked on every call, so explorations fell on the same calls; a kept width lags a moved best by
+    # at most HOLD - 1 calls
+    assert policy.chooser.call_costs.clock == every_call.call_costs.clock == calls
+    explored = [i for i in range(1, calls - 1) if chosen[i] not in (chosen[i - 1], chosen[i + 1])]
+    assert len(explored) >= calls // auto_window.EXPLORE_EVERY - 2 and all(held[i] == chosen[i] for i in explored)
+    assert sum(h == c for h, c in zip(held, chosen)) >= 0.85 * calls
+    wide = sum(rest > auto_window.CANDIDATES[-1] for rest in left[:-1])  # calls with more left than the widest
+    assert len([i for i in readings if left[i] > auto_window.CANDIDATES[-1]]) < 0.6 * wide
+    # a width is kept only while it fits the tokens left; near the end the policy chooses as every call does
+    assert all(kept[i] <= left[i] for i in set(range(calls)) - set(readings))
+    assert held[-5:] == chosen[-5:]
+
+
 def test_exploration_is_early_again_where_the_best_width_moves_next_to_one_never_compared():
     costs = auto_window.CallCosts(CPU_LIKE)
     for width in (8, 4, 8, 16) * 3:  # 8 called most: the anchor; 4 and 16 compared around it three times each

@@ -56,6 +56,10 @@ image's first call is no shot in the dark); the first run of all starts from
 S = 1 (optimism): its first call tries the widest window the costs favour, and
 the counts then pull it back.
 
+The chooser runs on the host between two calls, so its reading is kept short: an automatic run keeps a best
+width chosen twice in a row for HOLD calls (exploration still keeps its clock), and the widths' relative
+costs are read again every READ_EVERY calls or after a comparison, the load of the moment every call.
+
 Exactness does not depend on any of this: the width of a call is fixed before
 the call from earlier calls only (their counts and measured seconds), and every
 call's verification is exact for any width given that history.
@@ -82,10 +86,15 @@ TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each wid
 COST_WINDOW = 16       # a cost is the median of this many recent calls (or ratios) ...
 COST_AGE = 60          # ... made within this many calls of the process: older ones tell of other conditions
 PAIR_SPAN = 4          # a call is compared with the calls this many before and after it
+READ_EVERY = 8         # what widths cost relative to each other is read again after this many calls, and at
+                       # once while a call of another width than the anchor's is within PAIR_SPAN; in between,
+                       # only the load of the moment is read
 TRUSTED = 3            # comparisons a width needs before they alone tell its cost (its seed votes till then)
 EXPLORE_EVERY = 20     # one call in this many tries a neighbour of the best width: 5% of the calls ...
 EARLY_EVERY = 5        # ... one in 5 while a neighbour's cost is only its timed seed (compared < TRUSTED times)
 PRIOR_WEIGHT = 2.0     # pseudo-observations pulling each slot's hazard towards the pooled hazard
+HOLD = 4               # an automatic run's best width, chosen again and the same, is kept for this many calls: the
+                       # chooser's reading, repeated every call, costs a few percent of a small model's call on a CPU
 REFINEMENT = 0.35      # commits grow like width**REFINEMENT beyond what the counts at one width show
 
 # model -> {cost_key: CallCosts}; a model that cannot be weakly referenced is not cached
@@ -162,13 +171,16 @@ class CallCosts:
         self.clock = 0
         self.hazard: Optional[float] = None  # the pooled rejection hazard of the last run's calls (`survival`)
         self._estimates: Optional[dict[int, float]] = None  # cached until the next call is learned
+        # the last full read: each width's relative cost and the anchor, and the calls learned since
+        self._relative: Optional[dict[int, float]] = None
+        self._reference, self._unread = 0, 0
 
     def add_seeds(self, seeds: dict[int, float]) -> None:
         """Timed costs of (more) widths."""
         if not seeds or min(seeds.values()) <= 0:
             raise ValueError(f"window costs must be positive seconds per width, got {seeds}")
         self.seeds = dict(sorted({**self.seeds, **seeds}.items()))
-        self._estimates = None
+        self._estimates = self._relative = None
 
     def learn(self, width: int, seconds: float) -> None:
         """One call of `width` took `seconds`; widths without a seed (a narrowed last call) are not costed."""
@@ -181,6 +193,7 @@ class CallCosts:
             self.calls.popleft()  # made under other conditions
         self.calls.append((self.clock, width, seconds))
         self._estimates = None
+        self._unread += 1
 
     def learn_hazard(self, hazard: float) -> None:
         """The pooled rejection hazard of the run under way: the next run starts from it."""
@@ -196,8 +209,19 @@ class CallCosts:
         return self._estimates
 
     def _read(self) -> dict[int, float]:
-        """Costs from the recent calls and the seeds; the widths compared TRUSTED times or more keep their
-        relative cost as their seed."""
+        """Costs: the load of the last calls times each width's relative cost."""
+        latest = list(itertools.islice(reversed(self.calls), COST_WINDOW))
+        if (self._relative is None or self._unread >= READ_EVERY
+                or any(width != self._reference for _, width, _ in latest[:PAIR_SPAN + 1])):
+            self._relative = self._read_relative()
+            self._unread = 0
+        relative = self._relative
+        load_now = lower_median([taken / relative[width] for _, width, taken in latest])
+        return {width: load_now * cost for width, cost in relative.items()}
+
+    def _read_relative(self) -> dict[int, float]:
+        """What each width costs relative to the anchor, from the recent calls and the seeds; the widths compared
+        TRUSTED times or more keep it as their seed."""
         widths = [width for _, width, _ in self.calls]
         seconds = [taken for _, _, taken in self.calls]
         count = collections.Counter(widths[-COST_WINDOW:])
@@ -229,9 +253,8 @@ class CallCosts:
             if len(votes) >= TRUSTED:
                 self.seeds[width] = relative[width]  # what the calls said outlives them
                 self.compared.add(width)
-        load_now = lower_median([taken / relative[width]
-                                 for width, taken in zip(widths[-COST_WINDOW:], seconds[-COST_WINDOW:])])
-        return {width: load_now * cost for width, cost in relative.items()}
+        self._reference = reference
+        return relative
 
     @staticmethod
     def _nearest_skew(width: int, skew: dict[int, float]) -> float:
@@ -245,10 +268,10 @@ class CallCosts:
 
     def explores(self, neighbours: Sequence[int]) -> bool:
         """Advance the clock by one choice; True for the one in EXPLORE_EVERY that tries one of the best width's
-        `neighbours` (one in EARLY_EVERY while one of them was not compared TRUSTED times, unless the costs are a
-        fixed profile rather than a timed pass's: then there is nothing to compare)."""
+        `neighbours` (one in EARLY_EVERY while one of them was not compared TRUSTED times as of the last read of
+        the costs, unless the costs are a fixed profile rather than a timed pass's: then there is nothing to
+        compare)."""
         self.clock += 1
-        self.estimates()  # `compared` as of the calls so far (cached: the chooser has just read the costs)
         early = not self.fixed and not self.compared.issuperset(neighbours)
         return self.clock % (EARLY_EVERY if early else EXPLORE_EVERY) == 0
 
@@ -349,9 +372,10 @@ class WindowChooser:
 
     def observe(self, width: int, counts: Sequence[int]) -> None:
         """Record one call at `width`: counts[c] = how many rows (or row groups) committed c tokens."""
-        for committed, number in enumerate(counts):
-            if committed == 0 or not number:
+        for committed in itertools.compress(range(len(counts)), counts):  # the counts that are not 0
+            if committed == 0:
                 continue  # a finished row commits nothing: no information
+            number = counts[committed]
             for k in range(1, committed + 1):
                 self.at_risk[k] += number
             if committed < width:
@@ -373,9 +397,14 @@ class WindowChooser:
         pooled = self.pooled_hazard()
         if pooled is None:
             pooled = self.call_costs.hazard or 0.0
+        # slots no call reached have the pooled hazard: past the last slot at risk (at_risk never grows with the
+        # slot), S goes on geometrically
+        reached = min(len(self.at_risk) - self.at_risk.count(0.0) + 1, self.largest)
         alive = (1.0 - (events + PRIOR_WEIGHT * pooled) / (at_risk + PRIOR_WEIGHT)  # 1 - the slot's hazard
-                 for events, at_risk in zip(self.events[1:self.largest], self.at_risk[1:self.largest]))
-        return [1.0, *itertools.accumulate(alive, operator.mul)]
+                 for events, at_risk in zip(self.events[1:reached], self.at_risk[1:reached]))
+        observed = list(itertools.accumulate(alive, operator.mul, initial=1.0))
+        beyond = itertools.repeat(1.0 - (PRIOR_WEIGHT * pooled) / PRIOR_WEIGHT, self.largest - len(observed))
+        return observed + list(itertools.accumulate(beyond, operator.mul, initial=observed[-1]))[1:]
 
     def expected_commits(self, remaining: Optional[int] = None) -> dict[int, float]:
         """E[min(K, width, remaining)] for each candidate width, K's law scaled to the width (REFINEMENT)."""
@@ -392,8 +421,16 @@ class WindowChooser:
     def choose(self, remaining: Optional[int] = None) -> int:
         """The width with the most expected tokens per second (the narrower one on a tie); one call in
         EXPLORE_EVERY its neighbour called least recently instead."""
+        return self.around(self.best(remaining), remaining)
+
+    def best(self, remaining: Optional[int] = None) -> int:
+        """The width with the most expected tokens per second (the narrower one on a tie)."""
         expected, costs = self.expected_commits(remaining), self.costs
-        best = max(self.widths, key=lambda w: (expected[w] / costs[w], -w))
+        return max(self.widths, key=lambda w: (expected[w] / costs[w], -w))
+
+    def around(self, best: int, remaining: Optional[int] = None) -> int:
+        """`best`, or one call in EXPLORE_EVERY its neighbour called least recently: the exploration clock's
+        choice."""
         index = self.widths.index(best)
         neighbours = self.widths[max(index - 1, 0):index]
         if index + 1 < len(self.widths) and (remaining is None or best < remaining):
@@ -464,6 +501,7 @@ class AutoWindow:
         self.model, self.batch_size, self.branches, self.timed_call = model, batch_size, branches, timed_call
         self.widest = self.widest_for(model.num_tokens)
         self.started = 0.0  # when the last width was being chosen
+        self.held, self.held_for = 0, 0  # the best width, and the calls it is kept for before it is chosen again
 
     @functools.cached_property
     def chooser(self) -> WindowChooser:
@@ -473,7 +511,12 @@ class AutoWindow:
     def choose(self, remaining: int) -> int:
         chooser = self.chooser
         self.started = time.perf_counter()
-        return chooser.choose(remaining)
+        if self.held_for and self.held <= remaining:
+            self.held_for -= 1  # the counts and costs of a few more calls seldom move the best width
+        else:
+            best = chooser.best(remaining)
+            self.held, self.held_for = best, HOLD - 1 if best == self.held else 0
+        return chooser.around(self.held, remaining)
 
     def observe(self, call: CallRecord) -> None:
         self.chooser.observe(call.width, call.counts)
