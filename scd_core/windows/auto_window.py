@@ -84,7 +84,9 @@ from . import window_memory
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # few distinct widths: few kernels to warm up or graphs to capture
 TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each width's fastest call counts
 COST_WINDOW = 16       # a cost is the median of this many recent calls (or ratios) ...
-COST_AGE = 60          # ... made within this many calls of the process: older ones tell of other conditions
+COST_AGE = 240         # ... made within this many calls of the process: older ones tell of other conditions
+                       # (a neighbour explored once in 40 calls keeps about six comparisons: one noisy call
+                       # does not move its cost)
 PAIR_SPAN = 4          # a call is compared with the calls this many before and after it
 READ_EVERY = 8         # what widths cost relative to each other is read again after this many calls, and at
                        # once while a call of another width than the anchor's is within PAIR_SPAN; in between,
@@ -222,18 +224,17 @@ class CallCosts:
     def _read_relative(self) -> dict[int, float]:
         """What each width costs relative to the anchor, from the recent calls and the seeds; the widths compared
         TRUSTED times or more keep it as their seed."""
-        widths = [width for _, width, _ in self.calls]
-        seconds = [taken for _, _, taken in self.calls]
+        _, widths, seconds = zip(*self.calls)
         count = collections.Counter(widths[-COST_WINDOW:])
         reference = max(count, key=lambda w: (count[w], w))  # called most of late: its relative cost is its seed
-        load = [taken / self.seeds[width] for width, taken in zip(widths, seconds)]
+        seeds = self.seeds
         ratios: dict[int, list[float]] = {}
-        for index, width in enumerate(widths):
-            if width == reference:
-                continue
-            # the load around a call: the calls of other widths within PAIR_SPAN of it (a call compared with
-            # calls of its own width says nothing of its width)
-            near = [load[i] for i in range(max(index - PAIR_SPAN, 0), min(index + PAIR_SPAN + 1, len(widths)))
+        for index in [i for i, width in enumerate(widths) if width != reference]:
+            width = widths[index]
+            # the load around a call: the calls of other widths within PAIR_SPAN of it, each its seconds over its
+            # width's seed (a call compared with calls of its own width says nothing of its width)
+            near = [seconds[i] / seeds[widths[i]]
+                    for i in range(max(index - PAIR_SPAN, 0), min(index + PAIR_SPAN + 1, len(widths)))
                     if widths[i] != width]
             if near:
                 ratios.setdefault(width, []).append(seconds[index] / lower_median(near))
