@@ -355,6 +355,24 @@ def test_an_outlier_call_moves_no_cost():
     assert lone.choose() == WindowChooser(CPU_LIKE).choose()
 
 
+def test_after_the_usual_width_changes_its_cost_is_told_by_the_explorations_not_by_its_old_calls():
+    """Under a burst 64 cost what 32 costs (three explorations of it); then the run moved to 64, the burst over,
+    and explored 32 three times.  32's calls beside the burst's explorations must not each vote on those three
+    calls' seconds: 24 such votes would outnumber the three explorations that tell what 32 costs now."""
+    true = {16: 4.8, 32: 5.77, 64: 7.74}
+    costs = auto_window.CallCosts(true)
+    for _ in range(3):
+        for width in [32] * 8 + [64]:  # the burst: 64 as dear as 32
+            costs.learn(width, true[32])
+            costs.clock += 1
+    for call in range(1, 61):
+        width = 32 if call % 20 == 0 else 64
+        costs.learn(width, true[width])
+        costs.clock += 1
+    estimates = costs.estimates()
+    assert estimates[64] / estimates[32] == pytest.approx(true[64] / true[32], rel=0.02)
+
+
 def test_load_that_comes_and_goes_weighs_on_every_width_alike():
     """Bursts of load (1.3-3x, 3-60 calls long) on every call: widths are compared with the calls around them."""
     for seed in range(4):

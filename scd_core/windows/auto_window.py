@@ -154,7 +154,8 @@ class CallCosts:
     within the process's last COST_AGE are read as (load now) x (what a width costs relative to the others).
     The load around a call is the (lower) median of the calls of other widths within PAIR_SPAN of it, each
     divided by its width's relative cost, so a width is compared with the calls made around its own and load
-    that comes and goes weighs on both sides alike; a width's relative cost is the median of its last
+    that comes and goes weighs on both sides alike (a call votes only where its width is no more common there
+    than the others); a width's relative cost is the median of its last
     COST_WINDOW calls over the load around them, the width called most of late being the anchor (its seed).
     Until a width has TRUSTED such comparisons its seed makes up the rest of the votes, scaled as the nearest
     other width measured differs from its seed (a burst during the timed pass skews a range of widths); a width
@@ -232,11 +233,13 @@ class CallCosts:
         for index in [i for i, width in enumerate(widths) if width != reference]:
             width = widths[index]
             # the load around a call: the calls of other widths within PAIR_SPAN of it, each its seconds over its
-            # width's seed (a call compared with calls of its own width says nothing of its width)
-            near = [seconds[i] / seeds[widths[i]]
-                    for i in range(max(index - PAIR_SPAN, 0), min(index + PAIR_SPAN + 1, len(widths)))
-                    if widths[i] != width]
-            if near:
+            # width's seed (a call compared with calls of its own width says nothing of its width).  A call votes
+            # only where its width is no more common around it than the others: beside one exploration, each of
+            # the usual width's calls would vote on that one call's seconds, and once another width became the
+            # anchor those repeated votes would outnumber the explorations' for hundreds of calls
+            around = range(max(index - PAIR_SPAN, 0), min(index + PAIR_SPAN + 1, len(widths)))
+            near = [seconds[i] / seeds[widths[i]] for i in around if widths[i] != width]
+            if near and 2 * len(near) >= len(around) - 1:
                 ratios.setdefault(width, []).append(seconds[index] / lower_median(near))
         measured = {width: lower_median(values[-COST_WINDOW:]) for width, values in ratios.items()
                     if len(values) >= TRUSTED}
