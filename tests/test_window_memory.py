@@ -255,3 +255,22 @@ def test_a_stream_of_jobs_saves_when_it_finishes(costs_file, monkeypatch):
     assert len(done) == 3
     saved = json.loads(costs_file.read_text())["models"]  # the stream's calls are of 2 rows
     assert list(saved) == [window_memory.entry_name(model, auto_window.cost_key(model, 2))]
+
+
+def test_the_persistence_benchmark_warms_up_uncounted_and_takes_each_window_s_median_round(costs_file, monkeypatch):
+    """`bench auto-persist`'s process on the profile clock: an uncounted pinned image first (so the first automatic
+    image still times the widths), each seed's rounds reduced to their median, the first image its first round."""
+    from scd_core.bench.auto import PINNED
+    from scd_core.bench.auto_persist import one_process
+
+    monkeypatch.setattr(auto_window, "time", auto_window.time)  # the profile clock replaces it
+    monkeypatch.setattr(auto_window, "measure_costs", auto_window.measure_costs)  # counted by one_process
+    run = one_process(2, False, True, 3)
+    assert run["timed"] == 1 and len(run["used"]) == 2 * 3
+    assert all(len(run["seconds"][w]) == len(run["calls"][w]) == 2 for w in run["seconds"])
+    # a pinned window makes the same calls in every round (faithful), so its rounds cost the same on the profile clock
+    for window in PINNED:
+        assert run["first"][str(window)] == pytest.approx((run["seconds"][str(window)][0], run["calls"][str(window)][0]))
+    # the first automatic image paid the timed pass; the median of its seed's rounds did not
+    assert run["first"]["auto"][0] > run["seconds"]["auto"][0]
+    assert run["first"]["auto"][1] == len(run["used"][0])

@@ -2,9 +2,11 @@
 
 `python -m scd_core.bench auto-persist` starts `processes` fresh interpreters one after the other on the demo,
 all keeping the automatic window's costs in one new file (`scd_core.windows.window_memory`,
-$SCD_WINDOW_COSTS): the first starts from a cold cache (a timed pass), each later one from what the ones before it saved.  Each process makes,
-for seeds 0 .. images - 1, an automatic image and then one at each pinned window, seed for seed (so load from
-elsewhere falls on all windows alike); its first image is the automatic image of seed 0.  One process (the second
+$SCD_WINDOW_COSTS): the first starts from a cold cache (a timed pass), each later one from what the ones before it saved.  Each process first
+makes one uncounted pinned image (its first forward and allocations are no window's), then, for seeds 0 .. images - 1,
+`repeats` rounds of an automatic image and then one at each pinned window, seed for seed (so load from elsewhere
+falls on all windows alike); a window's seconds for a seed are the median of its rounds (one image of 0.3 s varies
+by 15-25% on this VM); its first image is the automatic image of seed 0's first round.  One process (the second
 by default, the first that starts from saved costs) runs its seed-0 images under a burst of load (a busy loop
 started with each, the automatic image first): the costs it learns there are what the next processes start
 from, and its pinned images of that seed bear the same load.
@@ -38,12 +40,14 @@ from ..decoding.engine import generate
 from .auto import BURST_S, HERE, PINNED, bench_model, busy_loop, fastest_pinned
 from .tables import markdown
 
-TARGET = 1.15  # every process within this of the best pinned window from its first image on (a cold first excepted)
+TARGET = 1.05  # issue 62: every process within this of the best pinned window over its images 2.., and the first
+               # image of each process that starts from saved costs
 PROFILE = HERE["demo here (64 costs 2.1x)"]  # --costs profile: seconds per call by width, relative
 PROFILE_UNIT = 0.01  # seconds of a call of width 1 on the profile's clock
+WARM_UP_SEED = 10**6  # the uncounted image that warms each process
 BURST_CALLS, BURST_FACTOR = 20, 3.0  # the profile's burst: the first calls of a process cost this many times more
 COLUMNS = ("process", "burst", "timed_passes", "first_widths", "best_pinned", "first_calls_vs_best",
-           "calls_vs_best", "first_s_vs_best", "auto_s_vs_best", "widths")
+           "calls_vs_best", "first_s_vs_best", "auto_s_vs_best", "later_s_vs_best", "widths")
 
 
 class ProfileClock:
@@ -81,35 +85,46 @@ class ProfileClock:
         model.start = costed_start
 
 
-def one_process(images: int, burst: bool, profile: bool = False) -> dict[str, Any]:
-    """One fresh process: per seed, an automatic image, then one at each pinned window; the first automatic image
-    under a burst of load when `burst`; on a `ProfileClock` of PROFILE when `profile`."""
+def one_process(images: int, burst: bool, profile: bool = False, repeats: int = 1) -> dict[str, Any]:
+    """One fresh process: per seed, `repeats` rounds of an automatic image, then one at each pinned window (a
+    window's time for the seed: the median of its rounds); the first automatic image under a burst of load when
+    `burst`; on a `ProfileClock` of PROFILE when `profile`.  An uncounted pinned image first warms the process
+    (its first forward, the allocator), so that no compared window pays for the process's start."""
     torch.set_grad_enabled(False)
     model, cond = bench_model("demo", 0, 0)
     clock: Optional[ProfileClock] = None
     if profile:
         clock = ProfileClock(PROFILE, burst_calls=BURST_CALLS if burst else 0)
         clock.install(model)
+    generate(model, cond, SamplerConfig(window=PINNED[0], seed=WARM_UP_SEED))
     timed = []
     measure = auto_window.measure_costs
     auto_window.measure_costs = lambda call, widths: timed.append(widths) or measure(call, widths)
-    seconds: dict[str, list[float]] = {str(w): [] for w in ("auto",) + PINNED}
-    calls: dict[str, list[int]] = {window: [] for window in seconds}
+    windows = [str(w) for w in ("auto",) + PINNED]
+    seconds: dict[str, list[float]] = {window: [] for window in windows}
+    calls: dict[str, list[float]] = {window: [] for window in windows}
+    first: dict[str, tuple[float, int]] = {}  # each window's first image (seed 0, first round): seconds, calls
     used: list[list[int]] = []
     for seed in range(images):
-        for window in ("auto",) + PINNED:
-            # the burst falls on each window's seed-0 image alike (load from elsewhere must not count against
-            # one window); the automatic image comes first, so the costs it learns and saves are the burst's
-            loop = busy_loop(BURST_S) if burst and not profile and seed == 0 else None
-            started = clock.charged if clock else 0.0
-            result = generate(model, cond, SamplerConfig(window=window, seed=seed))
-            if loop is not None:
-                loop.wait()
-            seconds[str(window)].append(clock.charged - started if clock else result.total_s)
-            calls[str(window)].append(result.nfe)
-            if window == "auto":
-                used.append(result.windows)
-    return dict(seconds=seconds, calls=calls, used=used, timed=len(timed))
+        rounds: dict[str, list[tuple[float, int]]] = {window: [] for window in windows}
+        for round_ in range(repeats):
+            for window in ("auto",) + PINNED:
+                # the burst falls on each window's first seed-0 image alike (load from elsewhere must not count
+                # against one window); the automatic image comes first, so the costs it learns and saves are the
+                # burst's
+                loop = busy_loop(BURST_S) if burst and not profile and seed == round_ == 0 else None
+                started = clock.charged if clock else 0.0
+                result = generate(model, cond, SamplerConfig(window=window, seed=seed))
+                if loop is not None:
+                    loop.wait()
+                rounds[str(window)].append((clock.charged - started if clock else result.total_s, result.nfe))
+                if window == "auto":
+                    used.append(result.windows)
+        for window, made in rounds.items():
+            seconds[window].append(statistics.median(taken for taken, _ in made))
+            calls[window].append(statistics.mean(nfe for _, nfe in made))
+            first.setdefault(window, made[0])
+    return dict(seconds=seconds, calls=calls, first=first, used=used, timed=len(timed))
 
 
 def commonest(windows: list[int], count: int = 3) -> str:
@@ -123,14 +138,16 @@ def process_row(index: int, run: dict[str, Any], burst: str) -> dict[str, Any]:
     every_call = [width for windows in run["used"] for width in windows[1:]]
     return dict(process=index + 1, burst=burst,
                 timed_passes=run["timed"], first_widths=commonest(run["used"][0]), best_pinned=best,
-                first_calls_vs_best=calls["auto"][0] / calls[best][0],
+                first_calls_vs_best=run["first"]["auto"][1] / run["first"][best][1],
                 calls_vs_best=sum(calls["auto"]) / sum(calls[best]),
-                first_s_vs_best=seconds["auto"][0] / seconds[best][0],
+                first_s_vs_best=run["first"]["auto"][0] / run["first"][best][0],
                 auto_s_vs_best=statistics.mean(seconds["auto"]) / statistics.mean(seconds[best]),
+                later_s_vs_best=statistics.mean(seconds["auto"][1:]) / statistics.mean(seconds[best][1:]),
                 widths=commonest([1] + every_call))
 
 
-def persisted_processes(processes: int, images: int, burst_process: int, profile: bool) -> list[dict[str, Any]]:
+def persisted_processes(processes: int, images: int, burst_process: int, profile: bool, repeats: int = 1
+                        ) -> list[dict[str, Any]]:
     """`one_process` in `processes` fresh interpreters one after the other, sharing a new saved-costs file."""
     burst_text = f"{BURST_CALLS} calls x{BURST_FACTOR:g}" if profile else f"{BURST_S:g} s"
     root = Path(__file__).resolve().parents[2]
@@ -141,7 +158,7 @@ def persisted_processes(processes: int, images: int, burst_process: int, profile
             burst = index + 1 == burst_process
             code = ("import json, sys\nfrom scd_core.bench.auto_persist import one_process\n"
                     "print(json.dumps(one_process(*json.loads(sys.argv[1]))))")
-            done = subprocess.run([sys.executable, "-c", code, json.dumps([images, burst, profile])], cwd=root,
+            done = subprocess.run([sys.executable, "-c", code, json.dumps([images, burst, profile, repeats])], cwd=root,
                                   env=env, capture_output=True, text=True)
             if done.returncode:
                 raise RuntimeError(f"benchmark process {index + 1} failed:\n{done.stderr[-3000:]}")
@@ -153,12 +170,12 @@ def persisted_processes(processes: int, images: int, burst_process: int, profile
     return rows
 
 
-def persist_table(processes: int, images: int, burst_process: int, profile: bool) -> str:
+def persist_table(processes: int, images: int, burst_process: int, profile: bool, repeats: int = 1) -> str:
     """The README's auto-persist section: a row per process, and whether the target holds."""
-    rows = persisted_processes(processes, images, burst_process, profile)
-    later = rows[1:] if rows[0]["timed_passes"] else rows
-    worst = {column: max(row[column] for row in later) for column in ("first_calls_vs_best", "calls_vs_best",
-                                                                     "first_s_vs_best", "auto_s_vs_best")}
+    rows = persisted_processes(processes, images, burst_process, profile, repeats)
+    recalled = rows[1:] if rows[0]["timed_passes"] else rows
+    worst = {"first_s_vs_best": max(row["first_s_vs_best"] for row in recalled),
+             "later_s_vs_best": max(row["later_s_vs_best"] for row in rows)}
     verdict = ", ".join(f"{column} {value:.3g} ({'within' if value <= TARGET else 'over'} {TARGET}x)"
                         for column, value in worst.items())
     costs = ("calls cost the demo's profile on this CPU on a clock of their own, " + ", ".join(
@@ -166,8 +183,11 @@ def persist_table(processes: int, images: int, burst_process: int, profile: bool
     burst = (f"its first {BURST_CALLS} calls cost {BURST_FACTOR:g}x" if profile
              else f"its seed-0 images (the automatic one first) each run under a {BURST_S:g} s busy loop")
     return (f"**demo** (prompt '7', the default coupler; {costs}): {processes} fresh processes one after the "
-            f"other sharing one saved-costs file, new at the start; each makes, for seeds 0..{images - 1}, an "
-            f"automatic image and one at each pinned window {', '.join(map(str, PINNED))}; process "
+            f"other sharing one saved-costs file, new at the start; each warms up with one uncounted pinned image, "
+            f"then makes, for seeds 0..{images - 1}, {repeats} round(s) of an automatic image and one at each pinned "
+            f"window {', '.join(map(str, PINNED))} (a window's seconds for a seed: the median of its rounds; "
+            f"`first_*`: the first round of seed 0; `later_s_vs_best`: seeds 1..{images - 1}); process "
             f"{burst_process}: {burst}; `timed_passes` 1: started from a cold cache\n\n"
             + markdown(rows, COLUMNS)
-            + f"\n\nWorst over the processes that started from saved costs: {verdict}.")
+            + f"\n\nWorst first image over the processes that started from saved costs, and worst later images "
+              f"over all: {verdict}.")

@@ -16,7 +16,7 @@
     python -m scd_core.bench compile                  # eager vs compiled: demo and Janus-Pro-1B shape, compile apart
     python -m scd_core.bench auto                     # automatic window against pinned ones in fresh processes
     python -m scd_core.bench auto-replay --processes 4 --images 5   # whole processes under fixed call costs
-    python -m scd_core.bench auto-persist             # ten fresh demo processes sharing the saved window costs
+    python -m scd_core.bench auto-persist             # six fresh demo processes sharing the saved window costs
     python -m scd_core.bench faithful --seeds 4       # faithful: images differing by width in bfloat16; its calls
     python -m scd_core.bench bf16 --seeds 8           # bfloat16: images differing by width, batch, compile
     python -m scd_core.bench bf16-stand-in            # bfloat16 on the Janus-Pro-1B stand-in, teacher-forced
@@ -163,7 +163,8 @@ def _auto_persist(args: argparse.Namespace) -> Result:
     from .auto_persist import persist_table
 
     section = "auto-persist" if args.costs == "measured" else "auto-persist-profile"
-    return section, persist_table(args.processes, args.images, args.burst_process, args.costs == "profile")
+    return section, persist_table(args.processes, args.images, args.burst_process, args.costs == "profile",
+                                  args.repeats)
 
 
 def _auto_replay(args: argparse.Namespace) -> Result:
@@ -304,10 +305,13 @@ COMMANDS: dict[str, Bench] = {
                          _auto_replay),
     "auto-persist": Bench("the automatic window across fresh processes on the demo that share one saved-costs "
                           "file: each process's calls and time per image against the best pinned window's",
-                          (option("--processes", type=int, default=10, help="fresh processes (default: 10)"),
-                           option("--images", type=int, default=4,
+                          (option("--processes", type=int, default=6, help="fresh processes (default: 6)"),
+                           option("--images", type=int, default=5,
                                   help="seeds per process, each an automatic image and one per pinned window "
-                                       "(default: 4)"),
+                                       "(default: 5)"),
+                           option("--repeats", type=int, default=3,
+                                  help="rounds of each seed's images; a window's seconds for a seed are the median "
+                                       "of its rounds (default: 3)"),
                            option("--burst-process", type=int, default=2,
                                   help="the process whose seed-0 images (its first automatic image first) run "
                                        "under a burst of load (default: 2; 0: none)"),
