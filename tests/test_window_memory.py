@@ -270,7 +270,8 @@ def test_the_persistence_benchmark_warms_up_uncounted_and_takes_each_window_s_me
     assert all(len(run["seconds"][w]) == len(run["calls"][w]) == 2 for w in run["seconds"])
     # a pinned window makes the same calls in every round (faithful), so its rounds cost the same on the profile clock
     for window in PINNED:
-        assert run["first"][str(window)] == pytest.approx((run["seconds"][str(window)][0], run["calls"][str(window)][0]))
+        seconds, calls = run["seconds"][str(window)][0], run["calls"][str(window)][0]
+        assert run["first"][str(window)] == pytest.approx((seconds, calls))
     # the first automatic image paid the timed pass; the median of its seed's rounds did not
     assert run["first"]["auto"][0] > run["seconds"]["auto"][0]
     assert run["first"]["auto"][1] == len(run["used"][0])

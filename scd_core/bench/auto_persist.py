@@ -2,17 +2,18 @@
 
 `python -m scd_core.bench auto-persist` starts `processes` fresh interpreters one after the other on the demo,
 all keeping the automatic window's costs in one new file (`scd_core.windows.window_memory`,
-$SCD_WINDOW_COSTS): the first starts from a cold cache (a timed pass), each later one from what the ones before it saved.  Each process first
-makes one uncounted pinned image (its first forward and allocations are no window's), then, for seeds 0 .. images - 1,
-`repeats` rounds of an automatic image and then one at each pinned window, seed for seed (so load from elsewhere
-falls on all windows alike); a window's seconds for a seed are the median of its rounds (one image of 0.3 s varies
-by 15-25% on this VM); its first image is the automatic image of seed 0's first round.  One process (the second
-by default, the first that starts from saved costs) runs its seed-0 images under a burst of load (a busy loop
-started with each, the automatic image first): the costs it learns there are what the next processes start
-from, and its pinned images of that seed bear the same load.
+$SCD_WINDOW_COSTS): the first starts from a cold cache (a timed pass), each later one from what the ones before it
+saved.  Each process first makes one uncounted pinned image (its first forward and allocations are no window's),
+then, for seeds 0 .. images - 1, `repeats` rounds of an automatic image and then one at each pinned window, seed
+for seed (so load from elsewhere falls on all windows alike); a window's seconds for a seed are the median of its
+rounds (one image of 0.3 s varies by 15-25% on this VM); its first image is the automatic image of seed 0's first
+round.  One process (the second by default, the first that starts from saved costs) runs its first round of seed-0
+images under a burst of load (a busy loop started with each, the automatic image first): the costs it learns there
+are what the next processes start from, and its pinned images of that round bear the same load.
 
 Per process: the calls of its first image and of all its automatic images over those of the best pinned window
-(the pinned window with the least time per image in that process) on the same seeds, and the same for time.
+(the pinned window with the least time per image in that process) on the same seeds, and the same for time, also
+over seeds 1.. alone (issue 62's measure).
 
 With `--costs profile` no time is measured: every model call costs what the demo's cost profile on this CPU says
 (`auto.HERE`) on a clock of its own that only the calls move (`ProfileClock`, which the automatic window reads
@@ -158,8 +159,9 @@ def persisted_processes(processes: int, images: int, burst_process: int, profile
             burst = index + 1 == burst_process
             code = ("import json, sys\nfrom scd_core.bench.auto_persist import one_process\n"
                     "print(json.dumps(one_process(*json.loads(sys.argv[1]))))")
-            done = subprocess.run([sys.executable, "-c", code, json.dumps([images, burst, profile, repeats])], cwd=root,
-                                  env=env, capture_output=True, text=True)
+            argument = json.dumps([images, burst, profile, repeats])
+            done = subprocess.run([sys.executable, "-c", code, argument], cwd=root, env=env, capture_output=True,
+                                  text=True)
             if done.returncode:
                 raise RuntimeError(f"benchmark process {index + 1} failed:\n{done.stderr[-3000:]}")
             run = json.loads(done.stdout.strip().splitlines()[-1])
@@ -181,7 +183,7 @@ def persist_table(processes: int, images: int, burst_process: int, profile: bool
     costs = ("calls cost the demo's profile on this CPU on a clock of their own, " + ", ".join(
         f"{w}: {c:g}" for w, c in PROFILE.items()) + f" x {PROFILE_UNIT:g} s" if profile else "wall time")
     burst = (f"its first {BURST_CALLS} calls cost {BURST_FACTOR:g}x" if profile
-             else f"its seed-0 images (the automatic one first) each run under a {BURST_S:g} s busy loop")
+             else f"its first round of seed-0 images (the automatic one first) each under a {BURST_S:g} s busy loop")
     return (f"**demo** (prompt '7', the default coupler; {costs}): {processes} fresh processes one after the "
             f"other sharing one saved-costs file, new at the start; each warms up with one uncounted pinned image, "
             f"then makes, for seeds 0..{images - 1}, {repeats} round(s) of an automatic image and one at each pinned "
