@@ -17,8 +17,8 @@ over seeds 1.. alone (issue 62's measure).
 
 With `--costs profile` no time is measured: every model call costs what the demo's cost profile on this CPU says
 (`auto.HERE`) on a clock of its own that only the calls move (`ProfileClock`, which the automatic window reads
-instead of the machine's), and the burst is BURST_CALLS calls at BURST_FACTOR times their cost, so what the
-processes learn and save is free of the machine's noise (on a shared machine, load from elsewhere can make one
+instead of the machine's), and the burst is BURST_CALLS calls each at BURST_SHAPE[width] times its cost, so what
+the processes learn and save is free of the machine's noise (on a shared machine, load from elsewhere can make one
 image take ten times another of the same window).
 """
 
@@ -46,13 +46,17 @@ TARGET = 1.05  # issue 62: every process within this of the best pinned window o
 PROFILE = HERE["demo here (64 costs 2.1x)"]  # --costs profile: seconds per call by width, relative
 PROFILE_UNIT = 0.01  # seconds of a call of width 1 on the profile's clock
 WARM_UP_SEED = 10**6  # the uncounted image that warms each process
-BURST_CALLS, BURST_FACTOR = 20, 3.0  # the profile's burst: the first calls of a process cost this many times more
+# The profile's burst: the first BURST_CALLS calls of the process (about its first automatic image) cost this many
+# times more, by width: a busy loop on one of this CPU's two cores, measured (demo, medians of six interleaved rounds
+# of 9 calls; 2026-12-07).  Wide calls suffer less, so under it 64 costs 1.15x a call of 32 instead of 1.41x.
+BURST_CALLS = 60
+BURST_SHAPE = {1: 3.15, 2: 3.25, 4: 3.25, 8: 3.23, 16: 2.99, 32: 2.57, 64: 2.1}
 COLUMNS = ("process", "burst", "timed_passes", "first_widths", "best_pinned", "first_calls_vs_best",
            "calls_vs_best", "first_s_vs_best", "auto_s_vs_best", "later_s_vs_best", "widths")
 
 
 class ProfileClock:
-    """A clock that only `model`'s calls move, each by `unit` x its width's cost in `profile` (x BURST_FACTOR for
+    """A clock that only `model`'s calls move, each by `unit` x its width's cost in `profile` (x BURST_SHAPE's for
     the first `burst_calls`), installed as the automatic window's: what the window measures, learns and saves is
     the profile, whatever else runs on the machine."""
 
@@ -74,8 +78,9 @@ class ProfileClock:
             forward = session.forward
 
             def costed(tokens: torch.Tensor, *args: Any) -> Any:
-                cost = self.unit * auto_window.cost_of_width(self.profile, tokens.shape[1])
-                self.now += cost * (BURST_FACTOR if self.burst_left > 0 else 1.0)
+                width = tokens.shape[1]
+                cost = self.unit * auto_window.cost_of_width(self.profile, width)
+                self.now += cost * (auto_window.cost_of_width(BURST_SHAPE, width) if self.burst_left > 0 else 1.0)
                 self.charged += cost
                 self.burst_left -= 1
                 return forward(tokens, *args)
@@ -95,9 +100,11 @@ def one_process(images: int, burst: bool, profile: bool = False, repeats: int = 
     model, cond = bench_model("demo", 0, 0)
     clock: Optional[ProfileClock] = None
     if profile:
-        clock = ProfileClock(PROFILE, burst_calls=BURST_CALLS if burst else 0)
+        clock = ProfileClock(PROFILE)
         clock.install(model)
     generate(model, cond, SamplerConfig(window=PINNED[0], seed=WARM_UP_SEED))
+    if clock and burst:
+        clock.burst_left = BURST_CALLS  # from the first automatic image on
     timed = []
     measure = auto_window.measure_costs
     auto_window.measure_costs = lambda call, widths: timed.append(widths) or measure(call, widths)
@@ -150,7 +157,8 @@ def process_row(index: int, run: dict[str, Any], burst: str) -> dict[str, Any]:
 def persisted_processes(processes: int, images: int, burst_process: int, profile: bool, repeats: int = 1
                         ) -> list[dict[str, Any]]:
     """`one_process` in `processes` fresh interpreters one after the other, sharing a new saved-costs file."""
-    burst_text = f"{BURST_CALLS} calls x{BURST_FACTOR:g}" if profile else f"{BURST_S:g} s"
+    burst_text = f"{BURST_CALLS} calls x{min(BURST_SHAPE.values()):g}-{max(BURST_SHAPE.values()):g}" if profile \
+        else f"{BURST_S:g} s"
     root = Path(__file__).resolve().parents[2]
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -182,7 +190,8 @@ def persist_table(processes: int, images: int, burst_process: int, profile: bool
                         for column, value in worst.items())
     costs = ("calls cost the demo's profile on this CPU on a clock of their own, " + ", ".join(
         f"{w}: {c:g}" for w, c in PROFILE.items()) + f" x {PROFILE_UNIT:g} s" if profile else "wall time")
-    burst = (f"its first {BURST_CALLS} calls cost {BURST_FACTOR:g}x" if profile
+    burst = (f"its first {BURST_CALLS} calls cost what they cost under a busy loop on one of the two cores ("
+             + ", ".join(f"{w}: {f:g}x" for w, f in BURST_SHAPE.items()) + ")" if profile
              else f"its first round of seed-0 images (the automatic one first) each under a {BURST_S:g} s busy loop")
     return (f"**demo** (prompt '7', the default coupler; {costs}): {processes} fresh processes one after the "
             f"other sharing one saved-costs file, new at the start; each warms up with one uncounted pinned image, "
