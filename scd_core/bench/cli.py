@@ -313,8 +313,8 @@ COMMANDS: dict[str, Bench] = {
                                   help="rounds of each seed's images; a window's seconds for a seed are the median "
                                        "of its rounds (default: 3)"),
                            option("--burst-process", type=int, default=2,
-                                  help="the process whose seed-0 images (its first automatic image first) run "
-                                       "under a burst of load (default: 2; 0: none)"),
+                                  help="the process whose first round of seed-0 images (its first automatic image "
+                                       "first) runs under a burst of load (default: 2; 0: none)"),
                            option("--costs", choices=("measured", "profile"), default="measured",
                                   help="measured: this machine's wall time; profile: every call costs what the "
                                        "demo's calls cost on this CPU, by width, on a clock that only the calls "
