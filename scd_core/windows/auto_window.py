@@ -10,7 +10,7 @@ Costs are kept per process (a ComfyUI server lives for hours), and saved for the
 a run finishes (scd_core.windows.window_memory), for each model
 and cost key (`cost_key`: dtype, device, batch, candidates, precision, compile
 and offload mode) in a `CallCosts`.  A few timed calls right after the first
-prefill seed them; from then on every call of an automatic run adds its own
+prefill (the narrowest, middle and widest widths; the others interpolated) seed them; from then on every call of an automatic run adds its own
 measured seconds, read as the load of the moment times what its width costs
 relative to the others, each width compared with the calls made around its own
 (medians throughout).  One noisy measurement, in the timing pass or in a run,
@@ -82,7 +82,7 @@ import torch
 from . import window_memory
 
 CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # few distinct widths: few kernels to warm up or graphs to capture
-TIMED_ROUNDS = 2       # passes over the widths after one warm-up call; each width's fastest call counts
+TIMED_ROUNDS = 2       # passes over the timed widths after one warm-up call; each width's fastest call counts
 COST_WINDOW = 16       # a cost is the median of this many recent calls (or ratios) ...
 COST_AGE = 240         # ... made within this many calls of the process: older ones tell of other conditions
                        # (a neighbour explored once in 40 calls keeps about six comparisons: one noisy call
@@ -122,12 +122,17 @@ def widths_used(windows: Sequence[int]) -> str:
 
 def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
                   rounds: int = TIMED_ROUNDS) -> dict[int, float]:
-    """Seconds of `call(width)` for each width: one warm-up at the widest, then `rounds` passes over all
-    widths (interleaved, so a burst of load elsewhere hits one pass, not one width), the fastest counting.
+    """Seconds of `call(width)` for each width: the narrowest, the middle and the widest are timed (one warm-up at
+    the widest, then `rounds` passes over the three, interleaved so that a burst of load elsewhere hits one pass,
+    not one width, the fastest counting) and the widths between them interpolated linearly in the width.
 
-    A narrower call never needs more work than a wider one, so each cost is then lowered to the cheapest
-    wider width's: a stall during one timing cannot make a width look dearer than it is.  `call` returns
-    a tensor computed on the device; reading one element back waits for it, on any backend.
+    A call costs about a constant plus a part growing with the tokens it feeds (flat on a GPU up to ~150 rows),
+    and the timed pass is paid by the first image of a process: timing every width took 15 calls, a fifth of
+    the demo's first image, and its relative costs were no closer (a pass's error is its moment's, about 7%,
+    whatever the rounds).  Early exploration compares the best width's neighbours with the run's own calls.
+    A narrower call never needs more work than a wider one, so each timed cost is then lowered to the cheapest
+    wider one's: a stall during one timing cannot make a width look dearer than it is.  `call` returns a tensor
+    computed on the device; reading one element back waits for it, on any backend.
     """
     def timed(width: int) -> float:
         started = time.perf_counter()
@@ -135,10 +140,18 @@ def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
         return time.perf_counter() - started
 
     widths = sorted(widths)
-    timed(widths[-1])
-    samples = [[timed(width) for width in widths] for _ in range(rounds)]
+    anchors = sorted({widths[0], widths[len(widths) // 2], widths[-1]})
+    timed(anchors[-1])
+    samples = [[timed(width) for width in anchors] for _ in range(rounds)]
     fastest = [min(column) for column in zip(*samples)]
-    return {width: min(fastest[i:]) for i, width in enumerate(widths)}
+    known = {width: min(fastest[i:]) for i, width in enumerate(anchors)}
+    costs = {}
+    for width in widths:
+        below = max(w for w in anchors if w <= width)
+        above = min(w for w in anchors if w >= width)
+        share = (width - below) / (above - below) if above > below else 0.0
+        costs[width] = known[below] + share * (known[above] - known[below])
+    return costs
 
 
 def lower_median(values: Sequence[float]) -> float:
