@@ -127,9 +127,9 @@ def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
     not one width, the fastest counting) and the widths between them interpolated linearly in the width.
 
     A call costs about a constant plus a part growing with the tokens it feeds (flat on a GPU up to ~150 rows),
-    and the timed pass is paid by the first image of a process: timing every width took 15 calls, a fifth of
-    the demo's first image, and its relative costs were no closer (a pass's error is its moment's, about 7%,
-    whatever the rounds).  Early exploration compares the best width's neighbours with the run's own calls.
+    and a process's first image pays for the pass: timing every width (15 calls, a fifth of the demo's first
+    image) gave relative costs no closer, a pass's error (about 7%) being its moment's whatever the rounds.
+    Early exploration then compares the best width's neighbours with the run's own calls.
     A narrower call never needs more work than a wider one, so each timed cost is then lowered to the cheapest
     wider one's: a stall during one timing cannot make a width look dearer than it is.  `call` returns a tensor
     computed on the device; reading one element back waits for it, on any backend.
@@ -140,15 +140,15 @@ def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
         return time.perf_counter() - started
 
     widths = sorted(widths)
-    anchors = sorted({widths[0], widths[len(widths) // 2], widths[-1]})
-    timed(anchors[-1])
-    samples = [[timed(width) for width in anchors] for _ in range(rounds)]
+    timed_widths = sorted({widths[0], widths[len(widths) // 2], widths[-1]})
+    timed(timed_widths[-1])
+    samples = [[timed(width) for width in timed_widths] for _ in range(rounds)]
     fastest = [min(column) for column in zip(*samples)]
-    known = {width: min(fastest[i:]) for i, width in enumerate(anchors)}
+    known = {width: min(fastest[i:]) for i, width in enumerate(timed_widths)}
     costs = {}
     for width in widths:
-        below = max(w for w in anchors if w <= width)
-        above = min(w for w in anchors if w >= width)
+        below = max(w for w in timed_widths if w <= width)
+        above = min(w for w in timed_widths if w >= width)
         share = (width - below) / (above - below) if above > below else 0.0
         costs[width] = known[below] + share * (known[above] - known[below])
     return costs
