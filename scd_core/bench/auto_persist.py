@@ -57,8 +57,8 @@ COLUMNS = ("process", "burst", "timed_passes", "first_widths", "best_pinned", "f
 
 class ProfileClock:
     """A clock that only `model`'s calls move, each by `unit` x its width's cost in `profile` (x BURST_SHAPE's for
-    the next `burst_left` calls: a burst starts when it is set), installed as the automatic window's: what the window measures, learns and saves is
-    the profile, whatever else runs on the machine."""
+    the next `burst_left` calls: a burst starts when it is set), installed as the automatic window's: what the
+    window measures, learns and saves is the profile, whatever else runs on the machine."""
 
     def __init__(self, profile: dict[int, float], unit: float = PROFILE_UNIT) -> None:
         self.profile, self.unit, self.burst_left = profile, unit, 0

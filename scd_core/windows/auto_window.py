@@ -10,10 +10,11 @@ Costs are kept per process (a ComfyUI server lives for hours), and saved for the
 a run finishes (scd_core.windows.window_memory), for each model
 and cost key (`cost_key`: dtype, device, batch, candidates, precision, compile
 and offload mode) in a `CallCosts`.  A few timed calls right after the first
-prefill (the narrowest, middle and widest widths; the others interpolated) seed them; from then on every call of an automatic run adds its own
-measured seconds, read as the load of the moment times what its width costs
-relative to the others, each width compared with the calls made around its own
-(medians throughout).  One noisy measurement, in the timing pass or in a run,
+prefill (the narrowest, middle and widest widths; the others interpolated) seed
+them; from then on every call of an automatic run adds its own measured seconds,
+read as the load of the moment times what its width costs relative to the others,
+each width compared with the calls made around its own (medians throughout).
+One noisy measurement, in the timing pass or in a run,
 therefore decides nothing, load that comes and goes weighs on every width
 alike, and a change of conditions (compiled calls, another process on the
 device) is followed within a few dozen calls.  Widths a run does not use would
@@ -77,6 +78,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Sequence
 
+import numpy
 import torch
 
 from . import window_memory
@@ -144,14 +146,8 @@ def measure_costs(call: Callable[[int], torch.Tensor], widths: Sequence[int],
     timed(timed_widths[-1])
     samples = [[timed(width) for width in timed_widths] for _ in range(rounds)]
     fastest = [min(column) for column in zip(*samples)]
-    known = {width: min(fastest[i:]) for i, width in enumerate(timed_widths)}
-    costs = {}
-    for width in widths:
-        below = max(w for w in timed_widths if w <= width)
-        above = min(w for w in timed_widths if w >= width)
-        share = (width - below) / (above - below) if above > below else 0.0
-        costs[width] = known[below] + share * (known[above] - known[below])
-    return costs
+    known = [min(fastest[i:]) for i in range(len(timed_widths))]
+    return dict(zip(widths, numpy.interp(widths, timed_widths, known).tolist()))
 
 
 def lower_median(values: Sequence[float]) -> float:
